@@ -1,0 +1,361 @@
+//! The client: one connection, one watchdog and one subscriber per process, shared by every
+//! lock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncConnectionConfig;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::connection::Connection;
+use crate::duration::to_millis;
+use crate::engine::subscriptions::Subscriptions;
+use crate::engine::watchdog::Watchdog;
+use crate::error::{Error, Result};
+use crate::keys::validate_name;
+use crate::lock::Lock;
+
+/// Settings of a [`Client`], validated when the client is built.
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    watchdog_timeout: Duration,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    unlock_latch_ttl: Duration,
+    renew_batch_size: usize,
+}
+
+/// Validated settings, shared by the client's background tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) watchdog_timeout: Duration,
+    pub(crate) watchdog_timeout_ms: u64,
+    pub(crate) connection_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) unlock_latch_ttl_ms: u64,
+    pub(crate) renew_batch_size: usize,
+}
+
+/// Most batches of the watchdog's renewal script stay far below this; the cap keeps one
+/// script from blocking Redis for long when a process holds very many locks.
+const MAX_RENEW_BATCH: usize = 1000;
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self {
+            watchdog_timeout: Duration::from_secs(30),
+            connection_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_millis(1000),
+            unlock_latch_ttl: Duration::from_secs(10),
+            renew_batch_size: 200,
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// The lease of locks taken in watchdog mode (the default), renewed every third of it
+    /// while held. Default 30 s, as Redisson's `lockWatchdogTimeout`.
+    ///
+    /// A shorter timeout frees the lock of a crashed process sooner but needs Redis to
+    /// answer renewals within a third of it.
+    pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
+        self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// How long connecting (and the first PING) may take. Default 2 s.
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long one command may wait for its reply before it fails. Default 1 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long Redis keeps the answer of a release so that a retry after an ambiguous
+    /// failure gets the same answer. Default 10 s.
+    pub fn unlock_latch_ttl(mut self, ttl: Duration) -> Self {
+        self.unlock_latch_ttl = ttl;
+        self
+    }
+
+    /// How many locks one renewal script extends. Default 200; at most 1000.
+    pub fn renew_batch_size(mut self, size: usize) -> Self {
+        self.renew_batch_size = size;
+        self
+    }
+
+    fn validate(&self) -> Result<Config> {
+        let watchdog_timeout_ms = to_millis("watchdog timeout", self.watchdog_timeout)?;
+        if watchdog_timeout_ms < 30 {
+            return Err(Error::InvalidDuration {
+                what: "watchdog timeout",
+                reason: "must be at least 30 ms, to renew every third of it".into(),
+            });
+        }
+        to_millis("connection timeout", self.connection_timeout)?;
+        to_millis("response timeout", self.response_timeout)?;
+        let unlock_latch_ttl_ms = to_millis("unlock latch ttl", self.unlock_latch_ttl)?;
+        if !(1..=MAX_RENEW_BATCH).contains(&self.renew_batch_size) {
+            return Err(Error::InvalidConfig {
+                what: "renew batch size",
+                reason: format!("{} is outside 1..={MAX_RENEW_BATCH}", self.renew_batch_size),
+            });
+        }
+        Ok(Config {
+            watchdog_timeout: self.watchdog_timeout,
+            watchdog_timeout_ms,
+            connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+            unlock_latch_ttl_ms,
+            renew_batch_size: self.renew_batch_size,
+        })
+    }
+
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`, or
+    /// `rediss://` for TLS) and checks that it answers like Redis.
+    ///
+    /// The connection reconnects by itself after a failure.
+    pub async fn connect(self, url: &str) -> Result<Client> {
+        let config = self.validate()?;
+        let redis_client = redis::Client::open(url).map_err(|err| Error::InvalidUrl {
+            url: mask_password(url),
+            reason: err.to_string(),
+        })?;
+        let target = describe_target(&redis_client);
+        probe(&redis_client, &config, &target).await?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connection_timeout))
+            .set_response_timeout(Some(config.response_timeout));
+        let manager = ConnectionManager::new_with_config(redis_client.clone(), manager_config)
+            .await
+            .map_err(|source| Error::Connect {
+                target: target.clone(),
+                source,
+            })?;
+        Ok(Client::start(config, redis_client, manager.into()))
+    }
+
+    /// Builds a client on a connection the caller already has.
+    ///
+    /// `redis_client` must point at the same server: waiting for a lock needs a connection
+    /// of its own for pub/sub, which is opened from it on first use.
+    pub async fn with_connection(
+        self,
+        redis_client: redis::Client,
+        connection: impl Into<Connection>,
+    ) -> Result<Client> {
+        let config = self.validate()?;
+        Ok(Client::start(config, redis_client, connection.into()))
+    }
+}
+
+/// Opens one short-lived connection and PINGs, so that a bad address, a refused
+/// handshake or a server that is not Redis is reported at `connect` with its real cause
+/// rather than as a later command failure.
+async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<()> {
+    let probe_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connection_timeout))
+        .set_response_timeout(Some(config.connection_timeout));
+    let attempt = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&probe_config)
+            .await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    let outcome = tokio::time::timeout(config.connection_timeout, attempt)
+        .await
+        .map_err(|_| Error::ConnectTimeout {
+            target: target.to_owned(),
+            after: config.connection_timeout,
+        })?;
+    match outcome {
+        Ok(reply) if reply == "PONG" => Ok(()),
+        Ok(reply) => Err(Error::NotRedis {
+            target: target.to_owned(),
+            detail: format!("PING answered {reply:?}"),
+        }),
+        Err(err) if err.is_timeout() => Err(Error::ConnectTimeout {
+            target: target.to_owned(),
+            after: config.connection_timeout,
+        }),
+        Err(err)
+            if err.is_io_error()
+                || matches!(
+                    err.kind(),
+                    redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::Server(_)
+                ) =>
+        {
+            Err(Error::Connect {
+                target: target.to_owned(),
+                source: err,
+            })
+        }
+        Err(err) => Err(Error::NotRedis {
+            target: target.to_owned(),
+            detail: err.to_string(),
+        }),
+    }
+}
+
+fn describe_target(client: &redis::Client) -> String {
+    client.get_connection_info().addr().to_string()
+}
+
+/// Hides the password of a URL that is echoed back in an error.
+fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => format!("{scheme}://***@{host}"),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// A handle on one Redis deployment, shared by every lock of a process.
+///
+/// Cloning is cheap: clones share one command connection, one pub/sub connection (opened on
+/// the first wait), and one watchdog task that renews every held lock in batches.
+///
+/// Each client has a random id (a UUID from the OS's CSPRNG); lock owners are
+/// `"<client id>:<holder id>"`, as in Redisson.
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let client = distlock::Client::connect("redis://127.0.0.1:6379/").await?;
+/// let guard = client.lock("invoices")?.lock().await?;
+/// println!("token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    id: String,
+    connection: Connection,
+    config: Config,
+    subscriptions: Subscriptions,
+    watchdog: Watchdog,
+    /// Stops the background tasks when the last clone (and the last guard) is gone.
+    _shutdown: DropGuard,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.inner.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects with the default settings; see [`ClientBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Client> {
+        Self::builder().connect(url).await
+    }
+
+    /// Starts configuring a client.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    fn start(config: Config, redis_client: redis::Client, connection: Connection) -> Client {
+        let shutdown = CancellationToken::new();
+        let watchdog = Watchdog::start(connection.clone(), &config, shutdown.clone());
+        let subscriptions =
+            Subscriptions::new(redis_client, config.connection_timeout, shutdown.clone());
+        Client {
+            inner: Arc::new(ClientInner {
+                id: uuid::Uuid::new_v4().to_string(),
+                connection,
+                config,
+                subscriptions,
+                watchdog,
+                _shutdown: shutdown.drop_guard(),
+            }),
+        }
+    }
+
+    /// This client's random id, the first half of every owner it writes.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// A handle on the reentrant lock called `name`. Nothing is sent to Redis until it
+    /// is used.
+    ///
+    /// The name is the Redis key of the lock, exactly as given, so a Redisson `RLock` of
+    /// the same name excludes this one.
+    pub fn lock(&self, name: impl Into<String>) -> Result<Lock> {
+        let name = name.into();
+        validate_name(&name)?;
+        Ok(Lock::new(self.clone(), name))
+    }
+
+    /// A clone of the command connection, for callers that want to run their own commands
+    /// on the same server (a fenced write, say).
+    pub fn connection(&self) -> Connection {
+        self.inner.connection.clone()
+    }
+
+    /// How many leases this client's watchdog tracks right now: one per lock and holder
+    /// currently held through this client (reentrant holds count once).
+    pub fn tracked_leases(&self) -> usize {
+        self.inner.watchdog.tracked()
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn subscriptions(&self) -> &Subscriptions {
+        &self.inner.subscriptions
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_passwords_in_urls() {
+        assert_eq!(
+            mask_password("redis://app:hunter2@db:6379/0"),
+            "redis://app:***@db:6379/0"
+        );
+        assert_eq!(mask_password("redis://secret@db"), "redis://***@db");
+        assert_eq!(mask_password("redis://db:6379"), "redis://db:6379");
+    }
+
+    #[test]
+    fn refuses_bad_settings() {
+        let cases = [
+            Client::builder().watchdog_timeout(Duration::ZERO),
+            Client::builder().watchdog_timeout(Duration::from_millis(10)),
+            Client::builder().response_timeout(Duration::MAX),
+            Client::builder().renew_batch_size(0),
+            Client::builder().renew_batch_size(MAX_RENEW_BATCH + 1),
+        ];
+        for builder in cases {
+            assert!(builder.validate().is_err(), "{builder:?} should be refused");
+        }
+        assert!(Client::builder().validate().is_ok());
+    }
+}

@@ -1,0 +1,195 @@
+//! The acquisition engine: the one wait loop every primitive uses.
+//!
+//! A primitive supplies an [`Acquire`] implementation: one atomic attempt (a script call)
+//! and the channel its releases are announced on. The engine:
+//!
+//! 1. tries once, without subscribing, so an uncontended acquisition costs one round trip
+//!    (unless local waiters are queued: then it queues behind them, see below);
+//! 2. if that failed and the caller will wait, subscribes to the channel (shared with the
+//!    client's other waiters), and only then tries again, so a release between the try and
+//!    the wait cannot be missed;
+//! 3. waits for a release message, or for the holder's lease to run out (messages can be
+//!    lost), or for the caller's deadline, and tries again.
+//!
+//! Local waiters are served first come, first served: a caller that finds other tasks of
+//! this client already waiting for the primitive does not try ahead of them (a task that
+//! releases and immediately asks again would otherwise win every time, because its
+//! attempt reaches Redis before the woken waiter's). It queues, and the release message
+//! wakes the oldest waiter. Across clients there is no order: that is the fair lock's job.
+//!
+//! Once waiting, a connection error (a restart, a failover, a network blip) does not end
+//! the wait: the engine tries again with backoff for as long as the caller's patience
+//! lasts. Only the first attempt reports such an error, so `try_lock` on a dead server
+//! fails at once instead of hiding the outage.
+//!
+//! Each attempt runs in a task of its own. If the caller's future is dropped while an
+//! attempt is in flight (a timeout, a `select!`), the attempt still completes, and if it
+//! acquired, the guard it made is dropped, which releases the lock. Cancellation therefore
+//! leaves neither a subscription nor a held lock behind.
+
+use std::future::Future;
+use std::pin::pin;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::engine::subscriptions::Subscriptions;
+use crate::error::{Error, Result};
+
+/// What one attempt found.
+#[derive(Debug)]
+pub(crate) enum Attempt<G> {
+    /// The caller holds the primitive now.
+    Acquired(G),
+    /// Someone else holds it. `retry_after` is how long their lease has left, when known:
+    /// the waiter tries again then even if no release is announced.
+    Busy { retry_after: Option<Duration> },
+}
+
+/// A boxed attempt, owned so that it can run in a task of its own.
+pub(crate) type AttemptFuture<G> = Pin<Box<dyn Future<Output = Result<Attempt<G>>> + Send>>;
+
+/// What a primitive tells the engine.
+pub(crate) trait Acquire {
+    /// What a successful attempt yields; dropping it must give the primitive back.
+    type Guard: Send + 'static;
+
+    /// One atomic attempt.
+    fn attempt(&self) -> AttemptFuture<Self::Guard>;
+
+    /// The channel on which releases of this primitive are published.
+    fn channel(&self) -> &str;
+}
+
+/// How long a caller is prepared to wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// One attempt.
+    None,
+    /// Until this instant.
+    Until(Instant),
+    /// As long as it takes.
+    Forever,
+}
+
+impl Patience {
+    /// `timeout` from now; a timeout too large for the clock is refused rather than
+    /// silently turned into "forever".
+    pub(crate) fn within(timeout: Duration) -> Result<Self> {
+        Instant::now()
+            .checked_add(timeout)
+            .map(Patience::Until)
+            .ok_or_else(|| Error::InvalidDuration {
+                what: "wait timeout",
+                reason: format!("{timeout:?} overflows the clock"),
+            })
+    }
+
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            Patience::Until(deadline) => Some(deadline),
+            Patience::None | Patience::Forever => None,
+        }
+    }
+}
+
+/// While pub/sub is down a release goes unannounced; a waiter then looks again this often
+/// rather than sleeping out a long lease.
+const UNANNOUNCED_RETRY: Duration = Duration::from_millis(250);
+
+/// A busy reply without a lease (a key with no expiry) gives no hint; look again after
+/// this long unless a release is announced first.
+const NO_HINT_RETRY: Duration = Duration::from_secs(1);
+
+/// Backoff bounds for retrying after a connection error while waiting.
+const MIN_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Acquires `primitive`, waiting as `patience` allows. `Ok(None)` means the wait ended
+/// without the primitive.
+pub(crate) async fn acquire<A: Acquire>(
+    subscriptions: &Subscriptions,
+    primitive: &A,
+    patience: Patience,
+) -> Result<Option<A::Guard>> {
+    let waiting_patiently = !matches!(patience, Patience::None);
+    if !(waiting_patiently && subscriptions.has_waiters(primitive.channel())) {
+        if let Attempt::Acquired(guard) = run_attempt(primitive).await? {
+            return Ok(Some(guard));
+        }
+    }
+    let deadline = patience.deadline();
+    if !waiting_patiently || deadline.is_some_and(|at| at <= Instant::now()) {
+        return Ok(None);
+    }
+    let subscription = match deadline {
+        Some(deadline) => {
+            match tokio::time::timeout_at(deadline, subscriptions.subscribe(primitive.channel()))
+                .await
+            {
+                Ok(subscription) => subscription,
+                Err(_) => return Ok(None),
+            }
+        }
+        None => subscriptions.subscribe(primitive.channel()).await,
+    };
+    let mut backoff = MIN_ERROR_BACKOFF;
+    let mut my_turn = !subscription.joined_a_queue();
+    loop {
+        let mut released = pin!(subscription.notified());
+        released.as_mut().enable();
+        if !my_turn {
+            // Behind other local waiters: wait to be woken (or for the fallback) first.
+            my_turn = true;
+            let wake_at = deadline.map_or(Instant::now() + NO_HINT_RETRY, |deadline| {
+                deadline.min(Instant::now() + NO_HINT_RETRY)
+            });
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
+            }
+            continue;
+        }
+        let retry_after = match run_attempt(primitive).await {
+            Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+            Ok(Attempt::Busy { retry_after }) => {
+                backoff = MIN_ERROR_BACKOFF;
+                retry_after.unwrap_or(NO_HINT_RETRY)
+            }
+            Err(err) if err.is_connection_error() => {
+                tracing::warn!(error = %err, ?backoff, "acquire attempt failed while waiting; retrying");
+                let wait = backoff;
+                backoff = (backoff * 2).min(MAX_ERROR_BACKOFF);
+                wait
+            }
+            Err(err) => return Err(err),
+        };
+        let retry_after = if subscription.is_live() {
+            retry_after
+        } else {
+            retry_after.min(UNANNOUNCED_RETRY)
+        };
+        let mut wake_at = Instant::now() + retry_after;
+        if let Some(deadline) = deadline {
+            if deadline <= Instant::now() {
+                return Ok(None);
+            }
+            wake_at = wake_at.min(deadline);
+        }
+        tokio::select! {
+            _ = released => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+}
+
+async fn run_attempt<A: Acquire>(primitive: &A) -> Result<Attempt<A::Guard>> {
+    match tokio::spawn(primitive.attempt()).await {
+        Ok(outcome) => outcome,
+        Err(join_error) => match join_error.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(Error::RuntimeShutdown),
+        },
+    }
+}

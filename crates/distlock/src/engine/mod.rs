@@ -1,0 +1,14 @@
+//! The machinery every primitive shares:
+//!
+//! - [`acquire`]: the acquisition engine: try the script, wait on a notification, retry,
+//!   stay safe under cancellation;
+//! - [`subscriptions`]: one pub/sub connection per client, one subscription per channel,
+//!   shared by all local waiters;
+//! - [`watchdog`]: one renewal scheduler per client, renewing held leases in batches and
+//!   signalling the ones that are lost.
+//!
+//! A primitive only describes its scripts; it never writes its own wait or renewal loop.
+
+pub(crate) mod acquire;
+pub(crate) mod subscriptions;
+pub(crate) mod watchdog;

@@ -1,0 +1,312 @@
+//! One pub/sub connection per client, and one server subscription per channel however many
+//! local waiters share it.
+//!
+//! Waiters register interest with [`Subscriptions::subscribe`], which returns once the
+//! server confirmed the SUBSCRIBE, so a release published after that cannot be missed.
+//! Each message wakes one local waiter, oldest first (tokio's `Notify::notify_one`); a
+//! waiter that is dropped after being woken hands the wake-up to the next one.
+//!
+//! A background task owns the connection. When it breaks, the task reconnects with
+//! backoff, subscribes again to every channel still wanted, and then wakes every waiter,
+//! because messages published while it was away are gone.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// Reconnect backoff bounds: fast enough to catch a restarted server, slow enough not to
+/// spin against a dead one.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The client's registry of channels its waiters listen on.
+pub(crate) struct Subscriptions {
+    shared: Arc<Shared>,
+    redis: redis::Client,
+    hub_started: OnceLock<()>,
+    nudge_rx: Mutex<Option<mpsc::UnboundedReceiver<()>>>,
+}
+
+struct Shared {
+    channels: Mutex<HashMap<String, ChannelEntry>>,
+    /// Tells the hub to bring the server's subscriptions in line with `channels`.
+    nudge: mpsc::UnboundedSender<()>,
+    timeout: Duration,
+    shutdown: CancellationToken,
+}
+
+struct ChannelEntry {
+    state: Arc<ChannelState>,
+    refs: usize,
+}
+
+struct ChannelState {
+    wake: Notify,
+    /// True while the server is known to deliver this channel's messages.
+    live: watch::Sender<bool>,
+}
+
+/// One waiter's interest in a channel. Dropping it unsubscribes when it was the last.
+pub(crate) struct Subscription {
+    shared: Arc<Shared>,
+    channel: String,
+    state: Arc<ChannelState>,
+    /// Other local waiters were already queued on the channel when this one joined.
+    joined_a_queue: bool,
+}
+
+impl Shared {
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, ChannelEntry>> {
+        // A panic while holding this lock cannot leave the map half-updated (every
+        // critical section is a single insert, remove or counter change), so a poisoned
+        // lock is still consistent.
+        self.channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Subscriptions {
+    pub(crate) fn new(
+        redis: redis::Client,
+        timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (nudge, nudge_rx) = mpsc::unbounded_channel();
+        Self {
+            shared: Arc::new(Shared {
+                channels: Mutex::new(HashMap::new()),
+                nudge,
+                timeout,
+                shutdown,
+            }),
+            redis,
+            hub_started: OnceLock::new(),
+            nudge_rx: Mutex::new(Some(nudge_rx)),
+        }
+    }
+
+    /// Registers interest in `channel` and waits until the server confirmed the
+    /// subscription, or until the connection timeout passed (then the waiter still works,
+    /// by retrying when the holder's lease runs out: see [`Subscription::is_live`]).
+    ///
+    /// Cancel-safe: dropping the future drops the interest.
+    pub(crate) async fn subscribe(&self, channel: &str) -> Subscription {
+        self.start_hub();
+        let (state, joined_a_queue) = {
+            let mut channels = self.shared.channels();
+            let entry = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| ChannelEntry {
+                    state: Arc::new(ChannelState {
+                        wake: Notify::new(),
+                        live: watch::Sender::new(false),
+                    }),
+                    refs: 0,
+                });
+            entry.refs += 1;
+            if entry.refs == 1 {
+                let _ = self.shared.nudge.send(());
+            }
+            (Arc::clone(&entry.state), entry.refs > 1)
+        };
+        let subscription = Subscription {
+            shared: Arc::clone(&self.shared),
+            channel: channel.to_owned(),
+            state,
+            joined_a_queue,
+        };
+        let mut live = subscription.state.live.subscribe();
+        let confirmed = tokio::time::timeout(self.shared.timeout, live.wait_for(|live| *live));
+        if confirmed.await.is_err() {
+            tracing::warn!(
+                channel,
+                "pub/sub subscription not confirmed in time; waiting falls back to lease expiry"
+            );
+        }
+        subscription
+    }
+
+    /// True if local waiters are queued on `channel` right now.
+    pub(crate) fn has_waiters(&self, channel: &str) -> bool {
+        self.shared.channels().contains_key(channel)
+    }
+
+    fn start_hub(&self) {
+        self.hub_started.get_or_init(|| {
+            let receiver = self
+                .nudge_rx
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take();
+            if let Some(receiver) = receiver {
+                tokio::spawn(run_hub(
+                    Arc::clone(&self.shared),
+                    self.redis.clone(),
+                    receiver,
+                ));
+            }
+        });
+    }
+}
+
+impl Subscription {
+    /// A future that completes at the next wake-up for this waiter. Call
+    /// `enable()` on it (pinned) before trying the lock, so a release in between counts.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.state.wake.notified()
+    }
+
+    /// True if other local waiters were queued when this one joined: it should wait for
+    /// its turn rather than try ahead of them.
+    pub(crate) fn joined_a_queue(&self) -> bool {
+        self.joined_a_queue
+    }
+
+    /// False while the pub/sub connection is down: a release may then go unannounced, and
+    /// waiters must not sleep longer than they can afford to.
+    pub(crate) fn is_live(&self) -> bool {
+        *self.state.live.borrow()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut channels = self.shared.channels();
+        if let Some(entry) = channels.get_mut(&self.channel) {
+            entry.refs = entry.refs.saturating_sub(1);
+            if entry.refs == 0 {
+                channels.remove(&self.channel);
+                let _ = self.shared.nudge.send(());
+            }
+        }
+    }
+}
+
+async fn run_hub(
+    shared: Arc<Shared>,
+    redis: redis::Client,
+    mut nudges: mpsc::UnboundedReceiver<()>,
+) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let connect = tokio::time::timeout(shared.timeout, redis.get_async_pubsub());
+        let pubsub = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            connected = connect => connected,
+        };
+        let (mut sink, mut stream) = match pubsub {
+            Ok(Ok(pubsub)) => pubsub.split(),
+            failure => {
+                let reason = match failure {
+                    Ok(Err(err)) => err.to_string(),
+                    _ => "connection timed out".to_owned(),
+                };
+                tracing::warn!(%reason, ?backoff, "pub/sub connection failed; retrying");
+                tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = MIN_BACKOFF;
+        let mut on_server = HashSet::new();
+        if reconcile(&shared, &mut sink, &mut on_server).await {
+            // Anything published while no connection listened is lost: let every
+            // waiter look at its lock again.
+            wake_everyone(&shared);
+            loop {
+                tokio::select! {
+                    _ = shared.shutdown.cancelled() => return,
+                    nudge = nudges.recv() => {
+                        if nudge.is_none() {
+                            return;
+                        }
+                        while nudges.try_recv().is_ok() {}
+                        if !reconcile(&shared, &mut sink, &mut on_server).await {
+                            break;
+                        }
+                    }
+                    message = stream.next() => match message {
+                        Some(message) => deliver(&shared, message.get_channel_name()),
+                        None => break,
+                    },
+                }
+            }
+        }
+        tracing::warn!("pub/sub connection lost; reconnecting");
+        for entry in shared.channels().values() {
+            entry.state.live.send_replace(false);
+        }
+        wake_everyone(&shared);
+    }
+}
+
+/// Subscribes to wanted channels the server does not deliver yet and unsubscribes from
+/// the ones nobody waits on. Returns false when the connection must be rebuilt.
+async fn reconcile(
+    shared: &Shared,
+    sink: &mut PubSubSink,
+    on_server: &mut HashSet<String>,
+) -> bool {
+    let (missing, stale): (Vec<String>, Vec<String>) = {
+        let channels = shared.channels();
+        let missing = channels
+            .keys()
+            .filter(|channel| !on_server.contains(*channel))
+            .cloned()
+            .collect();
+        let stale = on_server
+            .iter()
+            .filter(|channel| !channels.contains_key(*channel))
+            .cloned()
+            .collect();
+        (missing, stale)
+    };
+    if !missing.is_empty() {
+        match tokio::time::timeout(shared.timeout, sink.subscribe(&missing)).await {
+            Ok(Ok(())) => on_server.extend(missing),
+            _ => return false,
+        }
+    }
+    if !stale.is_empty() {
+        match tokio::time::timeout(shared.timeout, sink.unsubscribe(&stale)).await {
+            Ok(Ok(())) => {
+                for channel in &stale {
+                    on_server.remove(channel);
+                }
+            }
+            _ => return false,
+        }
+    }
+    // A channel dropped and wanted again between two nudges keeps its server subscription
+    // but has a fresh state: mark every delivered channel live.
+    for (channel, entry) in shared.channels().iter() {
+        if on_server.contains(channel) {
+            entry
+                .state
+                .live
+                .send_if_modified(|live| !std::mem::replace(live, true));
+        }
+    }
+    true
+}
+
+fn deliver(shared: &Shared, channel: &str) {
+    if let Some(entry) = shared.channels().get(channel) {
+        entry.state.wake.notify_one();
+    }
+}
+
+fn wake_everyone(shared: &Shared) {
+    for entry in shared.channels().values() {
+        entry.state.wake.notify_waiters();
+    }
+}

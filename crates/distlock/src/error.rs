@@ -1,0 +1,126 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in distlock.
+///
+/// Invalid input is reported before anything is sent to Redis, so a caller can tell a
+/// programming mistake ([`Error::InvalidName`], [`Error::InvalidDuration`],
+/// [`Error::InvalidUrl`]) from a failure of the server or the network.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A lock name was empty or otherwise unusable as a Redis key.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+
+    /// A duration was zero, or too large to be expressed in Redis milliseconds.
+    #[error("invalid {what}: {reason}")]
+    InvalidDuration {
+        /// Which setting the duration was given for.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// A client setting is out of its range.
+    #[error("invalid setting {what}: {reason}")]
+    InvalidConfig {
+        /// Which setting.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// The tokio runtime shut down while an operation was under way.
+    #[error("the tokio runtime is shutting down")]
+    RuntimeShutdown,
+
+    /// The connection URL could not be parsed or uses an unsupported scheme.
+    #[error("invalid Redis URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given, with any password masked.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// Redis could not be reached or refused the connection handshake.
+    #[error("cannot connect to Redis at {target}: {source}")]
+    Connect {
+        /// Where the client tried to connect.
+        target: String,
+        /// The underlying failure.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Connecting took longer than the configured connection timeout.
+    #[error("timed out after {after:?} connecting to Redis at {target}")]
+    ConnectTimeout {
+        /// Where the client tried to connect.
+        target: String,
+        /// The configured timeout.
+        after: Duration,
+    },
+
+    /// The peer accepted the connection but did not answer like a Redis server.
+    #[error("the server at {target} does not answer like Redis: {detail}")]
+    NotRedis {
+        /// Where the client connected.
+        target: String,
+        /// What it answered instead.
+        detail: String,
+    },
+
+    /// The lock is not held by the owner that tried to release it: it was never taken,
+    /// it was already released, or its lease expired.
+    #[error("lock {name:?} is not held by owner {owner}")]
+    NotHeld {
+        /// The lock name.
+        name: String,
+        /// The owner (`<client id>:<holder id>`) that tried to release it.
+        owner: String,
+    },
+
+    /// A Redis command failed: the connection broke, a response timed out, or the server
+    /// answered with an error (for example a key of the wrong type at the lock name).
+    #[error("Redis command failed: {0}")]
+    Redis(#[from] redis::RedisError),
+
+    /// A script answered with a shape that distlock does not expect. This points at a key
+    /// written by something that does not follow the lock's data layout.
+    #[error("unexpected reply from the {script} script: {detail}")]
+    UnexpectedReply {
+        /// The script name.
+        script: &'static str,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// True for failures of the connection rather than of the request: a broken or
+    /// refused connection, or a reply that did not come in time. The same call may
+    /// succeed later; whether a timed-out command ran is unknown.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            Error::Redis(err) => {
+                err.is_io_error()
+                    || err.is_timeout()
+                    || err.is_connection_dropped()
+                    || err.is_connection_refusal()
+            }
+            Error::Connect { .. } | Error::ConnectTimeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Shorthand for results whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,53 @@
+//! Distributed locks on Redis for async Rust.
+//!
+//! distlock gives a fleet of service instances what a `tokio::sync::Mutex` gives the
+//! tasks of one process, with what a lock under money needs:
+//!
+//! - **fencing tokens**: every acquisition gets a number larger than all earlier ones of
+//!   that lock, so a resource can refuse writes from a holder that was paused past its
+//!   lease;
+//! - **a lost-lock signal**: [`LockGuard::lost`] completes as soon as the lock can no
+//!   longer be trusted to be held, and no later than the lease deadline;
+//! - **release-woken waiting**: waiters sleep on a pub/sub notification, not a polling
+//!   timer, so a handoff takes a round trip, not a retry interval;
+//! - **a watchdog** that renews every held lock of a process in batches from one task.
+//!
+//! The data layout is Redisson's, so a Java service using Redisson's `RLock` and a Rust
+//! service using distlock exclude each other on the same lock name.
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let client = distlock::Client::connect("redis://127.0.0.1:6379/").await?;
+//! let lock = client.lock("coupon:42")?;
+//!
+//! let guard = lock.lock().await?;
+//! // ... read-modify-write, passing guard.fencing_token() to the store ...
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout of the crate
+//!
+//! - [`Client`]: connection, configuration, and the per-client background tasks;
+//! - `engine`: the acquisition loop, the shared pub/sub subscriptions, the watchdog;
+//! - [`Lock`] / [`LockGuard`]: the reentrant lease lock, a thin layer over the engine;
+//! - `scripts/*.lua`: every command that must be atomic, one file each.
+
+#![warn(missing_docs)]
+
+mod client;
+mod connection;
+mod duration;
+mod engine;
+mod error;
+mod holder;
+mod keys;
+mod lock;
+mod scripts;
+
+pub use client::{Client, ClientBuilder};
+pub use connection::Connection;
+pub use error::{Error, Result};
+pub use holder::HolderId;
+pub use lock::{Lock, LockGuard};

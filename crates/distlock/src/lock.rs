@@ -1,0 +1,456 @@
+//! The reentrant lease lock (Redisson's `RLock`, with a fencing token per acquisition).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+use crate::duration::to_millis;
+use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
+use crate::engine::watchdog::LeaseTicket;
+use crate::error::{Error, Result};
+use crate::holder::HolderId;
+use crate::keys::LockKeys;
+use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_RELEASE};
+
+/// The message Redisson publishes when a lock is freed.
+const RELEASE_MESSAGE: &str = "0";
+
+/// How many times a release is sent when the reply is lost to a broken connection or a
+/// timeout. The unlock latch makes the repeats safe.
+const RELEASE_ATTEMPTS: u32 = 3;
+
+/// A handle on one named lock. Cheap to clone; holds no lock by itself.
+///
+/// By default an acquisition runs in *watchdog mode*: the lease is the client's watchdog
+/// timeout, and the client's watchdog keeps renewing it until the guard is released or
+/// dropped. [`Lock::with_lease`] takes a fixed lease instead, which simply expires.
+///
+/// ```no_run
+/// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
+/// use std::time::Duration;
+///
+/// let lock = client.lock("reports:nightly")?;
+/// // Wait at most 5 s; hold for at most 10 s, no renewal.
+/// if let Some(guard) = lock.with_lease(Duration::from_secs(10)).try_lock_for(Duration::from_secs(5)).await? {
+///     tokio::select! {
+///         _ = guard.lost() => eprintln!("lease lost: stop writing"),
+///         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+///     }
+///     guard.release().await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    client: Client,
+    keys: Arc<LockKeys>,
+    lease: Option<Duration>,
+    holder: Option<HolderId>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.keys.lock)
+            .field("lease", &self.lease)
+            .field("holder", &self.holder)
+            .finish()
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(client: Client, name: String) -> Self {
+        Self {
+            client,
+            keys: Arc::new(LockKeys::new(&name)),
+            lease: None,
+            holder: None,
+        }
+    }
+
+    /// The lock's name, which is also its Redis key.
+    pub fn name(&self) -> &str {
+        &self.keys.lock
+    }
+
+    /// Acquire with a fixed lease of `lease`, with no watchdog: the lock frees itself when
+    /// the lease runs out, released or not. Checked (non-zero, representable in
+    /// milliseconds) when an acquisition starts.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Acquire in watchdog mode (the default).
+    pub fn with_watchdog(mut self) -> Self {
+        self.lease = None;
+        self
+    }
+
+    /// Acquire, check and release as `holder` instead of the current task.
+    pub fn with_holder(mut self, holder: HolderId) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
+    /// The owner string this handle acquires as, from the calling task.
+    pub fn owner(&self) -> String {
+        let holder = self.holder.unwrap_or_else(HolderId::current);
+        format!("{}:{holder}", self.client.id())
+    }
+
+    /// Waits until the lock is acquired.
+    ///
+    /// Cancel-safe: dropping the future leaves no subscription and no lock behind.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        let attempt = self.attempt()?;
+        acquire(self.client.subscriptions(), &attempt, Patience::Forever)
+            .await?
+            .ok_or(Error::RuntimeShutdown)
+    }
+
+    /// Tries once; `Ok(None)` if another owner holds the lock.
+    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        let attempt = self.attempt()?;
+        acquire(self.client.subscriptions(), &attempt, Patience::None).await
+    }
+
+    /// Waits up to `timeout`; `Ok(None)` if the lock could not be had in that time. A zero
+    /// timeout tries once.
+    pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        let patience = Patience::within(timeout)?;
+        let attempt = self.attempt()?;
+        acquire(self.client.subscriptions(), &attempt, patience).await
+    }
+
+    /// True if anyone holds the lock.
+    pub async fn is_locked(&self) -> Result<bool> {
+        let mut connection = self.client.connection();
+        Ok(redis::cmd("EXISTS")
+            .arg(&self.keys.lock)
+            .query_async::<i64>(&mut connection)
+            .await?
+            == 1)
+    }
+
+    /// True if this handle's holder (by default the calling task) holds the lock.
+    pub async fn is_held(&self) -> Result<bool> {
+        Ok(self.hold_count().await? > 0)
+    }
+
+    /// How many times this handle's holder holds the lock (0 if not at all).
+    pub async fn hold_count(&self) -> Result<u32> {
+        let mut connection = self.client.connection();
+        let count: Option<i64> = redis::cmd("HGET")
+            .arg(&self.keys.lock)
+            .arg(self.owner())
+            .query_async(&mut connection)
+            .await?;
+        u32::try_from(count.unwrap_or(0)).map_err(|_| Error::UnexpectedReply {
+            script: "HGET hold count",
+            detail: format!("{count:?} is not a hold count"),
+        })
+    }
+
+    /// How long the current lease has left on the server, or `None` if the lock is free.
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        let mut connection = self.client.connection();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&self.keys.lock)
+            .query_async(&mut connection)
+            .await?;
+        Ok(match pttl {
+            -2 => None,
+            // A key without expiry: not written by distlock or Redisson.
+            -1 => Some(Duration::MAX),
+            millis => Some(Duration::from_millis(millis.unsigned_abs())),
+        })
+    }
+
+    /// Deletes the lock whoever holds it and wakes a waiter. Returns whether a lock was
+    /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
+    /// next renewal.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let mut connection = self.client.connection();
+        let deleted: i64 = LOCK_FORCE_UNLOCK
+            .key(&self.keys.lock)
+            .arg(&self.keys.channel)
+            .arg(RELEASE_MESSAGE)
+            .invoke_async(&mut connection)
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    fn attempt(&self) -> Result<LockAttempt> {
+        let (lease, renew) = match self.lease {
+            Some(lease) => (lease, false),
+            None => (self.client.config().watchdog_timeout, true),
+        };
+        Ok(LockAttempt {
+            client: self.client.clone(),
+            keys: Arc::clone(&self.keys),
+            owner: self.owner().into(),
+            lease,
+            lease_ms: to_millis("lease", lease)?,
+            renew,
+        })
+    }
+}
+
+/// One acquisition, ready to be tried as often as the engine needs.
+struct LockAttempt {
+    client: Client,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
+    lease: Duration,
+    lease_ms: u64,
+    renew: bool,
+}
+
+impl Acquire for LockAttempt {
+    type Guard = LockGuard;
+
+    fn attempt(&self) -> AttemptFuture<LockGuard> {
+        let client = self.client.clone();
+        let keys = Arc::clone(&self.keys);
+        let owner = Arc::clone(&self.owner);
+        let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
+        Box::pin(async move {
+            let mut connection = client.connection();
+            let sent_at = Instant::now();
+            let reply: Vec<i64> = LOCK_ACQUIRE
+                .key(&keys.lock)
+                .key(&keys.token)
+                .arg(lease_ms)
+                .arg(&*owner)
+                .invoke_async(&mut connection)
+                .await?;
+            match reply[..] {
+                [1, token, holds] => {
+                    let unexpected = |detail: String| Error::UnexpectedReply {
+                        script: "lock_acquire",
+                        detail,
+                    };
+                    let token = u64::try_from(token)
+                        .map_err(|_| unexpected(format!("negative fencing token {token}")))?;
+                    let holds = u32::try_from(holds)
+                        .map_err(|_| unexpected(format!("hold count {holds}")))?;
+                    let ticket = client
+                        .watchdog()
+                        .track(&keys.lock, &owner, lease, sent_at, renew);
+                    Ok(Attempt::Acquired(LockGuard {
+                        client,
+                        keys,
+                        owner,
+                        token,
+                        holds,
+                        lease_ms,
+                        ticket: Some(ticket),
+                    }))
+                }
+                [0, pttl] => Ok(Attempt::Busy {
+                    retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+                }),
+                _ => Err(Error::UnexpectedReply {
+                    script: "lock_acquire",
+                    detail: format!("{reply:?}"),
+                }),
+            }
+        })
+    }
+
+    fn channel(&self) -> &str {
+        &self.keys.channel
+    }
+}
+
+/// Proof of one acquisition of a [`Lock`].
+///
+/// Release it with [`LockGuard::release`] to learn whether the release worked; dropping
+/// it releases in the background instead (never blocking, never panicking). A guard may
+/// be moved to another task and released there: it carries its owner with it.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    client: Client,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
+    token: u64,
+    holds: u32,
+    lease_ms: u64,
+    /// `None` once released.
+    ticket: Option<LeaseTicket>,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.keys.lock)
+            .field("owner", &self.owner)
+            .field("token", &self.token)
+            .field("holds", &self.holds)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The fencing token of this acquisition: larger than that of every earlier
+    /// acquisition of the same lock name (reentrant ones included). Pass it to the
+    /// resource you write, and have the resource refuse writes with a smaller token.
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// The owner's hold count right after this acquisition (1 for a first acquisition).
+    pub fn hold_count(&self) -> u32 {
+        self.holds
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.keys.lock
+    }
+
+    /// The owner, `"<client id>:<holder id>"`.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// How long the lease is sure to last, by the local clock: zero once it is lost.
+    pub fn lease_remaining(&self) -> Duration {
+        self.ticket
+            .as_ref()
+            .and_then(|ticket| self.client.watchdog().deadline(ticket))
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// True once the lock can no longer be trusted to be held.
+    pub fn is_lost(&self) -> bool {
+        self.ticket
+            .as_ref()
+            .is_none_or(|ticket| ticket.lost().is_cancelled())
+    }
+
+    /// Completes as soon as the lock can no longer be trusted to be held: a renewal found
+    /// the key gone or owned by another, or the lease deadline came without a successful
+    /// renewal. It completes no later than the deadline the local clock computes. It never
+    /// completes after a normal release.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lost_token().cancelled_owned()
+    }
+
+    /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks.
+    pub fn lost_token(&self) -> CancellationToken {
+        match &self.ticket {
+            Some(ticket) => ticket.lost().clone(),
+            None => {
+                let released = CancellationToken::new();
+                released.cancel();
+                released
+            }
+        }
+    }
+
+    /// Releases this acquisition: one hold fewer; the last hold frees the lock and wakes
+    /// one waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
+    pub async fn release(mut self) -> Result<()> {
+        let ticket = self.ticket.take();
+        release(
+            self.client.clone(),
+            Arc::clone(&self.keys),
+            Arc::clone(&self.owner),
+            self.lease_ms,
+            ticket,
+        )
+        .await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let release = release(
+                    self.client.clone(),
+                    Arc::clone(&self.keys),
+                    Arc::clone(&self.owner),
+                    self.lease_ms,
+                    Some(ticket),
+                );
+                runtime.spawn(async move {
+                    if let Err(err) = release.await {
+                        tracing::warn!(error = %err, "background release of a dropped guard failed");
+                    }
+                });
+            }
+            Err(_) => {
+                // No runtime to send the release on: stop renewing so the lease runs out.
+                tracing::warn!(
+                    lock = %self.keys.lock,
+                    "guard dropped outside a tokio runtime; the lock frees itself when its lease ends"
+                );
+                self.client.watchdog().untrack(ticket, false);
+            }
+        }
+    }
+}
+
+async fn release(
+    client: Client,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
+    lease_ms: u64,
+    ticket: Option<LeaseTicket>,
+) -> Result<()> {
+    let latch = keys.unlock_latch(&uuid::Uuid::new_v4().simple().to_string());
+    let mut connection = client.connection();
+    let mut attempt = 1;
+    let outcome = loop {
+        let reply = LOCK_RELEASE
+            .key(&keys.lock)
+            .key(&latch)
+            .arg(&*owner)
+            .arg(lease_ms)
+            .arg(&keys.channel)
+            .arg(RELEASE_MESSAGE)
+            .arg(client.config().unlock_latch_ttl_ms)
+            .invoke_async::<i64>(&mut connection)
+            .await;
+        match reply {
+            Err(err) if attempt < RELEASE_ATTEMPTS && is_ambiguous(&err) => {
+                tracing::debug!(error = %err, attempt, "release reply lost; asking again");
+                attempt += 1;
+            }
+            other => break other,
+        }
+    };
+    let remaining = outcome.as_ref().ok().copied();
+    if let Some(ticket) = ticket {
+        // Stop renewing whatever happened: after a failed release the lease must be left
+        // to run out, not kept alive by this process.
+        client
+            .watchdog()
+            .untrack(ticket, remaining.is_some_and(|n| n <= 0));
+    }
+    match outcome? {
+        -1 => Err(Error::NotHeld {
+            name: keys.lock.clone(),
+            owner: owner.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Errors after which the command may or may not have run.
+fn is_ambiguous(err: &redis::RedisError) -> bool {
+    err.is_timeout() || err.is_connection_dropped() || err.is_io_error()
+}

@@ -1,0 +1,18 @@
+-- Extends the leases of a batch of locks in one call (the watchdog's only command).
+--
+-- KEYS[i]    lock hash of the i-th lock (all in one cluster slot on Redis Cluster)
+-- ARGV[1]    lease, milliseconds
+-- ARGV[i+1]  owner expected to hold KEYS[i]
+--
+-- Returns an array with one entry per key: 1 = renewed, 0 = that owner no longer holds it
+-- (the key expired, was deleted, or belongs to someone else).
+local renewed = {}
+for i, key in ipairs(KEYS) do
+    if redis.call('hexists', key, ARGV[i + 1]) == 1 then
+        redis.call('pexpire', key, ARGV[1])
+        renewed[i] = 1
+    else
+        renewed[i] = 0
+    end
+end
+return renewed

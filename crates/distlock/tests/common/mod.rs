@@ -1,0 +1,70 @@
+//! Shared fixtures: a private redis-server per test and clients on it.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use distlock::Client;
+use distlock_testkit::RedisServer;
+
+/// Fails the test, instead of hanging it, when `future` does not finish in `limit`.
+pub async fn bounded<T>(limit: Duration, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("test step did not finish within {limit:?}"),
+    }
+}
+
+/// A fresh redis-server on a free loopback port.
+pub async fn server() -> RedisServer {
+    RedisServer::start().await.expect("start redis-server")
+}
+
+/// A client with default settings.
+pub async fn client(server: &RedisServer) -> Client {
+    Client::connect(&server.url()).await.expect("connect")
+}
+
+/// A client whose watchdog lease is `watchdog`, so lease behaviour shows within a test.
+pub async fn client_with_watchdog(server: &RedisServer, watchdog: Duration) -> Client {
+    Client::builder()
+        .watchdog_timeout(watchdog)
+        .response_timeout(Duration::from_millis(200))
+        .connection_timeout(Duration::from_millis(500))
+        .connect(&server.url())
+        .await
+        .expect("connect")
+}
+
+/// A raw connection for checking what is in Redis.
+pub async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server.connection().await.expect("raw connection")
+}
+
+/// Waits until `check` is true, looking again every few milliseconds, for state that
+/// changes in the background with no event to await (a server-side unsubscribe).
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let give_up = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{what}: still false after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// How many subscribers the server counts on `channel`.
+pub async fn subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> i64 {
+    let reply: (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}

@@ -1,0 +1,225 @@
+//! The reentrant lock's contract on one server: reentrancy, ownership, fencing tokens,
+//! introspection, and Redisson's data layout.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{bounded, client, raw, server};
+use distlock::{Error, HolderId};
+use redis::AsyncCommands;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn reentrant_holds_balance_and_only_the_last_release_frees() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("reentrant").unwrap();
+        let first = lock.lock().await.unwrap();
+        let second = lock.lock().await.unwrap();
+        let third = lock.try_lock().await.unwrap().expect("reentry never waits");
+        assert_eq!(
+            (first.hold_count(), second.hold_count(), third.hold_count()),
+            (1, 2, 3)
+        );
+        assert_eq!(lock.hold_count().await.unwrap(), 3);
+
+        third.release().await.unwrap();
+        second.release().await.unwrap();
+        assert!(lock.is_locked().await.unwrap(), "one hold is left");
+        assert_eq!(lock.hold_count().await.unwrap(), 1);
+
+        first.release().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+        assert_eq!(client.tracked_leases(), 0, "nothing left to renew");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tasks_exclude_each_other_and_a_guard_can_be_released_elsewhere() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("tasks").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let other = lock.clone();
+        let blocked = tokio::spawn(async move { other.try_lock().await.unwrap().is_none() })
+            .await
+            .unwrap();
+        assert!(blocked, "another task must not re-enter");
+
+        // Released from a different task than the one that acquired it.
+        tokio::spawn(async move { guard.release().await })
+            .await
+            .unwrap()
+            .unwrap();
+        let other = lock.clone();
+        let taken = tokio::spawn(async move { other.try_lock().await.unwrap().is_some() })
+            .await
+            .unwrap();
+        assert!(taken);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_explicit_holder_reenters_across_tasks() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("holder").unwrap().with_holder(HolderId(7));
+        let outer = lock.lock().await.unwrap();
+        let inner_lock = lock.clone();
+        let inner = tokio::spawn(async move { inner_lock.try_lock().await.unwrap() })
+            .await
+            .unwrap()
+            .expect("same holder re-enters from another task");
+        assert_eq!(inner.hold_count(), 2);
+        assert!(outer.owner().ends_with(":7"));
+        inner.release().await.unwrap();
+        outer.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn fencing_tokens_strictly_increase_across_holders_and_reentry() {
+    let server = server().await;
+    let client = client(&server).await;
+    let other_client = common::client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("fenced").unwrap();
+        let mut last = 0;
+        for round in 0..20 {
+            let guard = if round % 2 == 0 {
+                lock.lock().await.unwrap()
+            } else {
+                other_client.lock("fenced").unwrap().lock().await.unwrap()
+            };
+            assert!(guard.fencing_token() > last, "token went backwards");
+            last = guard.fencing_token();
+            let reentered = if round % 2 == 0 {
+                lock.lock().await.unwrap()
+            } else {
+                other_client.lock("fenced").unwrap().lock().await.unwrap()
+            };
+            assert!(reentered.fencing_token() > last);
+            last = reentered.fencing_token();
+            reentered.release().await.unwrap();
+            guard.release().await.unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn releasing_a_lock_not_held_is_a_typed_error() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("not-held").unwrap();
+        let guard = lock.lock().await.unwrap();
+        assert!(lock.force_unlock().await.unwrap());
+        let err = guard.release().await.expect_err("the lock was deleted");
+        assert!(matches!(err, Error::NotHeld { ref name, .. } if name == "not-held"));
+        assert!(
+            !lock.force_unlock().await.unwrap(),
+            "nothing left to delete"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dropping_a_guard_releases_in_the_background() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("dropped").unwrap();
+        drop(lock.lock().await.unwrap());
+        // The waiter is woken by the background release's message, not by the 30 s lease.
+        let waiter = client.lock("dropped").unwrap();
+        let guard = tokio::spawn(async move { waiter.try_lock_for(Duration::from_secs(5)).await })
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("released by the drop");
+        guard.release().await.unwrap();
+        let exists: bool = conn.exists("dropped").await.unwrap();
+        assert!(!exists);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn introspection_reports_the_servers_view() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client
+            .lock("inspect")
+            .unwrap()
+            .with_lease(Duration::from_secs(60));
+        assert!(!lock.is_locked().await.unwrap());
+        assert!(!lock.is_held().await.unwrap());
+        assert_eq!(lock.remaining_ttl().await.unwrap(), None);
+
+        let guard = lock.lock().await.unwrap();
+        assert!(lock.is_locked().await.unwrap());
+        assert!(lock.is_held().await.unwrap());
+        let ttl = lock.remaining_ttl().await.unwrap().expect("locked");
+        assert!(ttl > Duration::from_secs(55) && ttl <= Duration::from_secs(60));
+        let local = guard.lease_remaining();
+        assert!(local > Duration::from_secs(55) && local <= ttl + Duration::from_millis(5));
+
+        let elsewhere = lock.clone();
+        let held_elsewhere = tokio::spawn(async move { elsewhere.is_held().await.unwrap() })
+            .await
+            .unwrap();
+        assert!(!held_elsewhere, "another task is another holder");
+        guard.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn data_layout_matches_redisson() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("layout").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let fields: Vec<(String, i64)> = conn.hgetall("layout").await.unwrap();
+        assert_eq!(fields, vec![(lock.owner(), 1)]);
+        let (client_id, holder) = lock
+            .owner()
+            .rsplit_once(':')
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            .unwrap();
+        assert_eq!(client_id, client.id());
+        assert!(holder.parse::<u64>().is_ok(), "holder is a decimal id");
+        let token: u64 = conn.get("redisson_lock_token:{layout}").await.unwrap();
+        assert_eq!(token, guard.fencing_token());
+        let ttl: i64 = conn.pttl("redisson_lock_token:{layout}").await.unwrap();
+        assert_eq!(ttl, -1, "the token counter never expires");
+
+        // A Redisson client waiting on this lock listens here for the release.
+        let mut pubsub = server.client().unwrap().get_async_pubsub().await.unwrap();
+        pubsub
+            .subscribe("redisson_lock__channel:{layout}")
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        let message = {
+            use futures_util::StreamExt;
+            pubsub.on_message().next().await.expect("release message")
+        };
+        assert_eq!(message.get_payload::<String>().unwrap(), "0");
+    })
+    .await;
+}

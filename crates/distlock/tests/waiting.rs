@@ -1,0 +1,157 @@
+//! Waiting: woken by the release, one shared subscription, and cancellation safety.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{bounded, client, eventually, raw, server, subscribers};
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(20);
+const CHANNEL: &str = "redisson_lock__channel:{wait}";
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
+    let server = server().await;
+    let holder_client = client(&server).await;
+    let waiter_client = client(&server).await;
+    let conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = holder_client.lock("wait").unwrap().lock().await.unwrap();
+        let lock = waiter_client.lock("wait").unwrap();
+        let waiter = tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            (Instant::now(), guard)
+        });
+        eventually(Duration::from_secs(5), "waiter subscribed", || {
+            let mut conn = conn.clone();
+            async move { subscribers(&mut conn, CHANNEL).await == 1 }
+        })
+        .await;
+        held.release().await.unwrap();
+        let released_at = Instant::now();
+        let (acquired_at, guard) = waiter.await.unwrap();
+        let handoff = acquired_at.duration_since(released_at);
+        // The holder's lease was 30 s; only the release message explains this.
+        assert!(
+            handoff < Duration::from_millis(500),
+            "handoff took {handoff:?}"
+        );
+        guard.release().await.unwrap();
+        eventually(Duration::from_secs(5), "subscription dropped", || {
+            let mut conn = conn.clone();
+            async move { subscribers(&mut conn, CHANNEL).await == 0 }
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn local_waiters_share_one_subscription_and_all_get_the_lock() {
+    let server = server().await;
+    let client = client(&server).await;
+    let conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("wait").unwrap();
+        let held = lock.lock().await.unwrap();
+        let waiters: Vec<_> = (0..5)
+            .map(|_| {
+                let lock = lock.clone();
+                tokio::spawn(async move {
+                    let guard = lock.lock().await.unwrap();
+                    let token = guard.fencing_token();
+                    guard.release().await.unwrap();
+                    token
+                })
+            })
+            .collect();
+        eventually(Duration::from_secs(5), "one subscription", || {
+            let mut conn = conn.clone();
+            async move { subscribers(&mut conn, CHANNEL).await == 1 }
+        })
+        .await;
+        held.release().await.unwrap();
+        let mut tokens = Vec::new();
+        for waiter in waiters {
+            tokens.push(waiter.await.unwrap());
+        }
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 5, "every waiter held it once");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancelled_wait_leaves_no_subscription_and_no_lock() {
+    let server = server().await;
+    let client = client(&server).await;
+    let conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("wait").unwrap();
+        let held = lock.lock().await.unwrap();
+        let contender = lock.clone();
+        let outcome = tokio::spawn(async move {
+            let timed_out = tokio::time::timeout(Duration::from_millis(150), contender.lock())
+                .await
+                .is_err();
+            let gave_up = contender
+                .try_lock_for(Duration::from_millis(150))
+                .await
+                .unwrap()
+                .is_none();
+            (timed_out, gave_up)
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, (true, true));
+        eventually(Duration::from_secs(5), "subscription dropped", || {
+            let mut conn = conn.clone();
+            async move { subscribers(&mut conn, CHANNEL).await == 0 }
+        })
+        .await;
+        held.release().await.unwrap();
+        assert!(
+            !lock.is_locked().await.unwrap(),
+            "the cancelled waiter took nothing"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cancelling_an_attempt_in_flight_never_leaves_the_lock_held() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("inflight").unwrap();
+        let mut acquired = 0;
+        // Drop the acquisition at every stage: before sending, while the reply is on its
+        // way, after it arrived.
+        for micros in (0..400).step_by(2) {
+            let contender = lock.clone();
+            let outcome = tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_micros(micros), contender.lock()).await
+            })
+            .await
+            .unwrap();
+            if let Ok(guard) = outcome {
+                acquired += 1;
+                guard.unwrap().release().await.unwrap();
+            }
+        }
+        eventually(
+            Duration::from_secs(5),
+            "every orphaned guard released",
+            || {
+                let lock = lock.clone();
+                async move { !lock.is_locked().await.unwrap() }
+            },
+        )
+        .await;
+        assert_eq!(client.tracked_leases(), 0);
+        assert!(acquired < 200, "some attempts must have been cancelled");
+    })
+    .await;
+}
