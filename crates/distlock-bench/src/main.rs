@@ -1,1 +1,142 @@
-fn main() {}
+//! `distlock-bench`: measures distlock on a private redis-server, against baselines taken
+//! by the same harness in the same run. Prints a table, or one JSON object per scenario
+//! with `--json`.
+
+mod baseline;
+mod report;
+mod scenarios;
+mod stats;
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use distlock::Client;
+use distlock_testkit::RedisServer;
+
+use report::Report;
+use scenarios::{BenchResult, Plan};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    All,
+    Uncontended,
+    Parallel,
+    Contended,
+    Watchdog,
+}
+
+#[derive(Debug, Parser)]
+#[command(about = "Benchmark distlock on a private redis-server")]
+struct Args {
+    /// Which scenario to run.
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    /// Print one JSON object per scenario (the table goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Seconds each timed run lasts.
+    #[arg(long, default_value_t = 3.0, value_parser = positive_seconds)]
+    secs: f64,
+    /// Repetitions of each throughput scenario; medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
+    /// Locks held in the watchdog scenario.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    watchdog_locks: u32,
+    /// Benchmark this Redis instead of starting a private one (the watchdog scenario
+    /// always uses a private server, to read its command counts undisturbed).
+    #[arg(long)]
+    url: Option<String>,
+    /// Seconds the watchdog scenario holds them (the watchdog timeout is 30 s).
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    watchdog_secs: f64,
+}
+
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 3600.0 => Ok(secs),
+        _ => Err(format!("{text:?} is not a number of seconds in (0, 3600]")),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Err(err) = run(args).await {
+        eprintln!("distlock-bench: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> BenchResult<()> {
+    let server = RedisServer::start().await?;
+    let client = Client::connect(args.url.as_deref().unwrap_or(&server.url())).await?;
+    let plan = Plan {
+        length: Duration::from_secs_f64(args.secs),
+        runs: args.runs as usize,
+    };
+    eprintln!("{}", machine_note(&server).await);
+    let wanted = |scenario| args.scenario == Scenario::All || args.scenario == scenario;
+    let mut reports = Vec::new();
+    let mut emit = |report: Report| {
+        if args.json {
+            match serde_json::to_string(&report) {
+                Ok(line) => println!("{line}"),
+                Err(err) => eprintln!("cannot encode report: {err}"),
+            }
+        }
+        reports.push(report);
+    };
+    if wanted(Scenario::Uncontended) {
+        emit(scenarios::uncontended::run(&client, plan).await?);
+    }
+    if wanted(Scenario::Parallel) {
+        emit(scenarios::parallel::run(&client, plan).await?);
+    }
+    if wanted(Scenario::Contended) {
+        emit(scenarios::contended::run(&client, plan).await?);
+    }
+    if wanted(Scenario::Watchdog) {
+        let hold = Duration::from_secs_f64(args.watchdog_secs);
+        emit(scenarios::watchdog::run(&server, args.watchdog_locks as usize, hold).await?);
+    }
+    if args.json {
+        // Keep stdout pure JSON lines; the table is for people.
+        let stdout = std::io::stdout();
+        let _quiet = stdout.lock();
+    } else {
+        report::print_header();
+        for report in &reports {
+            report::print_row(report);
+        }
+    }
+    Ok(())
+}
+
+/// One line describing where the figures come from.
+async fn machine_note(server: &RedisServer) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(|name| name.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let version = match server.connection().await {
+        Ok(mut conn) => redis::cmd("INFO")
+            .arg("server")
+            .query_async::<String>(&mut conn)
+            .await
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix("redis_version:").map(str::to_owned))
+            })
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    format!("machine: {cores} cores, {cpu}; redis-server {version} on loopback (private, no persistence)")
+}

@@ -245,6 +245,8 @@ pub struct Client {
 
 struct ClientInner {
     id: String,
+    /// Numbers release requests; with the client id it names their unlock latches.
+    requests: std::sync::atomic::AtomicU64,
     connection: Connection,
     config: Config,
     subscriptions: Subscriptions,
@@ -280,6 +282,7 @@ impl Client {
         Client {
             inner: Arc::new(ClientInner {
                 id: uuid::Uuid::new_v4().to_string(),
+                requests: std::sync::atomic::AtomicU64::new(0),
                 connection,
                 config,
                 subscriptions,
@@ -315,6 +318,15 @@ impl Client {
     /// currently held through this client (reentrant holds count once).
     pub fn tracked_leases(&self) -> usize {
         self.inner.watchdog.tracked()
+    }
+
+    /// A request id unique across all clients: this client's id and a sequence number.
+    pub(crate) fn next_request_id(&self) -> String {
+        let n = self
+            .inner
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}:{n}", self.inner.id)
     }
 
     pub(crate) fn config(&self) -> &Config {

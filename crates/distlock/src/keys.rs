@@ -5,6 +5,8 @@
 //! lock lands in the same Redis Cluster slot and one script may touch them all. A name that
 //! already contains `{` is used as is (`prefix:name`): its own tag then decides the slot.
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 
 /// Redis keys may be up to 512 MB; a lock name that large is a bug, and it would be copied
@@ -40,8 +42,9 @@ pub(crate) fn tagged(prefix: &str, name: &str) -> String {
 /// The keys and channel of one reentrant lock.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// The hash holding owner → hold count; its PEXPIRE is the lease.
-    pub(crate) lock: String,
+    /// The hash holding owner → hold count; its PEXPIRE is the lease. Shared with the
+    /// watchdog's registry, which keys held leases by it.
+    pub(crate) lock: Arc<str>,
     /// The fencing-token counter, never expired.
     pub(crate) token: String,
     /// The channel a release is published on.
@@ -51,7 +54,7 @@ pub(crate) struct LockKeys {
 impl LockKeys {
     pub(crate) fn new(name: &str) -> Self {
         Self {
-            lock: name.to_owned(),
+            lock: name.into(),
             token: tagged("redisson_lock_token", name),
             channel: tagged("redisson_lock__channel", name),
         }
@@ -74,7 +77,7 @@ mod tests {
     #[test]
     fn follows_redisson_layout() {
         let keys = LockKeys::new("orders");
-        assert_eq!(keys.lock, "orders");
+        assert_eq!(&*keys.lock, "orders");
         assert_eq!(keys.token, "redisson_lock_token:{orders}");
         assert_eq!(keys.channel, "redisson_lock__channel:{orders}");
         assert_eq!(keys.unlock_latch("r1"), "redisson_unlock_latch:{orders}:r1");

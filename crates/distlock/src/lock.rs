@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Client;
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
-use crate::engine::watchdog::LeaseTicket;
+use crate::engine::detach::Detached;
+use crate::engine::watchdog::{Acquired, LeaseTicket};
 use crate::error::{Error, Result};
 use crate::holder::HolderId;
 use crate::keys::LockKeys;
@@ -23,6 +24,9 @@ const RELEASE_MESSAGE: &str = "0";
 /// How many times a release is sent when the reply is lost to a broken connection or a
 /// timeout. The unlock latch makes the repeats safe.
 const RELEASE_ATTEMPTS: u32 = 3;
+
+/// Pause before repeating a release, times the attempt number.
+const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 /// A handle on one named lock. Cheap to clone; holds no lock by itself.
 ///
@@ -133,7 +137,7 @@ impl Lock {
     pub async fn is_locked(&self) -> Result<bool> {
         let mut connection = self.client.connection();
         Ok(redis::cmd("EXISTS")
-            .arg(&self.keys.lock)
+            .arg(&*self.keys.lock)
             .query_async::<i64>(&mut connection)
             .await?
             == 1)
@@ -148,7 +152,7 @@ impl Lock {
     pub async fn hold_count(&self) -> Result<u32> {
         let mut connection = self.client.connection();
         let count: Option<i64> = redis::cmd("HGET")
-            .arg(&self.keys.lock)
+            .arg(&*self.keys.lock)
             .arg(self.owner())
             .query_async(&mut connection)
             .await?;
@@ -162,7 +166,7 @@ impl Lock {
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
         let mut connection = self.client.connection();
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(&self.keys.lock)
+            .arg(&*self.keys.lock)
             .query_async(&mut connection)
             .await?;
         Ok(match pttl {
@@ -179,7 +183,7 @@ impl Lock {
     pub async fn force_unlock(&self) -> Result<bool> {
         let mut connection = self.client.connection();
         let deleted: i64 = LOCK_FORCE_UNLOCK
-            .key(&self.keys.lock)
+            .key(&*self.keys.lock)
             .arg(&self.keys.channel)
             .arg(RELEASE_MESSAGE)
             .invoke_async(&mut connection)
@@ -223,12 +227,14 @@ impl Acquire for LockAttempt {
         let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
         Box::pin(async move {
             let mut connection = client.connection();
+            let reentering = client.watchdog().holds(&keys.lock, &owner);
             let sent_at = Instant::now();
             let reply: Vec<i64> = LOCK_ACQUIRE
-                .key(&keys.lock)
+                .key(&*keys.lock)
                 .key(&keys.token)
                 .arg(lease_ms)
                 .arg(&*owner)
+                .arg(if reentering { "1" } else { "0" })
                 .invoke_async(&mut connection)
                 .await?;
             match reply[..] {
@@ -241,16 +247,22 @@ impl Acquire for LockAttempt {
                         .map_err(|_| unexpected(format!("negative fencing token {token}")))?;
                     let holds = u32::try_from(holds)
                         .map_err(|_| unexpected(format!("hold count {holds}")))?;
-                    let ticket = client
-                        .watchdog()
-                        .track(&keys.lock, &owner, lease, sent_at, renew);
+                    let ticket = client.watchdog().track(
+                        &keys.lock,
+                        &owner,
+                        Acquired {
+                            sent_at,
+                            lease,
+                            holds,
+                            renew,
+                        },
+                    );
                     Ok(Attempt::Acquired(LockGuard {
                         client,
                         keys,
                         owner,
                         token,
                         holds,
-                        lease_ms,
                         ticket: Some(ticket),
                     }))
                 }
@@ -282,7 +294,6 @@ pub struct LockGuard {
     owner: Arc<str>,
     token: u64,
     holds: u32,
-    lease_ms: u64,
     /// `None` once released.
     ticket: Option<LeaseTicket>,
 }
@@ -325,7 +336,7 @@ impl LockGuard {
     pub fn lease_remaining(&self) -> Duration {
         self.ticket
             .as_ref()
-            .and_then(|ticket| self.client.watchdog().deadline(ticket))
+            .and_then(LeaseTicket::deadline)
             .map(|deadline| deadline.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::ZERO)
     }
@@ -359,15 +370,18 @@ impl LockGuard {
 
     /// Releases this acquisition: one hold fewer; the last hold frees the lock and wakes
     /// one waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
+    ///
+    /// Cancel-safe: once started, the release completes even if this future is dropped.
     pub async fn release(mut self) -> Result<()> {
-        let ticket = self.ticket.take();
-        release(
+        let Some(ticket) = self.ticket.take() else {
+            return Ok(());
+        };
+        Detached::new(release(
             self.client.clone(),
             Arc::clone(&self.keys),
             Arc::clone(&self.owner),
-            self.lease_ms,
             ticket,
-        )
+        ))
         .await
     }
 }
@@ -383,8 +397,7 @@ impl Drop for LockGuard {
                     self.client.clone(),
                     Arc::clone(&self.keys),
                     Arc::clone(&self.owner),
-                    self.lease_ms,
-                    Some(ticket),
+                    ticket,
                 );
                 runtime.spawn(async move {
                     if let Err(err) = release.await {
@@ -398,7 +411,7 @@ impl Drop for LockGuard {
                     lock = %self.keys.lock,
                     "guard dropped outside a tokio runtime; the lock frees itself when its lease ends"
                 );
-                self.client.watchdog().untrack(ticket, false);
+                ticket.close(false);
             }
         }
     }
@@ -408,18 +421,26 @@ async fn release(
     client: Client,
     keys: Arc<LockKeys>,
     owner: Arc<str>,
-    lease_ms: u64,
-    ticket: Option<LeaseTicket>,
+    ticket: LeaseTicket,
 ) -> Result<()> {
-    let latch = keys.unlock_latch(&uuid::Uuid::new_v4().simple().to_string());
+    let not_held = || Error::NotHeld {
+        name: keys.lock.to_string(),
+        owner: owner.to_string(),
+    };
+    if !ticket.is_current() {
+        // The lease was lost, or the owner has taken the lock again since: the hold on the
+        // server, if any, belongs to the newer guard and must not be released by this one.
+        ticket.close(false);
+        return Err(not_held());
+    }
+    let latch = keys.unlock_latch(&client.next_request_id());
     let mut connection = client.connection();
     let mut attempt = 1;
     let outcome = loop {
         let reply = LOCK_RELEASE
-            .key(&keys.lock)
+            .key(&*keys.lock)
             .key(&latch)
             .arg(&*owner)
-            .arg(lease_ms)
             .arg(&keys.channel)
             .arg(RELEASE_MESSAGE)
             .arg(client.config().unlock_latch_ttl_ms)
@@ -428,24 +449,19 @@ async fn release(
         match reply {
             Err(err) if attempt < RELEASE_ATTEMPTS && is_ambiguous(&err) => {
                 tracing::debug!(error = %err, attempt, "release reply lost; asking again");
+                // Give a reconnecting connection a moment; the latch keeps repeats safe.
+                tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
                 attempt += 1;
             }
             other => break other,
         }
     };
+    // Stop renewing whatever happened: after a failed release the lease must be left to
+    // run out, not kept alive by this process.
     let remaining = outcome.as_ref().ok().copied();
-    if let Some(ticket) = ticket {
-        // Stop renewing whatever happened: after a failed release the lease must be left
-        // to run out, not kept alive by this process.
-        client
-            .watchdog()
-            .untrack(ticket, remaining.is_some_and(|n| n <= 0));
-    }
+    ticket.close(remaining.is_some_and(|n| n <= 0));
     match outcome? {
-        -1 => Err(Error::NotHeld {
-            name: keys.lock.clone(),
-            owner: owner.to_string(),
-        }),
+        -1 => Err(not_held()),
         _ => Ok(()),
     }
 }

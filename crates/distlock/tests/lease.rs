@@ -190,3 +190,32 @@ async fn a_stale_holders_write_is_rejected_by_the_fenced_resource() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_foreign_key_in_a_renewal_batch_loses_only_itself() {
+    let server = server().await;
+    let watchdog = Duration::from_millis(600);
+    let client = client_with_watchdog(&server, watchdog).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let mut guards = Vec::new();
+        for name in ["batch:a", "batch:b", "batch:c"] {
+            guards.push(client.lock(name).unwrap().lock().await.unwrap());
+        }
+        // Someone overwrites one lock with a string: same name, wrong type.
+        let _: () = redis::pipe()
+            .del("batch:b")
+            .set("batch:b", "x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        guards[1].lost().await;
+        tokio::time::sleep(watchdog * 2).await;
+        assert!(!guards[0].is_lost() && !guards[2].is_lost());
+        for name in ["batch:a", "batch:c"] {
+            let ttl: i64 = conn.pttl(name).await.unwrap();
+            assert!(ttl > 0, "{name} is still renewed");
+        }
+    })
+    .await;
+}

@@ -155,3 +155,24 @@ async fn cancelling_an_attempt_in_flight_never_leaves_the_lock_held() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_cancelled_release_still_releases() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("cancelled-release").unwrap();
+        for _ in 0..50 {
+            let guard = lock.lock().await.unwrap();
+            // Dropped right after it sent the script, before the reply.
+            let _ = tokio::time::timeout(Duration::from_micros(1), guard.release()).await;
+        }
+        eventually(Duration::from_secs(5), "every release finished", || {
+            let lock = lock.clone();
+            async move { !lock.is_locked().await.unwrap() }
+        })
+        .await;
+        assert_eq!(client.tracked_leases(), 0, "nothing left renewing");
+    })
+    .await;
+}

@@ -11,21 +11,21 @@
 //! 3. waits for a release message, or for the holder's lease to run out (messages can be
 //!    lost), or for the caller's deadline, and tries again.
 //!
-//! Local waiters are served first come, first served: a caller that finds other tasks of
+//! Local waiters take turns: a caller that finds other tasks of
 //! this client already waiting for the primitive does not try ahead of them (a task that
 //! releases and immediately asks again would otherwise win every time, because its
-//! attempt reaches Redis before the woken waiter's). It queues, and the release message
-//! wakes the oldest waiter. Across clients there is no order: that is the fair lock's job.
+//! attempt reaches Redis before the woken waiter's). It queues, and each release message
+//! wakes the waiter that has been waiting longest since its last attempt. Across clients there is no order: that is the fair lock's job.
 //!
 //! Once waiting, a connection error (a restart, a failover, a network blip) does not end
 //! the wait: the engine tries again with backoff for as long as the caller's patience
 //! lasts. Only the first attempt reports such an error, so `try_lock` on a dead server
 //! fails at once instead of hiding the outage.
 //!
-//! Each attempt runs in a task of its own. If the caller's future is dropped while an
-//! attempt is in flight (a timeout, a `select!`), the attempt still completes, and if it
-//! acquired, the guard it made is dropped, which releases the lock. Cancellation therefore
-//! leaves neither a subscription nor a held lock behind.
+//! Each attempt is [`Detached`]: if the caller's future is dropped while an attempt is in
+//! flight (a timeout, a `select!`), the attempt still completes in a task of its own, and
+//! if it acquired, the guard it made is dropped, which releases the lock. Cancellation
+//! therefore leaves neither a subscription nor a held lock behind.
 
 use std::future::Future;
 use std::pin::pin;
@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::detach::Detached;
 use crate::engine::subscriptions::Subscriptions;
 use crate::error::{Error, Result};
 
@@ -113,15 +114,18 @@ pub(crate) async fn acquire<A: Acquire>(
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
-    let waiting_patiently = !matches!(patience, Patience::None);
+    let deadline = patience.deadline();
+    let waiting_patiently = !matches!(patience, Patience::None)
+        && deadline.is_none_or(|deadline| deadline > Instant::now());
+    // Queue behind local waiters only if there is time to wait; every call makes at least
+    // one attempt.
     if !(waiting_patiently && subscriptions.has_waiters(primitive.channel())) {
         if let Attempt::Acquired(guard) = run_attempt(primitive).await? {
             return Ok(Some(guard));
         }
-    }
-    let deadline = patience.deadline();
-    if !waiting_patiently || deadline.is_some_and(|at| at <= Instant::now()) {
-        return Ok(None);
+        if !waiting_patiently {
+            return Ok(None);
+        }
     }
     let subscription = match deadline {
         Some(deadline) => {
@@ -129,7 +133,7 @@ pub(crate) async fn acquire<A: Acquire>(
                 .await
             {
                 Ok(subscription) => subscription,
-                Err(_) => return Ok(None),
+                Err(_) => return last_chance(primitive).await,
             }
         }
         None => subscriptions.subscribe(primitive.channel()).await,
@@ -184,12 +188,14 @@ pub(crate) async fn acquire<A: Acquire>(
     }
 }
 
+/// One attempt when the caller's time ran out before the engine could make one.
+async fn last_chance<A: Acquire>(primitive: &A) -> Result<Option<A::Guard>> {
+    Ok(match run_attempt(primitive).await? {
+        Attempt::Acquired(guard) => Some(guard),
+        Attempt::Busy { .. } => None,
+    })
+}
+
 async fn run_attempt<A: Acquire>(primitive: &A) -> Result<Attempt<A::Guard>> {
-    match tokio::spawn(primitive.attempt()).await {
-        Ok(outcome) => outcome,
-        Err(join_error) => match join_error.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => Err(Error::RuntimeShutdown),
-        },
-    }
+    Detached::new(primitive.attempt()).await
 }

@@ -5,10 +5,13 @@
 //! - [`subscriptions`]: one pub/sub connection per client, one subscription per channel,
 //!   shared by all local waiters;
 //! - [`watchdog`]: one renewal scheduler per client, renewing held leases in batches and
-//!   signalling the ones that are lost.
+//!   signalling the ones that are lost;
+//! - [`detach`]: run-to-completion, so a cancelled caller never leaves a script's effect
+//!   half-handled.
 //!
 //! A primitive only describes its scripts; it never writes its own wait or renewal loop.
 
 pub(crate) mod acquire;
+pub(crate) mod detach;
 pub(crate) mod subscriptions;
 pub(crate) mod watchdog;

@@ -24,6 +24,14 @@ use tokio_util::sync::CancellationToken;
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// A connection that lasted this long was healthy: the next reconnect starts from the
+/// smallest backoff again.
+const STABLE_AFTER: Duration = Duration::from_secs(5);
+
+/// How often the hub PINGs, so a half-open connection is noticed and replaced instead of
+/// silently delivering nothing.
+const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
+
 /// The client's registry of channels its waiters listen on.
 pub(crate) struct Subscriptions {
     shared: Arc<Shared>,
@@ -194,7 +202,17 @@ async fn run_hub(
     mut nudges: mpsc::UnboundedReceiver<()>,
 ) {
     let mut backoff = MIN_BACKOFF;
+    let mut first_attempt = true;
     loop {
+        if !std::mem::replace(&mut first_attempt, false) {
+            // Every reconnect waits, so a server that accepts and then drops us (a
+            // restricted ACL user, say) is not hammered.
+            tokio::select! {
+                _ = shared.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
         let connect = tokio::time::timeout(shared.timeout, redis.get_async_pubsub());
         let pubsub = tokio::select! {
             _ = shared.shutdown.cancelled() => return,
@@ -208,15 +226,12 @@ async fn run_hub(
                     _ => "connection timed out".to_owned(),
                 };
                 tracing::warn!(%reason, ?backoff, "pub/sub connection failed; retrying");
-                tokio::select! {
-                    _ = shared.shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
         };
-        backoff = MIN_BACKOFF;
+        let connected_at = tokio::time::Instant::now();
+        let mut health = tokio::time::interval(HEALTH_CHECK_EVERY);
+        health.tick().await;
         let mut on_server = HashSet::new();
         if reconcile(&shared, &mut sink, &mut on_server).await {
             // Anything published while no connection listened is lost: let every
@@ -238,10 +253,19 @@ async fn run_hub(
                         Some(message) => deliver(&shared, message.get_channel_name()),
                         None => break,
                     },
+                    _ = health.tick() => {
+                        let ping = tokio::time::timeout(shared.timeout, sink.ping::<redis::Value>());
+                        if !matches!(ping.await, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
                 }
             }
         }
         tracing::warn!("pub/sub connection lost; reconnecting");
+        if connected_at.elapsed() >= STABLE_AFTER {
+            backoff = MIN_BACKOFF;
+        }
         for entry in shared.channels().values() {
             entry.state.live.send_replace(false);
         }

@@ -32,8 +32,8 @@ use crate::scripts::LOCK_RENEW;
 /// One held lease, as the watchdog knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct LeaseKey {
-    key: String,
-    owner: String,
+    key: Arc<str>,
+    owner: Arc<str>,
 }
 
 struct Entry {
@@ -43,7 +43,12 @@ struct Entry {
     guards: usize,
     /// How many of them asked for renewal; zero means a fixed lease.
     renewing: usize,
+    /// The lease the last command set; it sizes the safety margin.
+    lease: Duration,
     deadline: Instant,
+    /// When the command that set `deadline` was sent: a reply to an older command must
+    /// not move the deadline, because the server applied the newer one last.
+    set_at: Instant,
     lost: CancellationToken,
 }
 
@@ -51,6 +56,12 @@ struct Entry {
 struct Registry {
     entries: HashMap<LeaseKey, Entry>,
     next_id: u64,
+    /// When the scheduler will next wake by itself (`None`: only when told). A new lease
+    /// wakes it early only if it needs attention before then, so that acquisitions do not
+    /// pay for a scheduler pass each.
+    wake_at: Option<Instant>,
+    /// Whether the scheduler's next wake-up includes a renewal round.
+    renewal_scheduled: bool,
 }
 
 struct Shared {
@@ -62,12 +73,16 @@ struct Shared {
     batch_size: usize,
 }
 
-/// A guard's stake in a tracked lease.
+/// A guard's stake in a tracked lease. Dropping it (a guard dropped outside a runtime, a
+/// release future dropped on a runtime that shuts down) ends the stake, so no lease is
+/// renewed for a guard that no longer exists.
 pub(crate) struct LeaseTicket {
+    shared: Arc<Shared>,
     key: LeaseKey,
     id: u64,
     renewing: bool,
     lost: CancellationToken,
+    closed: bool,
 }
 
 impl LeaseTicket {
@@ -75,6 +90,70 @@ impl LeaseTicket {
     pub(crate) fn lost(&self) -> &CancellationToken {
         &self.lost
     }
+
+    /// True while this ticket's holding is the one the watchdog tracks: not lost, not
+    /// replaced by a newer holding of the same owner.
+    pub(crate) fn is_current(&self) -> bool {
+        self.shared
+            .registry()
+            .entries
+            .get(&self.key)
+            .is_some_and(|entry| entry.id == self.id)
+    }
+
+    /// The local deadline of the lease, if the holding is current.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.shared
+            .registry()
+            .entries
+            .get(&self.key)
+            .filter(|entry| entry.id == self.id)
+            .map(|entry| entry.deadline)
+    }
+
+    /// Ends this guard's stake. `owner_released` is true when Redis said the owner no
+    /// longer holds the lock at all; any other guards of that owner have then lost it.
+    pub(crate) fn close(mut self, owner_released: bool) {
+        self.close_inner(owner_released);
+    }
+
+    fn close_inner(&mut self, owner_released: bool) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
+        let mut registry = self.shared.registry();
+        let Some(entry) = registry.entries.get_mut(&self.key) else {
+            return;
+        };
+        if entry.id != self.id {
+            return;
+        }
+        entry.guards = entry.guards.saturating_sub(1);
+        if self.renewing {
+            entry.renewing = entry.renewing.saturating_sub(1);
+        }
+        if entry.guards == 0 || owner_released {
+            if entry.guards > 0 {
+                entry.lost.cancel();
+            }
+            registry.entries.remove(&self.key);
+        }
+    }
+}
+
+impl Drop for LeaseTicket {
+    fn drop(&mut self) {
+        self.close_inner(false);
+    }
+}
+
+/// What an acquisition reported, for [`Watchdog::track`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Acquired {
+    pub(crate) sent_at: Instant,
+    pub(crate) lease: Duration,
+    pub(crate) holds: u32,
+    pub(crate) renew: bool,
 }
 
 /// The client's renewal scheduler.
@@ -117,82 +196,79 @@ impl Watchdog {
         Self { shared }
     }
 
-    /// Starts (or joins, for a reentrant acquisition) tracking the lease of `key` held by
-    /// `owner`. `sent_at` is when the command that set the lease was sent; `lease` is what
-    /// it set. `renew` asks the watchdog to keep extending it.
+    /// Whether this client tracks a current holding of `key` by `owner`: the acquire
+    /// script re-enters only such a holding, and resets any other hold count of the owner.
+    pub(crate) fn holds(&self, key: &Arc<str>, owner: &Arc<str>) -> bool {
+        let lease_key = LeaseKey {
+            key: Arc::clone(key),
+            owner: Arc::clone(owner),
+        };
+        self.shared.registry().entries.contains_key(&lease_key)
+    }
+
+    /// Starts tracking the lease of `key` held by `owner`, or joins the tracked holding for
+    /// a reentrant acquisition. `sent_at` is when the command that set the lease was sent;
+    /// `lease` is what it set; `holds` is the owner's hold count it reported (1 means a new
+    /// holding: any older local holding of the same owner is over). `renew` asks the
+    /// watchdog to keep extending it.
     pub(crate) fn track(
         &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-        sent_at: Instant,
-        renew: bool,
+        key: &Arc<str>,
+        owner: &Arc<str>,
+        acquired: Acquired,
     ) -> LeaseTicket {
         let lease_key = LeaseKey {
-            key: key.to_owned(),
-            owner: owner.to_owned(),
+            key: Arc::clone(key),
+            owner: Arc::clone(owner),
         };
-        let deadline = sent_at + lease;
+        let deadline = acquired.sent_at + acquired.lease;
         let mut registry = self.shared.registry();
-        let Registry { entries, next_id } = &mut *registry;
+        let Registry {
+            entries, next_id, ..
+        } = &mut *registry;
+        if acquired.holds == 1 {
+            if let Some(stale) = entries.remove(&lease_key) {
+                // Redis counts one hold: the guards of the older holding hold nothing.
+                stale.lost.cancel();
+            }
+        }
         let entry = entries.entry(lease_key.clone()).or_insert_with(|| {
             *next_id += 1;
             Entry {
                 id: *next_id,
                 guards: 0,
                 renewing: 0,
+                lease: acquired.lease,
                 deadline,
+                set_at: acquired.sent_at,
                 lost: CancellationToken::new(),
             }
         });
         entry.guards += 1;
         // The command just sent set the lease to exactly `lease`, replacing whatever a
         // reentrant holder's earlier acquisition or renewal had set.
+        entry.lease = acquired.lease;
         entry.deadline = deadline;
-        if renew {
+        entry.set_at = acquired.sent_at;
+        if acquired.renew {
             entry.renewing += 1;
         }
         let ticket = LeaseTicket {
+            shared: Arc::clone(&self.shared),
             key: lease_key,
             id: entry.id,
-            renewing: renew,
-            lost: entry.lost.child_token(),
+            renewing: acquired.renew,
+            lost: entry.lost.clone(),
+            closed: false,
         };
+        let fire = fire_at(entry);
+        let needs_renewal_round = acquired.renew && !registry.renewal_scheduled;
+        let needs_earlier_wake = registry.wake_at.is_none_or(|wake_at| fire < wake_at);
         drop(registry);
-        self.shared.changed.notify_one();
+        if needs_renewal_round || needs_earlier_wake {
+            self.shared.changed.notify_one();
+        }
         ticket
-    }
-
-    /// Ends a guard's stake. `owner_released` is true when Redis said the owner no longer
-    /// holds the lock at all; any other guards of that owner have then lost it.
-    pub(crate) fn untrack(&self, ticket: LeaseTicket, owner_released: bool) {
-        let mut registry = self.shared.registry();
-        let Some(entry) = registry.entries.get_mut(&ticket.key) else {
-            return;
-        };
-        if entry.id != ticket.id {
-            return;
-        }
-        entry.guards = entry.guards.saturating_sub(1);
-        if ticket.renewing {
-            entry.renewing = entry.renewing.saturating_sub(1);
-        }
-        if entry.guards == 0 || owner_released {
-            if entry.guards > 0 {
-                entry.lost.cancel();
-            }
-            registry.entries.remove(&ticket.key);
-        }
-    }
-
-    /// The local deadline of the ticket's lease, if it is still tracked.
-    pub(crate) fn deadline(&self, ticket: &LeaseTicket) -> Option<Instant> {
-        let registry = self.shared.registry();
-        registry
-            .entries
-            .get(&ticket.key)
-            .filter(|entry| entry.id == ticket.id)
-            .map(|entry| entry.deadline)
     }
 
     /// Leases tracked right now.
@@ -203,24 +279,27 @@ impl Watchdog {
 
 async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let interval = shared.lease / 3;
-    let margin_of_renewed = safety_margin(shared.lease);
     let mut next_renewal = Instant::now() + interval;
     loop {
         let (renewing, earliest_deadline) = {
-            let registry = shared.registry();
+            let mut registry = shared.registry();
             let renewing = registry.entries.values().any(|entry| entry.renewing > 0);
-            let earliest = registry
-                .entries
-                .values()
-                .map(|entry| fire_at(entry, margin_of_renewed))
-                .min();
+            let earliest = registry.entries.values().map(fire_at).min();
+            if !renewing {
+                // Nothing to renew: the first renewal of a new lease comes a full
+                // interval after it was taken.
+                next_renewal = Instant::now() + interval;
+            }
+            // Published under the same lock `track` reads it with, so a lease tracked
+            // after this pass either was seen by it or sees these values.
+            registry.renewal_scheduled = renewing;
+            registry.wake_at = match (renewing, earliest) {
+                (true, Some(earliest)) => Some(earliest.min(next_renewal)),
+                (true, None) => Some(next_renewal),
+                (false, earliest) => earliest,
+            };
             (renewing, earliest)
         };
-        if !renewing {
-            // Nothing to renew: the first renewal of a new lease comes a full interval
-            // after it was taken.
-            next_renewal = Instant::now() + interval;
-        }
         let changed = shared.changed.notified();
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -234,20 +313,14 @@ async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 tokio::spawn(renew_all(Arc::clone(&shared)));
             }
             _ = sleep_until_some(earliest_deadline) => {
-                expire_overdue(&shared, margin_of_renewed);
+                expire_overdue(&shared);
             }
         }
     }
 }
 
-fn fire_at(entry: &Entry, margin_of_renewed: Duration) -> Instant {
-    // Fixed leases are usually shorter than the watchdog's, so take their margin from the
-    // time left; a renewing entry uses the watchdog lease's.
-    let margin = if entry.renewing > 0 {
-        margin_of_renewed
-    } else {
-        Duration::from_millis(2)
-    };
+fn fire_at(entry: &Entry) -> Instant {
+    let margin = safety_margin(entry.lease);
     entry.deadline.checked_sub(margin).unwrap_or(entry.deadline)
 }
 
@@ -258,11 +331,11 @@ async fn sleep_until_some(deadline: Option<Instant>) {
     }
 }
 
-fn expire_overdue(shared: &Shared, margin_of_renewed: Duration) {
+fn expire_overdue(shared: &Shared) {
     let now = Instant::now();
     let mut registry = shared.registry();
     registry.entries.retain(|lease, entry| {
-        if fire_at(entry, margin_of_renewed) > now {
+        if fire_at(entry) > now {
             return true;
         }
         tracing::warn!(
@@ -293,7 +366,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
     let mut invocation = LOCK_RENEW.prepare_invoke();
     invocation.arg(shared.lease_ms);
     for (lease, _) in &batch {
-        invocation.key(&lease.key).arg(&lease.owner);
+        invocation.key(&*lease.key).arg(&*lease.owner);
     }
     let mut connection = shared.connection.clone();
     let sent_at = Instant::now();
@@ -327,7 +400,11 @@ async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
             continue;
         }
         if still_held == 1 {
-            entry.deadline = entry.deadline.max(deadline);
+            if sent_at > entry.set_at {
+                entry.lease = shared.lease;
+                entry.deadline = deadline;
+                entry.set_at = sent_at;
+            }
         } else {
             tracing::warn!(
                 lock = %lease.key,

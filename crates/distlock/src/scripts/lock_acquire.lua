@@ -4,12 +4,22 @@
 -- KEYS[2]  fencing-token counter (never expires, so tokens keep increasing across holders)
 -- ARGV[1]  lease, milliseconds
 -- ARGV[2]  owner, "<client uuid>:<holder id>"
+-- ARGV[3]  "1" if the client tracks a live holding by this owner (a reentrant acquisition),
+--          "0" if not: a hold count the owner still has on the server is then left over
+--          from a lost guard or from an acquisition whose reply never arrived, and is reset
+--          to 1 instead of counted on
 --
 -- Returns {1, token, holds} when the caller now holds the lock (holds = its hold count),
 --         {0, pttl}         when another owner holds it (pttl = the lease left, ms, or -1
 --                           for a key without expiry).
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    local holds = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+local held = redis.call('hexists', KEYS[1], ARGV[2]) == 1
+if held or redis.call('exists', KEYS[1]) == 0 then
+    local holds = 1
+    if held and ARGV[3] == '1' then
+        holds = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+    else
+        redis.call('hset', KEYS[1], ARGV[2], 1)
+    end
     redis.call('pexpire', KEYS[1], ARGV[1])
     local token = redis.call('incr', KEYS[2])
     return {1, token, holds}

@@ -4,13 +4,13 @@
 -- KEYS[2]  unlock latch: caches this request's answer, so a retry after an ambiguous
 --          failure (the reply was lost, not the command) returns the same answer
 -- ARGV[1]  owner, "<client uuid>:<holder id>"
--- ARGV[2]  lease to restore while holds remain, milliseconds
--- ARGV[3]  channel to publish the release on
--- ARGV[4]  release message
--- ARGV[5]  how long the latch is kept, milliseconds
+-- ARGV[2]  channel to publish the release on
+-- ARGV[3]  release message
+-- ARGV[4]  how long the latch is kept, milliseconds
 --
 -- Returns the holds the owner still has (0 = the lock is now free),
 --         or -1 when the owner does not hold the lock.
+-- While holds remain, the lease is left as it is: the remaining guards set it.
 local cached = redis.call('get', KEYS[2])
 if cached then
     return tonumber(cached)
@@ -18,12 +18,10 @@ end
 local remaining = -1
 if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
     remaining = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-    if remaining > 0 then
-        redis.call('pexpire', KEYS[1], ARGV[2])
-    else
+    if remaining <= 0 then
         redis.call('del', KEYS[1])
-        redis.call('publish', ARGV[3], ARGV[4])
+        redis.call('publish', ARGV[2], ARGV[3])
     end
 end
-redis.call('set', KEYS[2], remaining, 'px', ARGV[5])
+redis.call('set', KEYS[2], remaining, 'px', ARGV[4])
 return remaining

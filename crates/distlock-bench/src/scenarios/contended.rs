@@ -1,0 +1,171 @@
+//! Eight tasks of one client take turns on one lock: hold 1 ms, think 2 ms. The lock is
+//! always wanted, so the rate is bounded by 1 / (hold + one round trip), and what the
+//! scenario shows is how fast and how fairly it changes hands.
+//!
+//! Hold and think times are slept on a blocking thread: tokio's timer rounds up to whole
+//! milliseconds, which would turn "hold 1 ms" into 1–2 ms and hide the handoff cost.
+
+use std::time::Duration;
+
+use distlock::Client;
+use tokio::time::Instant;
+
+use super::{BenchResult, Plan};
+use crate::baseline;
+use crate::report::{checked, figure, Report};
+use crate::stats::{jain, median, Latencies};
+
+pub const TASKS: usize = 8;
+pub const HOLD: Duration = Duration::from_millis(1);
+pub const THINK: Duration = Duration::from_millis(2);
+
+const TARGET_RATIO: f64 = 0.85;
+const TARGET_GAP_P50_RTTS: f64 = 3.0;
+const TARGET_GAP_P99_MICROS: f64 = 1000.0;
+const TARGET_WAIT_P99_MICROS: f64 = 10_000.0;
+const TARGET_JAIN: f64 = 0.95;
+
+struct Hold {
+    task: usize,
+    wait_started: Instant,
+    acquired: Instant,
+    release_started: Instant,
+}
+
+async fn precise_sleep(length: Duration) -> BenchResult<()> {
+    tokio::task::spawn_blocking(move || std::thread::sleep(length)).await?;
+    Ok(())
+}
+
+async fn one_run(client: &Client, length: Duration) -> BenchResult<(Vec<Hold>, f64)> {
+    let started = Instant::now();
+    let until = started + length;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let lock = client.lock("bench:contended");
+            tokio::spawn(async move {
+                let lock = lock?;
+                let mut holds = Vec::new();
+                while Instant::now() < until {
+                    let wait_started = Instant::now();
+                    let guard = lock.lock().await?;
+                    let acquired = Instant::now();
+                    precise_sleep(HOLD).await?;
+                    let release_started = Instant::now();
+                    guard.release().await?;
+                    holds.push(Hold {
+                        task,
+                        wait_started,
+                        acquired,
+                        release_started,
+                    });
+                    precise_sleep(THINK).await?;
+                }
+                BenchResult::Ok(holds)
+            })
+        })
+        .collect();
+    let mut holds = Vec::new();
+    for task in tasks {
+        holds.extend(task.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok((holds, elapsed))
+}
+
+pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
+    let mut rates = Vec::new();
+    let mut rtts = Vec::new();
+    let mut held = Vec::new();
+    let (mut gap_p50, mut gap_p99, mut wait_p99, mut wait_max, mut fairness) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..plan.runs {
+        let (_, rtt) =
+            baseline::evalsha(&client.connection(), 1, Duration::from_millis(500)).await?;
+        rtts.push(rtt.micros(0.5));
+        let (mut holds, elapsed) = one_run(client, plan.length).await?;
+        rates.push(holds.len() as f64 / elapsed);
+        holds.sort_by_key(|hold| hold.acquired);
+
+        let mut gaps = Latencies::new();
+        let mut waits = Latencies::new();
+        let mut hold_times = Latencies::new();
+        let mut per_task = [0u64; TASKS];
+        for (index, hold) in holds.iter().enumerate() {
+            waits.record(hold.acquired - hold.wait_started);
+            hold_times.record(hold.release_started - hold.acquired);
+            per_task[hold.task] += 1;
+            // A handoff: the next holder was already waiting when this one let go.
+            if let Some(next) = holds.get(index + 1) {
+                if next.wait_started < hold.release_started {
+                    gaps.record(
+                        next.acquired
+                            .saturating_duration_since(hold.release_started),
+                    );
+                }
+            }
+        }
+        held.push(hold_times.micros(0.5));
+        gap_p50.push(gaps.micros(0.5));
+        gap_p99.push(gaps.micros(0.99));
+        wait_p99.push(waits.micros(0.99));
+        wait_max.push(waits.max_micros());
+        fairness.push(jain(&per_task));
+    }
+    let rtt = median(&rtts);
+    let ideal = 1e6 / (HOLD.as_secs_f64() * 1e6 + rtt);
+    let rate = median(&rates);
+    let ratio = rate / ideal;
+    let (gap_p50, gap_p99, wait_p99, jain) = (
+        median(&gap_p50),
+        median(&gap_p99),
+        median(&wait_p99),
+        median(&fairness),
+    );
+    let details = vec![
+        figure("EVALSHA round trip p50", rtt, "µs"),
+        figure("actual hold p50", median(&held), "µs"),
+        checked(
+            "release→next acquire p50",
+            gap_p50,
+            "µs",
+            format!(
+                "<= {TARGET_GAP_P50_RTTS} RTT = {:.0} µs",
+                TARGET_GAP_P50_RTTS * rtt
+            ),
+            gap_p50 <= TARGET_GAP_P50_RTTS * rtt,
+        ),
+        checked(
+            "release→next acquire p99",
+            gap_p99,
+            "µs",
+            format!("<= {TARGET_GAP_P99_MICROS} µs"),
+            gap_p99 <= TARGET_GAP_P99_MICROS,
+        ),
+        checked(
+            "acquisition wait p99",
+            wait_p99,
+            "µs",
+            format!("<= {TARGET_WAIT_P99_MICROS} µs"),
+            wait_p99 <= TARGET_WAIT_P99_MICROS,
+        ),
+        figure("acquisition wait max", median(&wait_max), "µs"),
+        checked(
+            "Jain fairness over tasks",
+            jain,
+            "",
+            format!(">= {TARGET_JAIN}"),
+            jain >= TARGET_JAIN,
+        ),
+    ];
+    let met = ratio >= TARGET_RATIO && details.iter().all(|d| d.met != Some(false));
+    Ok(Report {
+        scenario: "contended",
+        result: figure("acquisitions/s", rate, ""),
+        baseline: figure("ideal 1/(hold+RTT) =", ideal, "acq/s"),
+        ratio,
+        target: format!("ratio >= {TARGET_RATIO:.2}"),
+        met,
+        details,
+    })
+}
