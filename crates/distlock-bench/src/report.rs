@@ -76,8 +76,8 @@ impl Figure {
 
 pub fn print_header() {
     println!(
-        "{:<12} {:<34} {:<38} {:>7}  {:<22} {}",
-        "scenario", "result", "baseline (same run)", "ratio", "target", "met"
+        "{:<12} {:<34} {:<38} {:>7}  {:<22} met",
+        "scenario", "result", "baseline (same run)", "ratio", "target"
     );
 }
 
