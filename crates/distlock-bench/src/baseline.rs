@@ -1,42 +1,84 @@
-//! Baselines measured in the same run as the scenarios: raw EVALSHA round trips.
+//! Baselines measured in the same run as the scenarios, on the same connection:
+//!
+//! - a no-op script: one EVALSHA round trip and nothing else (the baseline);
+//! - distlock's own acquire and release scripts called raw, with none of the library
+//!   around them: the difference to the library is what the library itself costs.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use distlock::Connection;
-use redis::Script;
+use redis::{RedisError, Script};
 use tokio::time::Instant;
 
 use crate::stats::Latencies;
 
 static NOOP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/noop.lua")));
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../distlock/src/scripts/lock_acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../distlock/src/scripts/lock_release.lua")));
 
-/// `callers` tasks call a no-op script back to back on `connection` for `length`.
-/// Returns calls per second and the latency of each call.
-pub async fn evalsha(
+/// Which raw load a baseline task runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Raw {
+    /// One no-op EVALSHA per iteration.
+    Noop,
+    /// distlock's acquire then release script per iteration (a lock cycle, raw).
+    LockScripts,
+}
+
+/// `callers` tasks run `raw` back to back on `connection` for `length`. Returns iterations
+/// per second and the latency of each iteration.
+pub async fn run(
+    raw: Raw,
     connection: &Connection,
     callers: usize,
     length: Duration,
-) -> Result<(f64, Latencies), redis::RedisError> {
-    // Load it once so the timed loop is pure EVALSHA.
-    NOOP.prepare_invoke()
-        .invoke_async::<i64>(&mut connection.clone())
-        .await?;
+) -> Result<(f64, Latencies), RedisError> {
     let started = Instant::now();
     let until = started + length;
     let tasks: Vec<_> = (0..callers)
-        .map(|_| {
+        .map(|caller| {
             let mut connection = connection.clone();
             tokio::spawn(async move {
+                let key = format!("bench:raw:{caller}");
+                let token = format!("bench:raw:{caller}:token");
                 let mut latencies = Latencies::new();
+                let mut request = 0u64;
                 while Instant::now() < until {
                     let sent = Instant::now();
-                    NOOP.prepare_invoke()
-                        .invoke_async::<i64>(&mut connection)
-                        .await?;
+                    match raw {
+                        Raw::Noop => {
+                            NOOP.prepare_invoke()
+                                .invoke_async::<i64>(&mut connection)
+                                .await?;
+                        }
+                        Raw::LockScripts => {
+                            request += 1;
+                            ACQUIRE
+                                .key(&key)
+                                .key(&token)
+                                .arg(30_000)
+                                .arg("bench:1")
+                                .arg("0")
+                                .invoke_async::<Vec<i64>>(&mut connection)
+                                .await?;
+                            RELEASE
+                                .key(&key)
+                                .key(format!("{key}:latch:{request}"))
+                                .arg("bench:1")
+                                .arg("bench:channel")
+                                .arg("0")
+                                .arg(10_000)
+                                .arg("0")
+                                .invoke_async::<i64>(&mut connection)
+                                .await?;
+                        }
+                    }
                     latencies.record(sent.elapsed());
                 }
-                Ok::<_, redis::RedisError>(latencies)
+                Ok::<_, RedisError>(latencies)
             })
         })
         .collect();
@@ -44,9 +86,8 @@ pub async fn evalsha(
     for task in tasks {
         let latencies = task
             .await
-            .map_err(|err| redis::RedisError::from(std::io::Error::other(err.to_string())))??;
+            .map_err(|err| RedisError::from(std::io::Error::other(err.to_string())))??;
         all.merge(&latencies);
     }
-    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
-    Ok((rate, all))
+    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
 }

@@ -34,11 +34,12 @@ struct Args {
     /// Print one JSON object per scenario (the table goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Seconds each timed run lasts.
-    #[arg(long, default_value_t = 3.0, value_parser = positive_seconds)]
+    /// Seconds each timed slice lasts.
+    #[arg(long, default_value_t = 0.5, value_parser = positive_seconds)]
     secs: f64,
-    /// Repetitions of each throughput scenario; medians are reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    /// Baseline/subject pairs per throughput scenario (contended: runs); medians are
+    /// reported.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=1000))]
     runs: u32,
     /// Locks held in the watchdog scenario.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

@@ -444,6 +444,7 @@ async fn release(
             .arg(&keys.channel)
             .arg(RELEASE_MESSAGE)
             .arg(client.config().unlock_latch_ttl_ms)
+            .arg(if attempt > 1 { "1" } else { "0" })
             .invoke_async::<i64>(&mut connection)
             .await;
         match reply {

@@ -12,18 +12,82 @@ use std::time::Duration;
 use distlock::Client;
 use tokio::time::Instant;
 
-use crate::stats::Latencies;
+use crate::baseline::{self, Raw};
+use crate::stats::{median, Latencies};
 
 /// Settings shared by the throughput scenarios.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
-    /// How long each timed run lasts.
+    /// How long each timed slice lasts.
     pub length: Duration,
-    /// How many times each run is repeated (the median is reported).
+    /// How many baseline/subject pairs are measured (medians are reported).
     pub runs: usize,
 }
 
 pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What [`interleaved`] measured for one load: medians over the rounds.
+pub struct Measured {
+    pub rate: f64,
+    /// Median over the rounds of this load's rate divided by the first load's rate in
+    /// the same round.
+    pub ratio_to_first: f64,
+    pub latency: Latencies,
+}
+
+/// Measures each load in turn, in slices of `plan.length`, for `plan.runs` rounds. The
+/// machine is shared and its speed drifts within seconds; a ratio taken within each
+/// round cancels the drift that separate long runs would compare.
+pub async fn interleaved<F>(plan: Plan, loads: usize, mut measure: F) -> BenchResult<Vec<Measured>>
+where
+    F: AsyncFnMut(usize, Duration) -> BenchResult<(f64, Latencies)>,
+{
+    let mut rates = vec![Vec::new(); loads];
+    let mut ratios = vec![Vec::new(); loads];
+    let mut latencies: Vec<Latencies> = (0..loads).map(|_| Latencies::new()).collect();
+    for _ in 0..plan.runs {
+        let mut first = f64::NAN;
+        for load in 0..loads {
+            let (rate, latency) = measure(load, plan.length).await?;
+            if load == 0 {
+                first = rate;
+            }
+            rates[load].push(rate);
+            ratios[load].push(rate / first);
+            latencies[load].merge(&latency);
+        }
+    }
+    Ok(latencies
+        .into_iter()
+        .enumerate()
+        .map(|(load, latency)| Measured {
+            rate: median(&rates[load]),
+            ratio_to_first: median(&ratios[load]),
+            latency,
+        })
+        .collect())
+}
+
+/// The uncontended and parallel scenarios: one lock name per task, compared with a no-op
+/// script and with the raw lock scripts at the same concurrency.
+pub async fn cycles_against_baselines(
+    client: &Client,
+    plan: Plan,
+    names: &[String],
+) -> BenchResult<[Measured; 3]> {
+    let connection = client.connection();
+    let callers = names.len();
+    let measured = interleaved(plan, 3, async |load, length| match load {
+        0 => Ok(baseline::run(Raw::Noop, &connection, callers, length).await?),
+        1 => Ok(baseline::run(Raw::LockScripts, &connection, callers, length).await?),
+        _ => lock_cycles(client, names, length).await,
+    })
+    .await?;
+    let [noop, raw, lock]: [Measured; 3] = measured
+        .try_into()
+        .map_err(|_| "interleaved returned the wrong number of loads")?;
+    Ok([noop, raw, lock])
+}
 
 /// `tasks` tasks, each on its own lock name (or all on one), acquire and release back to
 /// back for `length`. Returns complete cycles per second and the cycle latencies.
