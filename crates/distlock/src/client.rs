@@ -16,6 +16,7 @@ use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::validate_name;
 use crate::lock::Lock;
+use crate::scripts;
 
 /// Settings of a [`Client`], validated when the client is built.
 #[derive(Debug, Clone)]
@@ -138,7 +139,11 @@ impl ClientBuilder {
                 target: target.clone(),
                 source,
             })?;
-        Ok(Client::start(config, redis_client, manager.into()))
+        let connection = Connection::from(manager);
+        scripts::preload(&connection)
+            .await
+            .map_err(|source| Error::Connect { target, source })?;
+        Ok(Client::start(config, redis_client, connection))
     }
 
     /// Builds a client on a connection the caller already has.
@@ -151,7 +156,12 @@ impl ClientBuilder {
         connection: impl Into<Connection>,
     ) -> Result<Client> {
         let config = self.validate()?;
-        Ok(Client::start(config, redis_client, connection.into()))
+        let connection = connection.into();
+        if let Err(err) = scripts::preload(&connection).await {
+            // Not fatal: each script is loaded again on first use.
+            tracing::warn!(error = %err, "could not preload distlock's scripts");
+        }
+        Ok(Client::start(config, redis_client, connection))
     }
 }
 

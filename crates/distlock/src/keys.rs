@@ -5,8 +5,6 @@
 //! lock lands in the same Redis Cluster slot and one script may touch them all. A name that
 //! already contains `{` is used as is (`prefix:name`): its own tag then decides the slot.
 
-use std::sync::Arc;
-
 use crate::error::{Error, Result};
 
 /// Redis keys may be up to 512 MB; a lock name that large is a bug, and it would be copied
@@ -39,35 +37,21 @@ pub(crate) fn tagged(prefix: &str, name: &str) -> String {
     }
 }
 
-/// The keys and channel of one reentrant lock.
-#[derive(Debug, Clone)]
-pub(crate) struct LockKeys {
-    /// The hash holding owner → hold count; its PEXPIRE is the lease. Shared with the
-    /// watchdog's registry, which keys held leases by it.
-    pub(crate) lock: Arc<str>,
-    /// The fencing-token counter, never expired.
-    pub(crate) token: String,
-    /// The channel a release is published on.
-    pub(crate) channel: String,
+/// The fencing-token counter of the lock `name`: never expired, so tokens keep increasing
+/// across holders.
+pub(crate) fn token_key(name: &str) -> String {
+    tagged("redisson_lock_token", name)
 }
 
-impl LockKeys {
-    pub(crate) fn new(name: &str) -> Self {
-        Self {
-            lock: name.into(),
-            token: tagged("redisson_lock_token", name),
-            channel: tagged("redisson_lock__channel", name),
-        }
-    }
+/// The channel on which a release of the lock `name` is published.
+pub(crate) fn release_channel(name: &str) -> String {
+    tagged("redisson_lock__channel", name)
+}
 
-    /// The key caching the answer of one release request, so a retry after an ambiguous
-    /// failure reads the first answer instead of a false "not held".
-    pub(crate) fn unlock_latch(&self, request_id: &str) -> String {
-        format!(
-            "{}:{request_id}",
-            tagged("redisson_unlock_latch", &self.lock)
-        )
-    }
+/// The key caching the answer of one release request, so a retry after an ambiguous
+/// failure reads the first answer instead of a false "not held".
+pub(crate) fn unlock_latch(name: &str, request_id: &str) -> String {
+    format!("{}:{request_id}", tagged("redisson_unlock_latch", name))
 }
 
 #[cfg(test)]
@@ -76,17 +60,20 @@ mod tests {
 
     #[test]
     fn follows_redisson_layout() {
-        let keys = LockKeys::new("orders");
-        assert_eq!(&*keys.lock, "orders");
-        assert_eq!(keys.token, "redisson_lock_token:{orders}");
-        assert_eq!(keys.channel, "redisson_lock__channel:{orders}");
-        assert_eq!(keys.unlock_latch("r1"), "redisson_unlock_latch:{orders}:r1");
+        assert_eq!(token_key("orders"), "redisson_lock_token:{orders}");
+        assert_eq!(release_channel("orders"), "redisson_lock__channel:{orders}");
+        assert_eq!(
+            unlock_latch("orders", "r1"),
+            "redisson_unlock_latch:{orders}:r1"
+        );
     }
 
     #[test]
     fn keeps_a_users_own_hash_tag() {
-        let keys = LockKeys::new("{user:7}:cart");
-        assert_eq!(keys.token, "redisson_lock_token:{user:7}:cart");
+        assert_eq!(
+            token_key("{user:7}:cart"),
+            "redisson_lock_token:{user:7}:cart"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::engine::detach::Detached;
 use crate::engine::watchdog::{Acquired, LeaseTicket};
 use crate::error::{Error, Result};
 use crate::holder::HolderId;
-use crate::keys::LockKeys;
+use crate::keys::{release_channel, token_key, unlock_latch};
 use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_RELEASE};
 
 /// The message Redisson publishes when a lock is freed.
@@ -53,7 +53,7 @@ const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 #[derive(Clone)]
 pub struct Lock {
     client: Client,
-    keys: Arc<LockKeys>,
+    name: Arc<str>,
     lease: Option<Duration>,
     holder: Option<HolderId>,
 }
@@ -61,7 +61,7 @@ pub struct Lock {
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
-            .field("name", &self.keys.lock)
+            .field("name", &self.name)
             .field("lease", &self.lease)
             .field("holder", &self.holder)
             .finish()
@@ -72,7 +72,7 @@ impl Lock {
     pub(crate) fn new(client: Client, name: String) -> Self {
         Self {
             client,
-            keys: Arc::new(LockKeys::new(&name)),
+            name: name.into(),
             lease: None,
             holder: None,
         }
@@ -80,7 +80,7 @@ impl Lock {
 
     /// The lock's name, which is also its Redis key.
     pub fn name(&self) -> &str {
-        &self.keys.lock
+        &self.name
     }
 
     /// Acquire with a fixed lease of `lease`, with no watchdog: the lock frees itself when
@@ -137,7 +137,7 @@ impl Lock {
     pub async fn is_locked(&self) -> Result<bool> {
         let mut connection = self.client.connection();
         Ok(redis::cmd("EXISTS")
-            .arg(&*self.keys.lock)
+            .arg(&*self.name)
             .query_async::<i64>(&mut connection)
             .await?
             == 1)
@@ -152,7 +152,7 @@ impl Lock {
     pub async fn hold_count(&self) -> Result<u32> {
         let mut connection = self.client.connection();
         let count: Option<i64> = redis::cmd("HGET")
-            .arg(&*self.keys.lock)
+            .arg(&*self.name)
             .arg(self.owner())
             .query_async(&mut connection)
             .await?;
@@ -166,7 +166,7 @@ impl Lock {
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
         let mut connection = self.client.connection();
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(&*self.keys.lock)
+            .arg(&*self.name)
             .query_async(&mut connection)
             .await?;
         Ok(match pttl {
@@ -183,8 +183,8 @@ impl Lock {
     pub async fn force_unlock(&self) -> Result<bool> {
         let mut connection = self.client.connection();
         let deleted: i64 = LOCK_FORCE_UNLOCK
-            .key(&*self.keys.lock)
-            .arg(&self.keys.channel)
+            .key(&*self.name)
+            .arg(release_channel(&self.name))
             .arg(RELEASE_MESSAGE)
             .invoke_async(&mut connection)
             .await?;
@@ -198,7 +198,9 @@ impl Lock {
         };
         Ok(LockAttempt {
             client: self.client.clone(),
-            keys: Arc::clone(&self.keys),
+            name: Arc::clone(&self.name),
+            token_key: token_key(&self.name).into(),
+            channel: release_channel(&self.name),
             owner: self.owner().into(),
             lease,
             lease_ms: to_millis("lease", lease)?,
@@ -210,7 +212,9 @@ impl Lock {
 /// One acquisition, ready to be tried as often as the engine needs.
 struct LockAttempt {
     client: Client,
-    keys: Arc<LockKeys>,
+    name: Arc<str>,
+    token_key: Arc<str>,
+    channel: String,
     owner: Arc<str>,
     lease: Duration,
     lease_ms: u64,
@@ -222,16 +226,17 @@ impl Acquire for LockAttempt {
 
     fn attempt(&self) -> AttemptFuture<LockGuard> {
         let client = self.client.clone();
-        let keys = Arc::clone(&self.keys);
+        let name = Arc::clone(&self.name);
+        let token_key = Arc::clone(&self.token_key);
         let owner = Arc::clone(&self.owner);
         let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
         Box::pin(async move {
             let mut connection = client.connection();
-            let reentering = client.watchdog().holds(&keys.lock, &owner);
+            let reentering = client.watchdog().holds(&name, &owner);
             let sent_at = Instant::now();
             let reply: Vec<i64> = LOCK_ACQUIRE
-                .key(&*keys.lock)
-                .key(&keys.token)
+                .key(&*name)
+                .key(&*token_key)
                 .arg(lease_ms)
                 .arg(&*owner)
                 .arg(if reentering { "1" } else { "0" })
@@ -248,7 +253,7 @@ impl Acquire for LockAttempt {
                     let holds = u32::try_from(holds)
                         .map_err(|_| unexpected(format!("hold count {holds}")))?;
                     let ticket = client.watchdog().track(
-                        &keys.lock,
+                        &name,
                         &owner,
                         Acquired {
                             sent_at,
@@ -259,7 +264,7 @@ impl Acquire for LockAttempt {
                     );
                     Ok(Attempt::Acquired(LockGuard {
                         client,
-                        keys,
+                        name,
                         owner,
                         token,
                         holds,
@@ -278,7 +283,7 @@ impl Acquire for LockAttempt {
     }
 
     fn channel(&self) -> &str {
-        &self.keys.channel
+        &self.channel
     }
 }
 
@@ -290,7 +295,7 @@ impl Acquire for LockAttempt {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     client: Client,
-    keys: Arc<LockKeys>,
+    name: Arc<str>,
     owner: Arc<str>,
     token: u64,
     holds: u32,
@@ -301,7 +306,7 @@ pub struct LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.keys.lock)
+            .field("name", &self.name)
             .field("owner", &self.owner)
             .field("token", &self.token)
             .field("holds", &self.holds)
@@ -324,7 +329,7 @@ impl LockGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.keys.lock
+        &self.name
     }
 
     /// The owner, `"<client id>:<holder id>"`.
@@ -345,7 +350,7 @@ impl LockGuard {
     pub fn is_lost(&self) -> bool {
         self.ticket
             .as_ref()
-            .is_none_or(|ticket| ticket.lost().is_cancelled())
+            .is_none_or(|ticket| !ticket.is_current())
     }
 
     /// Completes as soon as the lock can no longer be trusted to be held: a renewal found
@@ -359,7 +364,7 @@ impl LockGuard {
     /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks.
     pub fn lost_token(&self) -> CancellationToken {
         match &self.ticket {
-            Some(ticket) => ticket.lost().clone(),
+            Some(ticket) => ticket.lost_token(),
             None => {
                 let released = CancellationToken::new();
                 released.cancel();
@@ -378,7 +383,7 @@ impl LockGuard {
         };
         Detached::new(release(
             self.client.clone(),
-            Arc::clone(&self.keys),
+            Arc::clone(&self.name),
             Arc::clone(&self.owner),
             ticket,
         ))
@@ -395,7 +400,7 @@ impl Drop for LockGuard {
             Ok(runtime) => {
                 let release = release(
                     self.client.clone(),
-                    Arc::clone(&self.keys),
+                    Arc::clone(&self.name),
                     Arc::clone(&self.owner),
                     ticket,
                 );
@@ -408,7 +413,7 @@ impl Drop for LockGuard {
             Err(_) => {
                 // No runtime to send the release on: stop renewing so the lease runs out.
                 tracing::warn!(
-                    lock = %self.keys.lock,
+                    lock = %self.name,
                     "guard dropped outside a tokio runtime; the lock frees itself when its lease ends"
                 );
                 ticket.close(false);
@@ -419,12 +424,12 @@ impl Drop for LockGuard {
 
 async fn release(
     client: Client,
-    keys: Arc<LockKeys>,
+    name: Arc<str>,
     owner: Arc<str>,
     ticket: LeaseTicket,
 ) -> Result<()> {
     let not_held = || Error::NotHeld {
-        name: keys.lock.to_string(),
+        name: name.to_string(),
         owner: owner.to_string(),
     };
     if !ticket.is_current() {
@@ -433,15 +438,16 @@ async fn release(
         ticket.close(false);
         return Err(not_held());
     }
-    let latch = keys.unlock_latch(&client.next_request_id());
+    let latch = unlock_latch(&name, &client.next_request_id());
+    let channel = release_channel(&name);
     let mut connection = client.connection();
     let mut attempt = 1;
     let outcome = loop {
         let reply = LOCK_RELEASE
-            .key(&*keys.lock)
+            .key(&*name)
             .key(&latch)
             .arg(&*owner)
-            .arg(&keys.channel)
+            .arg(&channel)
             .arg(RELEASE_MESSAGE)
             .arg(client.config().unlock_latch_ttl_ms)
             .arg(if attempt > 1 { "1" } else { "0" })

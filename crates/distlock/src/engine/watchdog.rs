@@ -49,7 +49,18 @@ struct Entry {
     /// When the command that set `deadline` was sent: a reply to an older command must
     /// not move the deadline, because the server applied the newer one last.
     set_at: Instant,
-    lost: CancellationToken,
+    /// Created only when a guard asks for the lost signal: most guards never do, and a
+    /// process may hold many thousands of locks.
+    lost: Option<CancellationToken>,
+}
+
+impl Entry {
+    /// Fires the lost signal of every guard of this holding. The caller removes the entry.
+    fn signal_lost(&self) {
+        if let Some(lost) = &self.lost {
+            lost.cancel();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -81,14 +92,25 @@ pub(crate) struct LeaseTicket {
     key: LeaseKey,
     id: u64,
     renewing: bool,
-    lost: CancellationToken,
     closed: bool,
 }
 
 impl LeaseTicket {
-    /// Cancelled as soon as the lease can no longer be trusted.
-    pub(crate) fn lost(&self) -> &CancellationToken {
-        &self.lost
+    /// A token cancelled as soon as the lease can no longer be trusted (already cancelled
+    /// if that has happened).
+    pub(crate) fn lost_token(&self) -> CancellationToken {
+        let mut registry = self.shared.registry();
+        match registry.entries.get_mut(&self.key) {
+            Some(entry) if entry.id == self.id => entry
+                .lost
+                .get_or_insert_with(CancellationToken::new)
+                .clone(),
+            _ => {
+                let lost = CancellationToken::new();
+                lost.cancel();
+                lost
+            }
+        }
     }
 
     /// True while this ticket's holding is the one the watchdog tracks: not lost, not
@@ -134,7 +156,7 @@ impl LeaseTicket {
         }
         if entry.guards == 0 || owner_released {
             if entry.guards > 0 {
-                entry.lost.cancel();
+                entry.signal_lost();
             }
             registry.entries.remove(&self.key);
         }
@@ -229,7 +251,7 @@ impl Watchdog {
         if acquired.holds == 1 {
             if let Some(stale) = entries.remove(&lease_key) {
                 // Redis counts one hold: the guards of the older holding hold nothing.
-                stale.lost.cancel();
+                stale.signal_lost();
             }
         }
         let entry = entries.entry(lease_key.clone()).or_insert_with(|| {
@@ -241,7 +263,7 @@ impl Watchdog {
                 lease: acquired.lease,
                 deadline,
                 set_at: acquired.sent_at,
-                lost: CancellationToken::new(),
+                lost: None,
             }
         });
         entry.guards += 1;
@@ -258,7 +280,6 @@ impl Watchdog {
             key: lease_key,
             id: entry.id,
             renewing: acquired.renew,
-            lost: entry.lost.clone(),
             closed: false,
         };
         let fire = fire_at(entry);
@@ -343,7 +364,7 @@ fn expire_overdue(shared: &Shared) {
             owner = %lease.owner,
             "lease deadline passed without a successful renewal; the lock is lost"
         );
-        entry.lost.cancel();
+        entry.signal_lost();
         false
     });
 }
@@ -411,7 +432,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
                 owner = %lease.owner,
                 "renewal found the lock gone or held by another owner; the lock is lost"
             );
-            entry.lost.cancel();
+            entry.signal_lost();
             registry.entries.remove(&lease);
         }
     }
