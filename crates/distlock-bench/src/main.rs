@@ -7,6 +7,7 @@ mod report;
 mod scenarios;
 mod stats;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -71,7 +72,8 @@ async fn main() {
 
 async fn run(args: Args) -> BenchResult<()> {
     let server = RedisServer::start().await?;
-    let client = Client::connect(args.url.as_deref().unwrap_or(&server.url())).await?;
+    let url = args.url.clone().unwrap_or_else(|| server.url());
+    let client = Client::connect(&url).await?;
     let plan = Plan {
         length: Duration::from_secs_f64(args.secs),
         runs: args.runs as usize,
@@ -94,14 +96,25 @@ async fn run(args: Args) -> BenchResult<()> {
         let hold = Duration::from_secs_f64(args.watchdog_secs);
         emit(scenarios::watchdog::run(&server, args.watchdog_locks as usize, hold).await?);
     }
+    let peer = Arc::new(rslock::LockManager::new(vec![url.clone()]));
     if wanted(Scenario::Uncontended) {
-        emit(scenarios::uncontended::run(&client, plan).await?);
+        emit(scenarios::uncontended::run(&client, &peer, plan).await?);
     }
     if wanted(Scenario::Parallel) {
         emit(scenarios::parallel::run(&client, plan).await?);
     }
     if wanted(Scenario::Contended) {
-        emit(scenarios::contended::run(&client, plan).await?);
+        use scenarios::contended::{run, Implementation};
+        let connection = client.connection();
+        let distlock = run(
+            "contended",
+            Implementation::Distlock(client.clone()),
+            &connection,
+            plan,
+        );
+        emit(distlock.await?);
+        let peer = Implementation::Rslock(Arc::clone(&peer));
+        emit(run("contended-rslock", peer, &connection, plan).await?);
     }
     if args.json {
         // Keep stdout pure JSON lines; the table is for people.

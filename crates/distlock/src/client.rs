@@ -239,12 +239,24 @@ fn mask_password(url: &str) -> String {
 /// Each client has a random id (a UUID from the OS's CSPRNG); lock owners are
 /// `"<client id>:<holder id>"`, as in Redisson.
 ///
-/// ```no_run
-/// # async fn demo() -> distlock::Result<()> {
-/// let client = distlock::Client::connect("redis://127.0.0.1:6379/").await?;
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let url = server.url();
+/// use std::time::Duration;
+///
+/// // `url` is e.g. "redis://user:password@127.0.0.1:6379/0", or "rediss://…" for TLS.
+/// let client = distlock::Client::builder()
+///     .watchdog_timeout(Duration::from_secs(10))
+///     .connect(&url)
+///     .await?;
 /// let guard = client.lock("invoices")?.lock().await?;
 /// println!("token {}", guard.fencing_token());
 /// guard.release().await?;
+///
+/// // Bad input is a typed error, not a panic.
+/// assert!(matches!(client.lock(""), Err(distlock::Error::InvalidName { .. })));
 /// # Ok(())
 /// # }
 /// ```

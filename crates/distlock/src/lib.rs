@@ -15,14 +15,19 @@
 //! The data layout is Redisson's, so a Java service using Redisson's `RLock` and a Rust
 //! service using distlock exclude each other on the same lock name.
 //!
-//! ```no_run
-//! # async fn demo() -> distlock::Result<()> {
-//! let client = distlock::Client::connect("redis://127.0.0.1:6379/").await?;
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = distlock_testkit::RedisServer::start().await?;
+//! # let url = server.url();
+//! let client = distlock::Client::connect(&url).await?;
 //! let lock = client.lock("coupon:42")?;
 //!
 //! let guard = lock.lock().await?;
 //! // ... read-modify-write, passing guard.fencing_token() to the store ...
+//! assert_eq!(guard.hold_count(), 1);
 //! guard.release().await?;
+//! assert!(!lock.is_locked().await?);
 //! # Ok(())
 //! # }
 //! ```

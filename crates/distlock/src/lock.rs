@@ -34,16 +34,26 @@ const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// timeout, and the client's watchdog keeps renewing it until the guard is released or
 /// dropped. [`Lock::with_lease`] takes a fixed lease instead, which simply expires.
 ///
-/// ```no_run
-/// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let client = distlock::Client::connect(&server.url()).await?;
 /// use std::time::Duration;
 ///
 /// let lock = client.lock("reports:nightly")?;
-/// // Wait at most 5 s; hold for at most 10 s, no renewal.
-/// if let Some(guard) = lock.with_lease(Duration::from_secs(10)).try_lock_for(Duration::from_secs(5)).await? {
+///
+/// // Wait at most 5 s; hold for at most 10 s, with no renewal.
+/// let fixed = lock.clone().with_lease(Duration::from_secs(10));
+/// if let Some(guard) = fixed.try_lock_for(Duration::from_secs(5)).await? {
+///     // Another task cannot have it meanwhile...
+///     let other = lock.clone();
+///     let taken = tokio::spawn(async move { other.try_lock().await }).await??;
+///     assert!(taken.is_none());
+///     // ...and work stops as soon as the lease can no longer be trusted.
 ///     tokio::select! {
 ///         _ = guard.lost() => eprintln!("lease lost: stop writing"),
-///         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+///         _ = tokio::time::sleep(Duration::from_millis(10)) => {}
 ///     }
 ///     guard.release().await?;
 /// }
@@ -292,6 +302,31 @@ impl Acquire for LockAttempt {
 /// Release it with [`LockGuard::release`] to learn whether the release worked; dropping
 /// it releases in the background instead (never blocking, never panicking). A guard may
 /// be moved to another task and released there: it carries its owner with it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let client = distlock::Client::connect(&server.url()).await?;
+/// let guard = client.lock("ledger")?.lock().await?;
+/// let token = guard.fencing_token(); // hand this to the store you write
+///
+/// // Hand the lost signal to a worker; it stops when the lease is lost.
+/// let lost = guard.lost_token();
+/// let worker = tokio::spawn(async move {
+///     tokio::select! {
+///         _ = lost.cancelled() => "stopped: lease lost",
+///         _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => "finished",
+///     }
+/// });
+/// assert_eq!(worker.await?, "finished");
+///
+/// // Released from another task than the one that acquired it.
+/// tokio::spawn(guard.release()).await??;
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     client: Client,

@@ -11,7 +11,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use distlock::Client;
+use rslock::LockManager;
 use tokio::time::Instant;
 
 use super::{BenchResult, Plan};
@@ -47,22 +50,69 @@ async fn busy_hold(length: Duration) {
     }
 }
 
-async fn one_run(client: &Client, length: Duration) -> BenchResult<(Vec<Hold>, f64)> {
+/// The lock implementation a run measures: distlock, or a peer under the same load.
+#[derive(Clone)]
+pub enum Implementation {
+    Distlock(Client),
+    /// rslock with its defaults: a failed attempt is retried after a random delay of up
+    /// to 200 ms.
+    Rslock(Arc<LockManager>),
+}
+
+const NAME: &str = "bench:contended";
+/// rslock has no watchdog; its lease only has to outlast one hold.
+const PEER_LEASE: Duration = Duration::from_secs(30);
+
+enum Held {
+    Distlock(distlock::LockGuard),
+    Rslock(rslock::Lock),
+}
+
+impl Implementation {
+    async fn acquire(&self, lock: &Option<distlock::Lock>) -> BenchResult<Held> {
+        Ok(match (self, lock) {
+            (Implementation::Distlock(_), Some(lock)) => Held::Distlock(lock.lock().await?),
+            (Implementation::Rslock(manager), _) => {
+                Held::Rslock(manager.acquire_no_guard(NAME, PEER_LEASE).await?)
+            }
+            (Implementation::Distlock(_), None) => return Err("no distlock handle".into()),
+        })
+    }
+
+    async fn release(&self, held: Held) -> BenchResult<()> {
+        match (self, held) {
+            (_, Held::Distlock(guard)) => guard.release().await?,
+            (Implementation::Rslock(manager), Held::Rslock(lock)) => manager.unlock(&lock).await,
+            (Implementation::Distlock(_), Held::Rslock(_)) => {
+                return Err("an rslock hold in a distlock run".into())
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn one_run(
+    implementation: &Implementation,
+    length: Duration,
+) -> BenchResult<(Vec<Hold>, f64)> {
     let started = Instant::now();
     let until = started + length;
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
-            let lock = client.lock("bench:contended");
+            let implementation = implementation.clone();
             tokio::spawn(async move {
-                let lock = lock?;
+                let lock = match &implementation {
+                    Implementation::Distlock(client) => Some(client.lock(NAME)?),
+                    Implementation::Rslock(_) => None,
+                };
                 let mut holds = Vec::new();
                 while Instant::now() < until {
                     let wait_started = Instant::now();
-                    let guard = lock.lock().await?;
+                    let held = implementation.acquire(&lock).await?;
                     let acquired = Instant::now();
                     busy_hold(HOLD).await;
                     let release_started = Instant::now();
-                    guard.release().await?;
+                    implementation.release(held).await?;
                     let released = Instant::now();
                     tokio::time::sleep(THINK).await;
                     holds.push(Hold {
@@ -85,7 +135,12 @@ async fn one_run(client: &Client, length: Duration) -> BenchResult<(Vec<Hold>, f
     Ok((holds, elapsed))
 }
 
-pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
+pub async fn run(
+    scenario: &'static str,
+    implementation: Implementation,
+    rtt_connection: &distlock::Connection,
+    plan: Plan,
+) -> BenchResult<Report> {
     let mut rates = Vec::new();
     let mut rtts = Vec::new();
     let mut held = Vec::new();
@@ -93,15 +148,10 @@ pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
     let (mut gap_p50, mut gap_p99, mut wait_p99, mut wait_max, mut fairness) =
         (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..plan.runs {
-        let (_, rtt) = baseline::run(
-            Raw::Noop,
-            &client.connection(),
-            1,
-            Duration::from_millis(300),
-        )
-        .await?;
+        let (_, rtt) =
+            baseline::run(Raw::Noop, rtt_connection, 1, Duration::from_millis(300)).await?;
         rtts.push(rtt.micros(0.5));
-        let (mut holds, elapsed) = one_run(client, plan.length).await?;
+        let (mut holds, elapsed) = one_run(&implementation, plan.length).await?;
         rates.push(holds.len() as f64 / elapsed);
         holds.sort_by_key(|hold| hold.acquired);
 
@@ -187,7 +237,7 @@ pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
     ];
     let met = ratio >= TARGET_RATIO && details.iter().all(|d| d.met != Some(false));
     Ok(Report {
-        scenario: "contended",
+        scenario,
         result: figure("acquisitions/s", rate, ""),
         baseline: figure("ideal 1/(hold+RTT) =", ideal, "acq/s"),
         ratio,

@@ -10,6 +10,7 @@ pub mod watchdog;
 use std::time::Duration;
 
 use distlock::Client;
+use rslock::LockManager;
 use tokio::time::Instant;
 
 use crate::baseline::{self, Raw};
@@ -68,25 +69,66 @@ where
         .collect())
 }
 
+/// What [`cycles_against_baselines`] measured.
+pub struct CycleLoads {
+    pub noop: Measured,
+    pub raw: Measured,
+    pub lock: Measured,
+    pub peer: Option<Measured>,
+}
+
 /// The uncontended and parallel scenarios: one lock name per task, compared with a no-op
-/// script and with the raw lock scripts at the same concurrency.
+/// script and with the raw lock scripts at the same concurrency, and with a peer library
+/// when one is given.
 pub async fn cycles_against_baselines(
     client: &Client,
     plan: Plan,
     names: &[String],
-) -> BenchResult<[Measured; 3]> {
+    peer: Option<&LockManager>,
+) -> BenchResult<CycleLoads> {
     let connection = client.connection();
     let callers = names.len();
-    let measured = interleaved(plan, 3, async |load, length| match load {
-        0 => Ok(baseline::run(Raw::Noop, &connection, callers, length).await?),
-        1 => Ok(baseline::run(Raw::LockScripts, &connection, callers, length).await?),
+    let loads = if peer.is_some() { 4 } else { 3 };
+    let mut measured = interleaved(plan, loads, async |load, length| match (load, peer) {
+        (0, _) => Ok(baseline::run(Raw::Noop, &connection, callers, length).await?),
+        (1, _) => Ok(baseline::run(Raw::LockScripts, &connection, callers, length).await?),
+        (3, Some(peer)) => peer_cycles(peer, names, length).await,
         _ => lock_cycles(client, names, length).await,
     })
-    .await?;
-    let [noop, raw, lock]: [Measured; 3] = measured
-        .try_into()
-        .map_err(|_| "interleaved returned the wrong number of loads")?;
-    Ok([noop, raw, lock])
+    .await?
+    .into_iter();
+    let mut next = || measured.next().ok_or("interleaved returned too few loads");
+    Ok(CycleLoads {
+        noop: next()?,
+        raw: next()?,
+        lock: next()?,
+        peer: if peer.is_some() { Some(next()?) } else { None },
+    })
+}
+
+/// Like [`lock_cycles`], with rslock: lock (SET NX PX) and unlock (a script) back to back.
+pub async fn peer_cycles(
+    manager: &LockManager,
+    names: &[String],
+    length: Duration,
+) -> BenchResult<(f64, Latencies)> {
+    let started = Instant::now();
+    let until = started + length;
+    let cycles = names.iter().map(|name| async move {
+        let mut latencies = Latencies::new();
+        while Instant::now() < until {
+            let cycle = Instant::now();
+            let lock = manager.lock(name.as_str(), Duration::from_secs(30)).await?;
+            manager.unlock(&lock).await;
+            latencies.record(cycle.elapsed());
+        }
+        BenchResult::Ok(latencies)
+    });
+    let mut all = Latencies::new();
+    for latencies in futures_util::future::join_all(cycles).await {
+        all.merge(&latencies?);
+    }
+    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
 }
 
 /// `tasks` tasks, each on its own lock name (or all on one), acquire and release back to

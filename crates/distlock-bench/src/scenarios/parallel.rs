@@ -3,7 +3,7 @@
 
 use distlock::Client;
 
-use super::{cycles_against_baselines, BenchResult, Plan};
+use super::{cycles_against_baselines, BenchResult, CycleLoads, Plan};
 use crate::report::{figure, Report};
 
 pub const TASKS: usize = 64;
@@ -11,7 +11,9 @@ pub const TARGET: f64 = 0.8;
 
 pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
     let names: Vec<String> = (0..TASKS).map(|n| format!("bench:parallel:{n}")).collect();
-    let [noop, raw, lock] = cycles_against_baselines(client, plan, &names).await?;
+    let CycleLoads {
+        noop, raw, lock, ..
+    } = cycles_against_baselines(client, plan, &names, None).await?;
     // A cycle is two script calls: the best possible cycle rate is half the no-op rate.
     let ratio = lock.ratio_to_first * 2.0;
     Ok(Report {

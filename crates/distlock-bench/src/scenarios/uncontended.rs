@@ -3,14 +3,23 @@
 
 use distlock::Client;
 
-use super::{cycles_against_baselines, BenchResult, Plan};
+use rslock::LockManager;
+
+use super::{cycles_against_baselines, BenchResult, CycleLoads, Plan};
 use crate::report::{figure, Report};
 
 pub const TARGET: f64 = 0.9;
 
-pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
+pub async fn run(client: &Client, peer: &LockManager, plan: Plan) -> BenchResult<Report> {
     let names: Vec<String> = vec!["bench:uncontended".to_owned()];
-    let [noop, raw, lock] = cycles_against_baselines(client, plan, &names).await?;
+    let loads = cycles_against_baselines(client, plan, &names, Some(peer)).await?;
+    let CycleLoads {
+        noop,
+        raw,
+        lock,
+        peer,
+    } = loads;
+    let peer = peer.ok_or("no rslock measurement")?;
     // A cycle is two script calls: the best possible cycle rate is half the no-op rate.
     let ratio = lock.ratio_to_first * 2.0;
     Ok(Report {
@@ -33,6 +42,16 @@ pub async fn run(client: &Client, plan: Plan) -> BenchResult<Report> {
                 "×",
             ),
             figure("lock+release p50", lock.latency.micros(0.5), "µs"),
+            figure(
+                "rslock 0.10 lock+unlock p50",
+                peer.latency.micros(0.5),
+                "µs",
+            ),
+            figure(
+                "distlock vs rslock 0.10 (cycles/s)",
+                lock.ratio_to_first / peer.ratio_to_first,
+                "×",
+            ),
             figure("raw scripts p50", raw.latency.micros(0.5), "µs"),
             figure("EVALSHA round trip p50", noop.latency.micros(0.5), "µs"),
         ],
