@@ -6,7 +6,9 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{bounded, client, client_with_watchdog, eventually, raw, server, subscribers};
+use common::{
+    bounded, client, client_with_watchdog, eventually, raw, server, until_free, until_subscribers,
+};
 use distlock::{Client, Error};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
@@ -57,11 +59,7 @@ async fn a_server_restart_loses_the_lock_and_the_client_recovers() {
         let waiting = other.lock("restarted").unwrap();
         let waiter = tokio::spawn(async move { waiting.lock().await });
         let conn = raw(&server).await;
-        eventually(Duration::from_secs(5), "waiter subscribed", || {
-            let mut conn = conn.clone();
-            async move { subscribers(&mut conn, "redisson_lock__channel:{restarted}").await == 1 }
-        })
-        .await;
+        until_subscribers(&conn, "redisson_lock__channel:{restarted}", 1).await;
         drop(conn);
 
         server.restart().await.unwrap();
@@ -97,11 +95,7 @@ async fn a_call_to_a_paused_server_fails_within_the_response_timeout() {
         })
         .await;
         // Whether or not the stalled attempt ran, no lock outlives its lease.
-        eventually(Duration::from_secs(10), "no phantom lock", || {
-            let lock = lock.clone();
-            async move { !lock.is_locked().await.unwrap_or(true) }
-        })
-        .await;
+        until_free(&lock).await;
     })
     .await;
 }

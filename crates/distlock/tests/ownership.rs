@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bounded, client, client_with_watchdog, eventually, server};
+use common::{bounded, client, client_with_watchdog, server, until_free};
 use distlock::{Error, HolderId};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -53,11 +53,7 @@ async fn dropping_and_relocking_at_once_leaves_no_hold_behind() {
             assert!(!guard.is_lost());
             guard.release().await.unwrap();
         }
-        eventually(Duration::from_secs(5), "no hold left behind", || {
-            let lock = lock.clone();
-            async move { !lock.is_locked().await.unwrap() }
-        })
-        .await;
+        until_free(&lock).await;
         assert_eq!(client.tracked_leases(), 0);
     })
     .await;

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bounded, client, eventually, raw, server, subscribers};
+use common::{bounded, client, raw, server, until_free, until_subscribers};
 use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -23,11 +23,7 @@ async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
             let guard = lock.lock().await.unwrap();
             (Instant::now(), guard)
         });
-        eventually(Duration::from_secs(5), "waiter subscribed", || {
-            let mut conn = conn.clone();
-            async move { subscribers(&mut conn, CHANNEL).await == 1 }
-        })
-        .await;
+        until_subscribers(&conn, CHANNEL, 1).await;
         held.release().await.unwrap();
         let released_at = Instant::now();
         let (acquired_at, guard) = waiter.await.unwrap();
@@ -38,11 +34,7 @@ async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
             "handoff took {handoff:?}"
         );
         guard.release().await.unwrap();
-        eventually(Duration::from_secs(5), "subscription dropped", || {
-            let mut conn = conn.clone();
-            async move { subscribers(&mut conn, CHANNEL).await == 0 }
-        })
-        .await;
+        until_subscribers(&conn, CHANNEL, 0).await;
     })
     .await;
 }
@@ -66,11 +58,7 @@ async fn local_waiters_share_one_subscription_and_all_get_the_lock() {
                 })
             })
             .collect();
-        eventually(Duration::from_secs(5), "one subscription", || {
-            let mut conn = conn.clone();
-            async move { subscribers(&mut conn, CHANNEL).await == 1 }
-        })
-        .await;
+        until_subscribers(&conn, CHANNEL, 1).await;
         held.release().await.unwrap();
         let mut tokens = Vec::new();
         for waiter in waiters {
@@ -106,11 +94,7 @@ async fn a_cancelled_wait_leaves_no_subscription_and_no_lock() {
         .await
         .unwrap();
         assert_eq!(outcome, (true, true));
-        eventually(Duration::from_secs(5), "subscription dropped", || {
-            let mut conn = conn.clone();
-            async move { subscribers(&mut conn, CHANNEL).await == 0 }
-        })
-        .await;
+        until_subscribers(&conn, CHANNEL, 0).await;
         held.release().await.unwrap();
         assert!(
             !lock.is_locked().await.unwrap(),
@@ -141,15 +125,8 @@ async fn cancelling_an_attempt_in_flight_never_leaves_the_lock_held() {
                 guard.unwrap().release().await.unwrap();
             }
         }
-        eventually(
-            Duration::from_secs(5),
-            "every orphaned guard released",
-            || {
-                let lock = lock.clone();
-                async move { !lock.is_locked().await.unwrap() }
-            },
-        )
-        .await;
+        // Every orphaned guard releases in the background.
+        until_free(&lock).await;
         assert_eq!(client.tracked_leases(), 0);
         assert!(acquired < 200, "some attempts must have been cancelled");
     })
@@ -167,11 +144,7 @@ async fn a_cancelled_release_still_releases() {
             // Dropped right after it sent the script, before the reply.
             let _ = tokio::time::timeout(Duration::from_micros(1), guard.release()).await;
         }
-        eventually(Duration::from_secs(5), "every release finished", || {
-            let lock = lock.clone();
-            async move { !lock.is_locked().await.unwrap() }
-        })
-        .await;
+        until_free(&lock).await;
         assert_eq!(client.tracked_leases(), 0, "nothing left renewing");
     })
     .await;

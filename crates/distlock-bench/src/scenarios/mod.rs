@@ -14,6 +14,7 @@ use rslock::LockManager;
 use tokio::time::Instant;
 
 use crate::baseline::{self, Raw};
+use crate::report::{figure, Figure, Report};
 use crate::stats::{median, Latencies};
 
 /// Settings shared by the throughput scenarios.
@@ -104,6 +105,44 @@ pub async fn cycles_against_baselines(
         lock: next()?,
         peer: if peer.is_some() { Some(next()?) } else { None },
     })
+}
+
+/// The report of a cycle scenario: lock cycles against half the no-op rate (a cycle is
+/// two script calls), with the raw-script baseline splitting the gap into what the
+/// library costs and what Redis spends running the scripts.
+pub fn cycle_report(
+    scenario: &'static str,
+    target: f64,
+    loads: &CycleLoads,
+    mut details: Vec<Figure>,
+) -> Report {
+    let CycleLoads {
+        noop, raw, lock, ..
+    } = loads;
+    let ratio = lock.ratio_to_first * 2.0;
+    let mut all = vec![
+        figure("raw lock scripts, no library", raw.rate, "cycles/s"),
+        figure(
+            "library vs raw scripts",
+            lock.ratio_to_first / raw.ratio_to_first,
+            "×",
+        ),
+        figure(
+            "raw scripts vs EVALSHA ÷ 2 (server-side script cost)",
+            raw.ratio_to_first * 2.0,
+            "×",
+        ),
+    ];
+    all.append(&mut details);
+    Report {
+        scenario,
+        result: figure("cycles/s", lock.rate, ""),
+        baseline: figure("EVALSHA/s ÷ 2 =", noop.rate / 2.0, "cycles/s"),
+        ratio,
+        target: format!("ratio >= {target:.2}"),
+        met: ratio >= target,
+        details: all,
+    }
 }
 
 /// Like [`lock_cycles`], with rslock: lock (SET NX PX) and unlock (a script) back to back.

@@ -68,3 +68,27 @@ pub async fn subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: 
         .expect("PUBSUB NUMSUB");
     reply.1
 }
+
+/// Waits until the server counts `count` subscribers on `channel`.
+pub async fn until_subscribers(
+    conn: &redis::aio::MultiplexedConnection,
+    channel: &str,
+    count: i64,
+) {
+    let what = format!("{count} subscriber(s) on {channel}");
+    eventually(Duration::from_secs(5), &what, || {
+        let mut conn = conn.clone();
+        let channel = channel.to_owned();
+        async move { subscribers(&mut conn, &channel).await == count }
+    })
+    .await;
+}
+
+/// Waits until nobody holds `lock` (background releases finish on their own time).
+pub async fn until_free(lock: &distlock::Lock) {
+    eventually(Duration::from_secs(10), "the lock is free", || {
+        let lock = lock.clone();
+        async move { matches!(lock.is_locked().await, Ok(false)) }
+    })
+    .await;
+}
