@@ -1,0 +1,121 @@
+//! Ways in: URLs with credentials and a database, and connections the caller already has.
+
+mod common;
+
+use std::time::Duration;
+
+use common::bounded;
+use distlock::{Client, Error};
+use distlock_testkit::RedisServer;
+use redis::AsyncCommands;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn server_with_password() -> RedisServer {
+    RedisServer::start_with_args(&["--requirepass", "s3cret"])
+        .await
+        .expect("start redis-server")
+}
+
+#[tokio::test]
+async fn a_url_with_password_and_db_locks_in_that_db() {
+    let server = server_with_password().await;
+    let url = format!("redis://:s3cret@127.0.0.1:{}/3", server.port());
+    bounded(LIMIT, async {
+        let client = Client::connect(&url).await.unwrap();
+        let guard = client.lock("in-db-3").unwrap().lock().await.unwrap();
+
+        let raw = redis::Client::open(url.as_str()).unwrap();
+        let mut db3 = raw.get_multiplexed_async_connection().await.unwrap();
+        let exists: bool = db3.exists("in-db-3").await.unwrap();
+        assert!(exists, "the lock lives in db 3");
+        let _: () = redis::cmd("SELECT")
+            .arg(0)
+            .query_async(&mut db3)
+            .await
+            .unwrap();
+        let exists: bool = db3.exists("in-db-3").await.unwrap();
+        assert!(!exists, "and not in db 0");
+
+        // Waiting works across the authenticated pub/sub connection too.
+        let waiter = client.lock("in-db-3").unwrap();
+        let waiting =
+            tokio::spawn(async move { waiter.try_lock_for(Duration::from_secs(5)).await });
+        common::until_subscribers(&db3, "redisson_lock__channel:{in-db-3}", 1).await;
+        guard.release().await.unwrap();
+        let next = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("woken by the release");
+        next.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_connect_error() {
+    let server = server_with_password().await;
+    let url = format!("redis://:wrong@127.0.0.1:{}/", server.port());
+    let err = bounded(LIMIT, Client::connect(&url)).await.unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err}");
+    assert!(
+        !err.to_string().contains("wrong@"),
+        "password echoed: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_can_wrap_an_existing_multiplexed_connection() {
+    let server = common::server().await;
+    bounded(LIMIT, async {
+        let redis_client = server.client().unwrap();
+        let existing = redis_client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let client = Client::builder()
+            .with_connection(redis_client, existing)
+            .await
+            .unwrap();
+        let lock = client.lock("wrapped").unwrap();
+        let held = lock.lock().await.unwrap();
+        let contender = lock.clone();
+        let waiting =
+            tokio::spawn(async move { contender.try_lock_for(Duration::from_secs(5)).await });
+        common::until_subscribers(
+            &server.connection().await.unwrap(),
+            "redisson_lock__channel:{wrapped}",
+            1,
+        )
+        .await;
+        held.release().await.unwrap();
+        let next = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("woken by the release");
+        assert!(next.fencing_token() > 1);
+        next.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_can_wrap_an_existing_connection_manager() {
+    let server = common::server().await;
+    bounded(LIMIT, async {
+        let redis_client = server.client().unwrap();
+        let manager = redis::aio::ConnectionManager::new(redis_client.clone())
+            .await
+            .unwrap();
+        let client = Client::builder()
+            .with_connection(redis_client, manager)
+            .await
+            .unwrap();
+        let guard = client.lock("managed").unwrap().lock().await.unwrap();
+        assert_eq!(guard.hold_count(), 1);
+        guard.release().await.unwrap();
+    })
+    .await;
+}
