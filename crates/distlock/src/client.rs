@@ -123,11 +123,19 @@ impl ClientBuilder {
     ///
     /// The connection reconnects by itself after a failure.
     pub async fn connect(self, url: &str) -> Result<Client> {
-        let config = self.validate()?;
         let redis_client = redis::Client::open(url).map_err(|err| Error::InvalidUrl {
             url: mask_password(url),
             reason: err.to_string(),
         })?;
+        self.connect_with(redis_client).await
+    }
+
+    /// Connects through a `redis::Client` the caller configured, for settings a URL
+    /// cannot carry: TLS with your own root certificate or a client certificate
+    /// (`redis::Client::build_with_tls`), or a custom DNS resolver.
+    pub async fn connect_with(self, redis_client: redis::Client) -> Result<Client> {
+        let config = self.validate()?;
+        ensure_tls_provider();
         let target = describe_target(&redis_client);
         probe(&redis_client, &config, &target).await?;
         let manager_config = ConnectionManagerConfig::new()
@@ -156,12 +164,23 @@ impl ClientBuilder {
         connection: impl Into<Connection>,
     ) -> Result<Client> {
         let config = self.validate()?;
+        ensure_tls_provider();
         let connection = connection.into();
         if let Err(err) = scripts::preload(&connection).await {
             // Not fatal: each script is loaded again on first use.
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
         Ok(Client::start(config, redis_client, connection))
+    }
+}
+
+/// rustls needs a process-wide crypto provider and redis-rs does not pick one; without it
+/// the first `rediss://` connection panics. Install ring's unless the application already
+/// installed a provider of its choice.
+fn ensure_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may win the race to install one; either way a provider is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
