@@ -111,7 +111,7 @@ async fn child_contender() {
 }
 
 const CHILD_TASKS: usize = 4;
-const ROUNDS: usize = 150;
+const ROUNDS: usize = 250;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn separate_processes_never_overlap() {
