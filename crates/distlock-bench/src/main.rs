@@ -32,7 +32,7 @@ struct Args {
     /// Which scenario to run.
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     scenario: Scenario,
-    /// Print one JSON object per scenario (the table goes to stderr).
+    /// Print one JSON object per scenario instead of the table.
     #[arg(long)]
     json: bool,
     /// Seconds each timed slice lasts.
@@ -116,11 +116,8 @@ async fn run(args: Args) -> BenchResult<()> {
         let peer = Implementation::Rslock(Arc::clone(&peer));
         emit(run("contended-rslock", peer, &connection, plan).await?);
     }
-    if args.json {
-        // Keep stdout pure JSON lines; the table is for people.
-        let stdout = std::io::stdout();
-        let _quiet = stdout.lock();
-    } else {
+    // With --json, stdout carries only the JSON lines; the table is for people.
+    if !args.json {
         report::print_header();
         for report in &reports {
             report::print_row(report);

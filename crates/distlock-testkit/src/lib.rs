@@ -47,4 +47,4 @@ pub use clock::monotonic_ns;
 pub use error::TestkitError;
 pub use exclusion::{analyze, read_jsonl, ExclusionChecker, ExclusionReport, HoldRecord, Interval};
 pub use fenced::FencedResource;
-pub use redis_server::RedisServer;
+pub use redis_server::{pick_free_port, RedisServer};

@@ -355,7 +355,10 @@ struct Launched {
     drains: Vec<JoinHandle<()>>,
 }
 
-fn pick_free_port() -> Result<u16, TestkitError> {
+/// A loopback port that was free a moment ago: for servers a test starts itself (a TLS
+/// port, a listener that is not Redis). Another process may take it first, so callers
+/// that can retry should.
+pub fn pick_free_port() -> Result<u16, TestkitError> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(TestkitError::io("probing for a free loopback port"))?;
     let port = listener

@@ -1,7 +1,9 @@
 //! The command connection a [`Client`](crate::Client) sends its scripts on.
 //!
 //! Every primitive talks to Redis through this one enum, so adding a topology (a cluster
-//! connection, a sentinel-managed one) means adding a variant here, not touching the locks.
+//! connection, a sentinel-managed one) means adding a variant here rather than changing
+//! the lock API. (On Redis Cluster the watchdog must also group its renewal batches by
+//! slot; that is the engine's concern, not the primitives'.)
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};

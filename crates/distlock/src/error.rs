@@ -37,10 +37,6 @@ pub enum Error {
         reason: String,
     },
 
-    /// The tokio runtime shut down while an operation was under way.
-    #[error("the tokio runtime is shutting down")]
-    RuntimeShutdown,
-
     /// The connection URL could not be parsed or uses an unsupported scheme.
     #[error("invalid Redis URL {url:?}: {reason}")]
     InvalidUrl {
@@ -110,16 +106,19 @@ impl Error {
     /// succeed later; whether a timed-out command ran is unknown.
     pub fn is_connection_error(&self) -> bool {
         match self {
-            Error::Redis(err) => {
-                err.is_io_error()
-                    || err.is_timeout()
-                    || err.is_connection_dropped()
-                    || err.is_connection_refusal()
-            }
+            Error::Redis(err) => is_connection_failure(err),
             Error::Connect { .. } | Error::ConnectTimeout { .. } => true,
             _ => false,
         }
     }
+}
+
+/// A failure of the connection, after which a command may or may not have run.
+pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
 }
 
 /// Shorthand for results whose error is [`Error`].

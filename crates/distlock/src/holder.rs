@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// [`Lock::with_holder`](crate::Lock::with_holder) when a lock must be re-entered from
 /// several tasks, or to keep ids stable across a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HolderId(pub u64);
+pub struct HolderId(
+    /// The id, written in decimal after the client id in the owner string.
+    pub u64,
+);
 
 /// Ids handed to code that runs outside any task (inside `block_on`, or the future of
 /// `#[tokio::main]`) start here, far above any task id a process will reach, and stay below

@@ -13,7 +13,7 @@ use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
 use crate::engine::detach::Detached;
 use crate::engine::watchdog::{Acquired, LeaseTicket};
-use crate::error::{Error, Result};
+use crate::error::{is_connection_failure, Error, Result};
 use crate::holder::HolderId;
 use crate::keys::{release_channel, token_key, unlock_latch};
 use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_RELEASE};
@@ -121,12 +121,20 @@ impl Lock {
 
     /// Waits until the lock is acquired.
     ///
+    /// An error of the first attempt is returned at once (a dead server fails fast). Once
+    /// waiting, connection errors (a restart, a failover) are retried with backoff for as
+    /// long as it waits; bound the wait with [`Lock::try_lock_for`] or a timeout.
+    ///
     /// Cancel-safe: dropping the future leaves no subscription and no lock behind.
     pub async fn lock(&self) -> Result<LockGuard> {
         let attempt = self.attempt()?;
-        acquire(self.client.subscriptions(), &attempt, Patience::Forever)
-            .await?
-            .ok_or(Error::RuntimeShutdown)
+        loop {
+            // Waiting forever ends only with the lock; the loop is for the type's sake.
+            let acquired = acquire(self.client.subscriptions(), &attempt, Patience::Forever);
+            if let Some(guard) = acquired.await? {
+                return Ok(guard);
+            }
+        }
     }
 
     /// Tries once; `Ok(None)` if another owner holds the lock.
@@ -385,27 +393,52 @@ impl LockGuard {
     pub fn is_lost(&self) -> bool {
         self.ticket
             .as_ref()
-            .is_none_or(|ticket| !ticket.is_current())
+            .is_none_or(|ticket| !ticket.is_trusted())
     }
 
     /// Completes as soon as the lock can no longer be trusted to be held: a renewal found
     /// the key gone or owned by another, or the lease deadline came without a successful
     /// renewal. It completes no later than the deadline the local clock computes. It never
     /// completes after a normal release.
+    ///
+    /// The future watches the local clock itself, so the promise holds even if the
+    /// client's background tasks cannot run.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.lost_token().cancelled_owned()
+        let watch = self.ticket.as_ref().map(LeaseTicket::watch);
+        async move {
+            let lost = match watch {
+                Some(watch) => watch.await,
+                // Already released: this guard no longer exists to lose anything.
+                None => false,
+            };
+            if !lost {
+                // A normal release is not a loss: never complete.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks.
+    ///
+    /// Besides the client's watchdog, a small task on the calling runtime cancels it when
+    /// the local deadline comes, so it fires on time even if the watchdog cannot run.
     pub fn lost_token(&self) -> CancellationToken {
-        match &self.ticket {
-            Some(ticket) => ticket.lost_token(),
-            None => {
-                let released = CancellationToken::new();
-                released.cancel();
-                released
-            }
+        let Some(ticket) = &self.ticket else {
+            let released = CancellationToken::new();
+            released.cancel();
+            return released;
+        };
+        let token = ticket.lost_token();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let watch = ticket.watch();
+            let backstop = token.clone();
+            runtime.spawn(async move {
+                if watch.await {
+                    backstop.cancel();
+                }
+            });
         }
+        token
     }
 
     /// Releases this acquisition: one hold fewer; the last hold frees the lock and wakes
@@ -489,7 +522,7 @@ async fn release(
             .invoke_async::<i64>(&mut connection)
             .await;
         match reply {
-            Err(err) if attempt < RELEASE_ATTEMPTS && is_ambiguous(&err) => {
+            Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                 tracing::debug!(error = %err, attempt, "release reply lost; asking again");
                 // Give a reconnecting connection a moment; the latch keeps repeats safe.
                 tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
@@ -506,9 +539,4 @@ async fn release(
         -1 => Err(not_held()),
         _ => Ok(()),
     }
-}
-
-/// Errors after which the command may or may not have run.
-fn is_ambiguous(err: &redis::RedisError) -> bool {
-    err.is_timeout() || err.is_connection_dropped() || err.is_io_error()
 }

@@ -89,10 +89,7 @@ async fn invalid_urls_are_refused_without_echoing_passwords() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_connect_error() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let port = distlock_testkit::pick_free_port().unwrap();
     let err = bounded(
         LIMIT,
         Client::connect(&format!("redis://127.0.0.1:{port}/")),
@@ -118,10 +115,7 @@ async fn a_server_that_is_not_redis_is_named_as_such() {
     )
     .await
     .unwrap_err();
-    assert!(
-        matches!(err, Error::NotRedis { .. } | Error::Connect { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, Error::NotRedis { .. }), "{err}");
 
     // A server that accepts and never answers.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -75,23 +75,69 @@ async fn the_watchdog_keeps_a_lock_for_three_timeouts_and_stops_at_release() {
 #[tokio::test]
 async fn a_failed_renewal_does_not_stop_the_watchdog() {
     let server = server().await;
+    // Renewals every 500 ms; each may wait 200 ms for its reply.
     let watchdog = Duration::from_millis(1500);
     let client = client_with_watchdog(&server, watchdog).await;
     bounded(LIMIT, async {
         let lock = client.lock("resilient").unwrap();
         let guard = lock.lock().await.unwrap();
-        // Long enough for one renewal to time out, short enough for the next to land
-        // before the lease ends.
+        // Stopped past the first renewal (sent at 500 ms, timed out at 700 ms) but not
+        // past the lease.
         server.pause().unwrap();
-        tokio::time::sleep(Duration::from_millis(450)).await;
+        tokio::time::sleep(Duration::from_millis(850)).await;
+        let remaining = guard.lease_remaining();
         server.resume().unwrap();
-        tokio::time::sleep(watchdog * 2).await;
+        assert!(
+            remaining < watchdog - watchdog / 3,
+            "a renewal must have failed, yet the lease was extended: {remaining:?} left"
+        );
+        // The next renewals land: the lease is extended again and nothing was lost.
+        tokio::time::sleep(watchdog * 2 / 3).await;
         assert!(!guard.is_lost());
+        assert!(guard.lease_remaining() > remaining, "renewals resumed");
         assert!(lock.is_held().await.unwrap());
-        assert!(guard.lease_remaining() > watchdog / 3);
         guard.release().await.unwrap();
     })
     .await;
+}
+
+#[test]
+fn lost_fires_even_when_the_clients_runtime_is_gone() {
+    let test_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = test_runtime.block_on(server());
+    let url = server.url();
+    let lease = Duration::from_millis(300);
+    // The client and its watchdog live on a runtime that then shuts down.
+    let client_runtime = tokio::runtime::Runtime::new().unwrap();
+    let (guard, acquired_at) = client_runtime.block_on(async {
+        let client = distlock::Client::connect(&url).await.unwrap();
+        let started = Instant::now();
+        let guard = client
+            .lock("orphaned-runtime")
+            .unwrap()
+            .with_lease(lease)
+            .lock()
+            .await
+            .unwrap();
+        (guard, started)
+    });
+    drop(client_runtime);
+    test_runtime.block_on(bounded(LIMIT, async {
+        let token = guard.lost_token();
+        guard.lost().await;
+        assert!(
+            acquired_at.elapsed() <= lease,
+            "fired {:?} after acquiring",
+            acquired_at.elapsed()
+        );
+        assert!(guard.is_lost());
+        tokio::time::timeout(Duration::from_millis(100), token.cancelled())
+            .await
+            .expect("the token fires too");
+    }));
 }
 
 #[tokio::test]

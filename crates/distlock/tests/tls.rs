@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::bounded;
 use distlock::{Client, Error};
 use distlock_testkit::RedisServer;
+use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -70,19 +71,14 @@ fn make_certificates(dir: &Path) {
     ]);
 }
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
-
 #[tokio::test]
 async fn locks_work_over_tls_with_a_trusted_ca_and_fail_without_it() {
     let dir = tempfile::tempdir().unwrap();
     make_certificates(dir.path());
     let path = |file: &str| dir.path().join(file).display().to_string();
-    let tls_port = free_port().to_string();
+    let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
     let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-    let _server = RedisServer::start_with_args(&[
+    let server = RedisServer::start_with_args(&[
         "--tls-port",
         &tls_port,
         "--tls-cert-file",
@@ -109,10 +105,22 @@ async fn locks_work_over_tls_with_a_trusted_ca_and_fail_without_it() {
         let held = lock.lock().await.unwrap();
         // A waiter's pub/sub connection is TLS too, and the release wakes it.
         let contender = lock.clone();
-        let waiting =
-            tokio::spawn(async move { contender.try_lock_for(Duration::from_secs(5)).await });
+        let waiting = tokio::spawn(async move {
+            let guard = contender.try_lock_for(Duration::from_secs(5)).await;
+            (Instant::now(), guard)
+        });
+        // The plain port is open too, for looking.
+        let plain = server.connection().await.unwrap();
+        common::until_subscribers(&plain, "redisson_lock__channel:{over-tls}", 1).await;
         held.release().await.unwrap();
-        let next = waiting.await.unwrap().unwrap().expect("woken over TLS");
+        let released_at = Instant::now();
+        let (acquired_at, next) = waiting.await.unwrap();
+        let next = next.unwrap().expect("woken over TLS");
+        let handoff = acquired_at.duration_since(released_at);
+        assert!(
+            handoff < Duration::from_millis(200),
+            "no wake-up: {handoff:?}"
+        );
         next.release().await.unwrap();
 
         // The system trust store does not know the throwaway CA: a clear connect error.

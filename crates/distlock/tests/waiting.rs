@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, client, raw, server, until_free, until_subscribers};
+use redis::AsyncCommands;
 use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -107,28 +108,33 @@ async fn a_cancelled_wait_leaves_no_subscription_and_no_lock() {
 #[tokio::test]
 async fn cancelling_an_attempt_in_flight_never_leaves_the_lock_held() {
     let server = server().await;
-    let client = client(&server).await;
+    let client = common::client_with_watchdog(&server, Duration::from_secs(30)).await;
+    let conn = raw(&server).await;
     bounded(LIMIT, async {
         let lock = client.lock("inflight").unwrap();
-        let mut acquired = 0;
-        // Drop the acquisition at every stage: before sending, while the reply is on its
-        // way, after it arrived.
-        for micros in (0..400).step_by(2) {
-            let contender = lock.clone();
-            let outcome = tokio::spawn(async move {
-                tokio::time::timeout(Duration::from_micros(micros), contender.lock()).await
-            })
-            .await
-            .unwrap();
-            if let Ok(guard) = outcome {
-                acquired += 1;
-                guard.unwrap().release().await.unwrap();
+        // The server is stopped, so the attempt is sent and its reply cannot come: the
+        // caller gives up exactly while the attempt is in flight.
+        server.pause().unwrap();
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), lock.lock()).await;
+        assert!(
+            gave_up.is_err(),
+            "no reply can arrive from a stopped server"
+        );
+        server.resume().unwrap();
+        // The server now runs the attempt: the lock is taken...
+        common::eventually(Duration::from_secs(5), "the orphaned attempt ran", || {
+            let mut conn = conn.clone();
+            async move {
+                conn.get::<_, Option<u64>>("redisson_lock_token:{inflight}")
+                    .await
+                    .unwrap()
+                    == Some(1)
             }
-        }
-        // Every orphaned guard releases in the background.
+        })
+        .await;
+        // ...and the orphaned guard releases it.
         until_free(&lock).await;
         assert_eq!(client.tracked_leases(), 0);
-        assert!(acquired < 200, "some attempts must have been cancelled");
     })
     .await;
 }
@@ -136,14 +142,15 @@ async fn cancelling_an_attempt_in_flight_never_leaves_the_lock_held() {
 #[tokio::test]
 async fn a_cancelled_release_still_releases() {
     let server = server().await;
-    let client = client(&server).await;
+    let client = common::client_with_watchdog(&server, Duration::from_secs(30)).await;
     bounded(LIMIT, async {
         let lock = client.lock("cancelled-release").unwrap();
-        for _ in 0..50 {
-            let guard = lock.lock().await.unwrap();
-            // Dropped right after it sent the script, before the reply.
-            let _ = tokio::time::timeout(Duration::from_micros(1), guard.release()).await;
-        }
+        let guard = lock.lock().await.unwrap();
+        // Dropped while its script waits on a stopped server.
+        server.pause().unwrap();
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), guard.release()).await;
+        assert!(gave_up.is_err());
+        server.resume().unwrap();
         until_free(&lock).await;
         assert_eq!(client.tracked_leases(), 0, "nothing left renewing");
     })

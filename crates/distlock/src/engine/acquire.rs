@@ -120,11 +120,9 @@ pub(crate) async fn acquire<A: Acquire>(
     // Queue behind local waiters only if there is time to wait; every call makes at least
     // one attempt.
     if !(waiting_patiently && subscriptions.has_waiters(primitive.channel())) {
-        if let Attempt::Acquired(guard) = run_attempt(primitive).await? {
-            return Ok(Some(guard));
-        }
-        if !waiting_patiently {
-            return Ok(None);
+        let acquired = last_chance(primitive).await?;
+        if acquired.is_some() || !waiting_patiently {
+            return Ok(acquired);
         }
     }
     let subscription = match deadline {
@@ -146,8 +144,13 @@ pub(crate) async fn acquire<A: Acquire>(
         if !my_turn {
             // Behind other local waiters: wait to be woken (or for the fallback) first.
             my_turn = true;
-            let wake_at = deadline.map_or(Instant::now() + NO_HINT_RETRY, |deadline| {
-                deadline.min(Instant::now() + NO_HINT_RETRY)
+            let fallback = if subscription.is_live() {
+                NO_HINT_RETRY
+            } else {
+                UNANNOUNCED_RETRY
+            };
+            let wake_at = deadline.map_or(Instant::now() + fallback, |deadline| {
+                deadline.min(Instant::now() + fallback)
             });
             tokio::select! {
                 _ = released => {}
@@ -188,7 +191,7 @@ pub(crate) async fn acquire<A: Acquire>(
     }
 }
 
-/// One attempt when the caller's time ran out before the engine could make one.
+/// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.
 async fn last_chance<A: Acquire>(primitive: &A) -> Result<Option<A::Guard>> {
     Ok(match run_attempt(primitive).await? {
         Attempt::Acquired(guard) => Some(guard),
@@ -197,5 +200,5 @@ async fn last_chance<A: Acquire>(primitive: &A) -> Result<Option<A::Guard>> {
 }
 
 async fn run_attempt<A: Acquire>(primitive: &A) -> Result<Attempt<A::Guard>> {
-    Detached::new(primitive.attempt()).await
+    Detached::from_boxed(primitive.attempt()).await
 }

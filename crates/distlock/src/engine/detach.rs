@@ -19,8 +19,13 @@ pub(crate) struct Detached<T: Send + 'static> {
 
 impl<T: Send + 'static> Detached<T> {
     pub(crate) fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
+        Self::from_boxed(Box::pin(future))
+    }
+
+    /// Wraps a future that is boxed already, without boxing it again.
+    pub(crate) fn from_boxed(future: Pin<Box<dyn Future<Output = T> + Send>>) -> Self {
         Self {
-            future: Some(Box::pin(future)),
+            future: Some(future),
             started: false,
         }
     }

@@ -77,6 +77,9 @@ struct Registry {
 
 struct Shared {
     registry: Mutex<Registry>,
+    /// Set while a renewal round is in flight: a hung server must not collect a new
+    /// round every tick.
+    renewing_now: std::sync::atomic::AtomicBool,
     changed: Notify,
     connection: Connection,
     lease: Duration,
@@ -121,6 +124,51 @@ impl LeaseTicket {
             .entries
             .get(&self.key)
             .is_some_and(|entry| entry.id == self.id)
+    }
+
+    /// True while the holding is current and its deadline (less the safety margin) has
+    /// not come. Checks the clock itself, so it holds even when the watchdog task cannot
+    /// run (its runtime shut down, or is starved).
+    pub(crate) fn is_trusted(&self) -> bool {
+        self.shared
+            .registry()
+            .entries
+            .get(&self.key)
+            .is_some_and(|entry| entry.id == self.id && fire_at(entry) > Instant::now())
+    }
+
+    /// Completes with `true` when the lease is lost (the watchdog said so, or the local
+    /// deadline came), or with `false` when the holding ended without being lost (it was
+    /// released). It watches the clock itself, not only the watchdog, so a watchdog that
+    /// cannot run delays nothing.
+    pub(crate) fn watch(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        let key = self.key.clone();
+        let id = self.id;
+        let lost = self.lost_token();
+        async move {
+            loop {
+                if lost.is_cancelled() {
+                    return true;
+                }
+                let fire = {
+                    let registry = shared.registry();
+                    match registry.entries.get(&key) {
+                        Some(entry) if entry.id == id => fire_at(entry),
+                        // Gone without the lost signal: released.
+                        _ => return false,
+                    }
+                };
+                if fire <= Instant::now() {
+                    return true;
+                }
+                // A renewal moves the deadline; look again when the old one comes.
+                tokio::select! {
+                    _ = lost.cancelled() => return true,
+                    _ = tokio::time::sleep_until(fire) => {}
+                }
+            }
+        }
     }
 
     /// The local deadline of the lease, if the holding is current.
@@ -209,6 +257,7 @@ impl Watchdog {
     ) -> Self {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::default()),
+            renewing_now: std::sync::atomic::AtomicBool::new(false),
             changed: Notify::new(),
             connection,
             lease: config.watchdog_timeout,
@@ -219,14 +268,20 @@ impl Watchdog {
         Self { shared }
     }
 
-    /// Whether this client tracks a current holding of `key` by `owner`: the acquire
-    /// script re-enters only such a holding, and resets any other hold count of the owner.
+    /// Whether this client tracks a live holding of `key` by `owner` (current, deadline
+    /// not reached): the acquire script re-enters only such a holding, and resets any other
+    /// hold count of the owner.
     pub(crate) fn holds(&self, key: &Arc<str>, owner: &Arc<str>) -> bool {
         let lease_key = LeaseKey {
             key: Arc::clone(key),
             owner: Arc::clone(owner),
         };
-        self.shared.registry().entries.contains_key(&lease_key)
+        // A holding past its deadline is lost, even before this task gets to remove it.
+        self.shared
+            .registry()
+            .entries
+            .get(&lease_key)
+            .is_some_and(|entry| fire_at(entry) > Instant::now())
     }
 
     /// Starts tracking the lease of `key` held by `owner`, or joins the tracked holding for
@@ -332,7 +387,11 @@ async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 if next_renewal < now {
                     next_renewal = now + interval;
                 }
-                tokio::spawn(renew_all(Arc::clone(&shared)));
+                if !shared.renewing_now.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    tokio::spawn(renew_all(Arc::clone(&shared)));
+                } else {
+                    tracing::warn!("previous renewal round still in flight; skipping this tick");
+                }
             }
             _ = sleep_until_some(earliest_deadline) => {
                 expire_overdue(&shared);
@@ -382,6 +441,9 @@ async fn renew_all(shared: Arc<Shared>) {
         due.chunks(shared.batch_size).map(<[_]>::to_vec).collect()
     };
     join_all(batches.into_iter().map(|batch| renew_batch(&shared, batch))).await;
+    shared
+        .renewing_now
+        .store(false, std::sync::atomic::Ordering::Release);
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {

@@ -1,6 +1,7 @@
 -- Extends the leases of a batch of locks in one call (the watchdog's only command).
 --
--- KEYS[i]    lock hash of the i-th lock (all in one cluster slot on Redis Cluster)
+-- KEYS[i]    lock hash of the i-th lock (on Redis Cluster, a batch must hold keys of one
+--            slot only; the standalone watchdog batches any keys together)
 -- ARGV[1]    lease, milliseconds
 -- ARGV[i+1]  owner expected to hold KEYS[i]
 --
