@@ -104,15 +104,10 @@ async fn run(args: Args) -> BenchResult<()> {
         emit(scenarios::parallel::run(&client, plan).await?);
     }
     if wanted(Scenario::Contended) {
-        use scenarios::contended::{run, Implementation};
+        use scenarios::contended::{run, Implementation, NAME};
         let connection = client.connection();
-        let distlock = run(
-            "contended",
-            Implementation::Distlock(client.clone()),
-            &connection,
-            plan,
-        );
-        emit(distlock.await?);
+        let distlock = Implementation::Distlock(client.lock(NAME)?);
+        emit(run("contended", distlock, &connection, plan).await?);
         let peer = Implementation::Rslock(Arc::clone(&peer));
         emit(run("contended-rslock", peer, &connection, plan).await?);
     }

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use distlock::Client;
 use rslock::LockManager;
 use tokio::time::Instant;
 
@@ -53,39 +52,40 @@ async fn busy_hold(length: Duration) {
 /// The lock implementation a run measures: distlock, or a peer under the same load.
 #[derive(Clone)]
 pub enum Implementation {
-    Distlock(Client),
+    Distlock(distlock::Lock),
     /// rslock with its defaults: a failed attempt is retried after a random delay of up
     /// to 200 ms.
     Rslock(Arc<LockManager>),
 }
 
-const NAME: &str = "bench:contended";
+/// The lock every task contends for.
+pub const NAME: &str = "bench:contended";
 /// rslock has no watchdog; its lease only has to outlast one hold.
 const PEER_LEASE: Duration = Duration::from_secs(30);
 
+/// One hold, with what it takes to release it.
 enum Held {
     Distlock(distlock::LockGuard),
-    Rslock(rslock::Lock),
+    Rslock(Arc<LockManager>, rslock::Lock),
 }
 
 impl Implementation {
-    async fn acquire(&self, lock: &Option<distlock::Lock>) -> BenchResult<Held> {
-        Ok(match (self, lock) {
-            (Implementation::Distlock(_), Some(lock)) => Held::Distlock(lock.lock().await?),
-            (Implementation::Rslock(manager), _) => {
-                Held::Rslock(manager.acquire_no_guard(NAME, PEER_LEASE).await?)
-            }
-            (Implementation::Distlock(_), None) => return Err("no distlock handle".into()),
+    async fn acquire(&self) -> BenchResult<Held> {
+        Ok(match self {
+            Implementation::Distlock(lock) => Held::Distlock(lock.lock().await?),
+            Implementation::Rslock(manager) => Held::Rslock(
+                Arc::clone(manager),
+                manager.acquire_no_guard(NAME, PEER_LEASE).await?,
+            ),
         })
     }
+}
 
-    async fn release(&self, held: Held) -> BenchResult<()> {
-        match (self, held) {
-            (_, Held::Distlock(guard)) => guard.release().await?,
-            (Implementation::Rslock(manager), Held::Rslock(lock)) => manager.unlock(&lock).await,
-            (Implementation::Distlock(_), Held::Rslock(_)) => {
-                return Err("an rslock hold in a distlock run".into())
-            }
+impl Held {
+    async fn release(self) -> BenchResult<()> {
+        match self {
+            Held::Distlock(guard) => guard.release().await?,
+            Held::Rslock(manager, lock) => manager.unlock(&lock).await,
         }
         Ok(())
     }
@@ -101,18 +101,14 @@ async fn one_run(
         .map(|task| {
             let implementation = implementation.clone();
             tokio::spawn(async move {
-                let lock = match &implementation {
-                    Implementation::Distlock(client) => Some(client.lock(NAME)?),
-                    Implementation::Rslock(_) => None,
-                };
                 let mut holds = Vec::new();
                 while Instant::now() < until {
                     let wait_started = Instant::now();
-                    let held = implementation.acquire(&lock).await?;
+                    let held = implementation.acquire().await?;
                     let acquired = Instant::now();
                     busy_hold(HOLD).await;
                     let release_started = Instant::now();
-                    implementation.release(held).await?;
+                    held.release().await?;
                     let released = Instant::now();
                     tokio::time::sleep(THINK).await;
                     holds.push(Hold {

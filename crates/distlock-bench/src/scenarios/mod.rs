@@ -7,6 +7,9 @@ pub mod parallel;
 pub mod uncontended;
 pub mod watchdog;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::Client;
@@ -85,7 +88,7 @@ pub async fn cycles_against_baselines(
     client: &Client,
     plan: Plan,
     names: &[String],
-    peer: Option<&LockManager>,
+    peer: Option<&Arc<LockManager>>,
 ) -> BenchResult<CycleLoads> {
     let connection = client.connection();
     let callers = names.len();
@@ -145,54 +148,33 @@ pub fn cycle_report(
     }
 }
 
-/// Like [`lock_cycles`], with rslock: lock (SET NX PX) and unlock (a script) back to back.
-pub async fn peer_cycles(
-    manager: &LockManager,
-    names: &[String],
-    length: Duration,
-) -> BenchResult<(f64, Latencies)> {
-    let started = Instant::now();
-    let until = started + length;
-    let cycles = names.iter().map(|name| async move {
-        let mut latencies = Latencies::new();
-        while Instant::now() < until {
-            let cycle = Instant::now();
-            let lock = manager.lock(name.as_str(), Duration::from_secs(30)).await?;
-            manager.unlock(&lock).await;
-            latencies.record(cycle.elapsed());
-        }
-        BenchResult::Ok(latencies)
-    });
-    let mut all = Latencies::new();
-    for latencies in futures_util::future::join_all(cycles).await {
-        all.merge(&latencies?);
-    }
-    Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
-}
+/// A boxed lock cycle of one worker.
+pub type Cycle<'a> = Pin<Box<dyn Future<Output = BenchResult<()>> + Send + 'a>>;
 
-/// `tasks` tasks, each on its own lock name (or all on one), acquire and release back to
-/// back for `length`. Returns complete cycles per second and the cycle latencies.
-pub async fn lock_cycles(
-    client: &Client,
-    names: &[String],
+/// One task per worker runs `cycle` back to back for `length`, the same way for distlock
+/// and for a peer. Returns complete cycles per second and the cycle latencies.
+pub async fn timed_cycles<W, F>(
+    workers: Vec<W>,
     length: Duration,
-) -> BenchResult<(f64, Latencies)> {
+    cycle: F,
+) -> BenchResult<(f64, Latencies)>
+where
+    W: Send + 'static,
+    F: for<'a> Fn(&'a W) -> Cycle<'a> + Copy + Send + 'static,
+{
     let started = Instant::now();
     let until = started + length;
-    let tasks: Vec<_> = names
-        .iter()
-        .map(|name| {
-            let lock = client.lock(name.clone());
+    let tasks: Vec<_> = workers
+        .into_iter()
+        .map(|worker| {
             tokio::spawn(async move {
-                let lock = lock?;
                 let mut latencies = Latencies::new();
                 while Instant::now() < until {
-                    let cycle = Instant::now();
-                    let guard = lock.lock().await?;
-                    guard.release().await?;
-                    latencies.record(cycle.elapsed());
+                    let sent = Instant::now();
+                    cycle(&worker).await?;
+                    latencies.record(sent.elapsed());
                 }
-                Ok::<_, distlock::Error>(latencies)
+                BenchResult::Ok(latencies)
             })
         })
         .collect();
@@ -201,4 +183,43 @@ pub async fn lock_cycles(
         all.merge(&task.await??);
     }
     Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
+}
+
+/// distlock: one task per lock name, acquire and release back to back.
+pub async fn lock_cycles(
+    client: &Client,
+    names: &[String],
+    length: Duration,
+) -> BenchResult<(f64, Latencies)> {
+    let locks = names
+        .iter()
+        .map(|name| client.lock(name.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    timed_cycles(locks, length, |lock| {
+        Box::pin(async move {
+            lock.lock().await?.release().await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// rslock: lock (SET NX PX) and unlock (a script) back to back, one task per name.
+pub async fn peer_cycles(
+    manager: &Arc<LockManager>,
+    names: &[String],
+    length: Duration,
+) -> BenchResult<(f64, Latencies)> {
+    let workers = names
+        .iter()
+        .map(|name| (Arc::clone(manager), name.clone()))
+        .collect();
+    timed_cycles(workers, length, |(manager, name)| {
+        Box::pin(async move {
+            let lock = manager.lock(name.as_str(), Duration::from_secs(30)).await?;
+            manager.unlock(&lock).await;
+            Ok(())
+        })
+    })
+    .await
 }

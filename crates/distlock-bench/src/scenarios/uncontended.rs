@@ -3,6 +3,8 @@
 
 use distlock::Client;
 
+use std::sync::Arc;
+
 use rslock::LockManager;
 
 use super::{cycle_report, cycles_against_baselines, BenchResult, Plan};
@@ -10,7 +12,7 @@ use crate::report::{figure, Report};
 
 pub const TARGET: f64 = 0.9;
 
-pub async fn run(client: &Client, peer: &LockManager, plan: Plan) -> BenchResult<Report> {
+pub async fn run(client: &Client, peer: &Arc<LockManager>, plan: Plan) -> BenchResult<Report> {
     let names = vec!["bench:uncontended".to_owned()];
     let loads = cycles_against_baselines(client, plan, &names, Some(peer)).await?;
     let peer = loads.peer.as_ref().ok_or("no rslock measurement")?;
