@@ -1,0 +1,152 @@
+//! Configuration: flags and environment, checked before anything starts, with errors that
+//! say what to fix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::db::DbError;
+use crate::strategy::{Strategy, StrategySettings};
+use crate::worker::WorkerSettings;
+
+/// Where the service keeps its data.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// Redis to use. Unset: a private redis-server is started on a free port and stopped
+    /// on exit.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB. Unset: SQLite in a file.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+/// The knobs of the lock-based strategies.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StrategyArgs {
+    /// Stock segments per coupon for --strategy segmented (1 to 1024).
+    #[arg(long, default_value_t = 8)]
+    pub segments: u32,
+    /// How long a purchase waits for a lock before answering 503 busy, in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub lock_wait_ms: u64,
+    /// The lease of a purchase's lock, in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub lock_lease_ms: u64,
+}
+
+impl StrategyArgs {
+    /// Checks the knobs and builds the settings of `strategy`.
+    pub fn settings(&self, strategy: Strategy) -> Result<StrategySettings, ConfigError> {
+        if !(1..=1024).contains(&self.segments) {
+            return Err(ConfigError::invalid(
+                "--segments",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.lock_wait_ms == 0 || self.lock_wait_ms > 60_000 {
+            return Err(ConfigError::invalid(
+                "--lock-wait-ms",
+                "must be between 1 and 60000",
+            ));
+        }
+        if self.lock_lease_ms == 0 || self.lock_lease_ms > 600_000 {
+            return Err(ConfigError::invalid(
+                "--lock-lease-ms",
+                "must be between 1 and 600000",
+            ));
+        }
+        Ok(StrategySettings {
+            strategy,
+            segments: self.segments,
+            lock_wait: Duration::from_millis(self.lock_wait_ms),
+            lock_lease: Duration::from_millis(self.lock_lease_ms),
+        })
+    }
+}
+
+/// Everything [`Service::start`](crate::Service::start) needs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Where the HTTP server listens; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Redis URL; `None` starts a private redis-server.
+    pub redis_url: Option<String>,
+    /// Database URL; `None` uses SQLite at `sqlite_path`.
+    pub database_url: Option<String>,
+    /// The SQLite file used when `database_url` is `None`.
+    pub sqlite_path: PathBuf,
+    /// The reservation strategy.
+    pub strategy: StrategySettings,
+    /// The order worker's settings; `None` runs no worker in this instance.
+    pub worker: Option<WorkerSettings>,
+}
+
+impl ServiceConfig {
+    /// Defaults: loopback on a free port, private Redis, `flashsale.db`, the given
+    /// strategy, and a worker.
+    pub fn new(strategy: Strategy) -> Self {
+        ServiceConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            redis_url: None,
+            database_url: None,
+            sqlite_path: PathBuf::from("flashsale.db"),
+            strategy: StrategySettings::new(strategy),
+            worker: Some(WorkerSettings::new()),
+        }
+    }
+
+    /// The database URL in effect.
+    pub fn database_url(&self) -> String {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.sqlite_path.display()))
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag or variable is out of range.
+    #[error("invalid {what}: {reason}")]
+    Invalid {
+        /// The flag or variable.
+        what: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Redis could not be reached, or the URL is malformed.
+    #[error("redis: {0} (set REDIS_URL, or unset it to run a private redis-server)")]
+    Redis(#[source] distlock::Error),
+    /// The private redis-server could not start.
+    #[error("could not start a private redis-server: {0}")]
+    EmbeddedRedis(#[source] distlock_testkit::TestkitError),
+    /// The database could not be opened or migrated.
+    #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
+    Db(#[source] DbError),
+    /// Loading stock at start failed.
+    #[error("loading stock at start failed: {0}")]
+    Load(#[source] crate::stock::LoadError),
+    /// The order worker could not connect.
+    #[error("the order worker could not connect to redis: {0}")]
+    Worker(#[source] crate::worker::WorkerError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// An out-of-range setting.
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            what,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The SQL store: coupons and orders, on SQLite or PostgreSQL through sqlx's Any driver.
+//!
+//! Every query is written once, in the SQL both databases accept (numbered `$n`
+//! parameters, `RETURNING`, `ON CONFLICT DO NOTHING`). Only the migrations differ, in how
+//! a table gets an identity column.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, Row};
+
+use crate::model::{unix_millis, Coupon, NewCoupon, Order, OrderEvent};
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
+
+/// How long a query may wait for a pooled connection before it fails.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which database a URL points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `sqlite:` URLs.
+    Sqlite,
+    /// `postgres:` and `postgresql:` URLs.
+    Postgres,
+}
+
+impl Dialect {
+    /// The dialect of `url`, or `None` for a scheme this service does not support.
+    pub fn of_url(url: &str) -> Option<Dialect> {
+        let scheme = url.split_once(':')?.0.to_ascii_lowercase();
+        match scheme.as_str() {
+            "sqlite" => Some(Dialect::Sqlite),
+            "postgres" | "postgresql" => Some(Dialect::Postgres),
+            _ => None,
+        }
+    }
+}
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The URL's scheme is neither SQLite nor PostgreSQL.
+    #[error("unsupported database URL {url:?}: use sqlite://PATH or postgres://USER@HOST/DB")]
+    UnsupportedUrl {
+        /// The URL, with any password masked.
+        url: String,
+    },
+    /// Connecting failed (bad URL, unreachable server, refused credentials).
+    #[error("cannot connect to the database at {url}: {source}")]
+    Connect {
+        /// The URL, with any password masked.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The migrations failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A query failed.
+    #[error("database query failed: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+/// A pool of connections to the store, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pool: AnyPool,
+    dialect: Dialect,
+}
+
+/// `user:password@` becomes `user:***@`, so URLs can go into errors and logs.
+pub fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) => match credentials.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+impl Db {
+    /// Connects to `url` and runs the migrations.
+    ///
+    /// A `sqlite:` file is created if missing (`mode=rwc` is added unless the URL sets a
+    /// mode).
+    pub async fn connect(url: &str) -> Result<Db, DbError> {
+        sqlx::any::install_default_drivers();
+        let masked = mask_password(url);
+        let dialect = Dialect::of_url(url).ok_or(DbError::UnsupportedUrl {
+            url: masked.clone(),
+        })?;
+        let url = match dialect {
+            Dialect::Sqlite if !url.contains("mode=") => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{separator}mode=rwc")
+            }
+            _ => url.to_owned(),
+        };
+        // Checked before connecting so that a malformed URL is reported as such, not as a
+        // connection failure from inside the pool.
+        sqlx::any::AnyConnectOptions::from_str(&url).map_err(|source| DbError::Connect {
+            url: masked.clone(),
+            source,
+        })?;
+        // SQLite allows one writer at a time; more connections would only queue on its lock.
+        let max_connections = match dialect {
+            Dialect::Sqlite => 4,
+            Dialect::Postgres => 16,
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(&url)
+            .await
+            .map_err(|source| DbError::Connect {
+                url: masked,
+                source,
+            })?;
+        let migrator = match dialect {
+            Dialect::Sqlite => &SQLITE_MIGRATIONS,
+            Dialect::Postgres => &POSTGRES_MIGRATIONS,
+        };
+        migrator.run(&pool).await?;
+        Ok(Db { pool, dialect })
+    }
+
+    /// Which database this is.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// One round trip, for health checks.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Stores a validated coupon and returns it with its id.
+    pub async fn create_coupon(&self, coupon: &NewCoupon, now_ms: i64) -> Result<Coupon, DbError> {
+        let starts_at = unix_millis(coupon.starts_at);
+        let ends_at = unix_millis(coupon.ends_at);
+        let title = coupon.title.trim();
+        let row = sqlx::query(
+            "INSERT INTO coupons (title, stock, price, starts_at, ends_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(title)
+        .bind(coupon.stock)
+        .bind(coupon.price)
+        .bind(starts_at)
+        .bind(ends_at)
+        .bind(now_ms)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Coupon {
+            id: row.try_get("id")?,
+            title: title.to_owned(),
+            stock: coupon.stock,
+            price: coupon.price,
+            starts_at,
+            ends_at,
+        })
+    }
+
+    /// The coupon with this id, if any.
+    pub async fn coupon(&self, id: i64) -> Result<Option<Coupon>, DbError> {
+        let row = sqlx::query(
+            "SELECT id, title, stock, price, starts_at, ends_at FROM coupons WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| coupon_from_row(&row)).transpose()
+    }
+
+    /// Coupons whose sale ends after `after_ms`, oldest first.
+    pub async fn coupons_ending_after(&self, after_ms: i64) -> Result<Vec<Coupon>, DbError> {
+        let rows = sqlx::query(
+            "SELECT id, title, stock, price, starts_at, ends_at FROM coupons \
+             WHERE ends_at > $1 ORDER BY id",
+        )
+        .bind(after_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(coupon_from_row).collect()
+    }
+
+    /// The users with a stored order for this coupon.
+    pub async fn buyers(&self, coupon_id: i64) -> Result<Vec<i64>, DbError> {
+        let rows = sqlx::query("SELECT user_id FROM orders WHERE coupon_id = $1")
+            .bind(coupon_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| row.try_get::<i64, _>("user_id").map_err(DbError::from))
+            .collect()
+    }
+
+    /// How many orders are stored for this coupon.
+    pub async fn order_count(&self, coupon_id: i64) -> Result<i64, DbError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM orders WHERE coupon_id = $1")
+            .bind(coupon_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get("n")?)
+    }
+
+    /// How many users hold more than one order of this coupon. The unique constraint keeps
+    /// this at 0; the load generator reports it to prove so.
+    pub async fn users_with_several_orders(&self, coupon_id: i64) -> Result<i64, DbError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM (SELECT user_id FROM orders WHERE coupon_id = $1 \
+             GROUP BY user_id HAVING COUNT(*) > 1) AS repeated",
+        )
+        .bind(coupon_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("n")?)
+    }
+
+    /// A user's orders, newest first.
+    pub async fn user_orders(&self, user_id: i64) -> Result<Vec<Order>, DbError> {
+        let rows = sqlx::query(
+            "SELECT id, coupon_id, user_id, created_at, stored_at FROM orders \
+             WHERE user_id = $1 ORDER BY created_at DESC, id",
+        )
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Order {
+                    order_id: row.try_get("id")?,
+                    coupon_id: row.try_get("coupon_id")?,
+                    user_id: row.try_get("user_id")?,
+                    created_at: row.try_get("created_at")?,
+                    stored_at: row.try_get("stored_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Stores a batch of orders in one transaction and returns how many were new.
+    ///
+    /// An order already stored, or a second order of the same user for the same coupon,
+    /// is skipped rather than failing the batch: the worker may see an event again after a
+    /// crash between commit and acknowledgement, and that must be harmless.
+    pub async fn store_orders(&self, orders: &[OrderEvent], now_ms: i64) -> Result<u64, DbError> {
+        // Multi-row VALUES lists keep a batch to one statement per chunk; the chunk keeps
+        // the parameter count (5 per row) under SQLite's limit.
+        const ROWS_PER_STATEMENT: usize = 200;
+        let mut tx = self.pool.begin().await?;
+        let mut inserted = 0;
+        for chunk in orders.chunks(ROWS_PER_STATEMENT) {
+            let mut sql = String::from(
+                "INSERT INTO orders (id, coupon_id, user_id, created_at, stored_at) VALUES ",
+            );
+            for row in 0..chunk.len() {
+                let base = row * 5;
+                if row > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!(
+                    "(${}, ${}, ${}, ${}, ${})",
+                    base + 1,
+                    base + 2,
+                    base + 3,
+                    base + 4,
+                    base + 5
+                ));
+            }
+            sql.push_str(" ON CONFLICT DO NOTHING");
+            let mut query = sqlx::query(&sql);
+            for order in chunk {
+                query = query
+                    .bind(order.order_id.as_str())
+                    .bind(order.coupon_id)
+                    .bind(order.user_id)
+                    .bind(order.created_at)
+                    .bind(now_ms);
+            }
+            inserted += query.execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(inserted)
+    }
+}
+
+fn coupon_from_row(row: &AnyRow) -> Result<Coupon, DbError> {
+    Ok(Coupon {
+        id: row.try_get("id")?,
+        title: row.try_get("title")?,
+        stock: row.try_get("stock")?,
+        price: row.try_get("price")?,
+        starts_at: row.try_get("starts_at")?,
+        ends_at: row.try_get("ends_at")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dialects_and_masking() {
+        assert_eq!(Dialect::of_url("sqlite://x.db"), Some(Dialect::Sqlite));
+        assert_eq!(
+            Dialect::of_url("postgres://u@h/db"),
+            Some(Dialect::Postgres)
+        );
+        assert_eq!(Dialect::of_url("mysql://h/db"), None);
+        assert_eq!(Dialect::of_url("nonsense"), None);
+        assert_eq!(
+            mask_password("postgres://app:s3cret@db:5432/shop"),
+            "postgres://app:***@db:5432/shop"
+        );
+        assert_eq!(mask_password("sqlite://x.db"), "sqlite://x.db");
+    }
+}

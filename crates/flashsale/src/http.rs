@@ -1,0 +1,404 @@
+//! The HTTP API (axum), JSON in and out.
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `POST /api/coupons` | 201 the coupon, with its `id` |
+//! | `GET /api/coupons/{id}` | the coupon and its remaining stock |
+//! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}`; 409 `sold_out` / `already_purchased`; 403 `sale_not_started` / `sale_ended` |
+//! | `GET /api/coupons/{id}/stats` | stock, sold, remaining, orders stored and queued |
+//! | `GET /api/users/{id}/orders` | the user's stored orders |
+//! | `GET /healthz`, `GET /ping`, `GET /metrics` | health, one Redis PING, Prometheus |
+//!
+//! Every refusal is an [`ApiError`]: a status and a JSON body with a stable code. Input
+//! is parsed by hand from strings, so no malformed id or header reaches an extractor's
+//! plain-text rejection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use redis::AsyncCommands;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::db::Db;
+use crate::error::ApiError;
+use crate::keys::{CouponKeys, ORDER_GROUP};
+use crate::metrics::Metrics;
+use crate::model::{now_millis, Coupon, NewCoupon, SaleWindow};
+use crate::stock::{remaining_stock, StockLoader};
+use crate::strategy::{Reservation, Reserver};
+use crate::worker::Watched;
+
+/// The header that carries the buyer's id, a positive integer.
+pub const USER_HEADER: &str = "x-user-id";
+
+/// What every handler shares.
+pub struct AppState {
+    pub(crate) db: Db,
+    pub(crate) locks: distlock::Client,
+    pub(crate) reserver: Reserver,
+    pub(crate) loader: StockLoader,
+    pub(crate) watched: Watched,
+    pub(crate) metrics: Metrics,
+    /// Coupons never change after creation, so each is read from SQL once.
+    pub(crate) coupons: RwLock<HashMap<i64, Coupon>>,
+}
+
+/// The service's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/api/coupons", post(create_coupon))
+        .route("/api/coupons/{id}", get(get_coupon))
+        .route("/api/coupons/{id}/seckill", post(seckill))
+        .route("/api/coupons/{id}/stats", get(coupon_stats))
+        .route("/api/users/{id}/orders", get(user_orders))
+        .route("/healthz", get(healthz))
+        .route("/ping", get(ping))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// Parses a positive id the way every route does: ASCII digits only, 1 to 2^63 − 1.
+pub fn parse_id(text: &str) -> Option<i64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<i64>().ok().filter(|id| *id > 0)
+}
+
+fn path_id(path: Result<Path<String>, PathRejection>, code: &'static str) -> Result<i64, ApiError> {
+    let text = path.map(|Path(text)| text).unwrap_or_default();
+    parse_id(&text).ok_or_else(|| {
+        ApiError::bad_request(code, format!("{text:?} is not a positive integer id"))
+    })
+}
+
+fn user_id(headers: &HeaderMap) -> Result<i64, ApiError> {
+    let value = headers.get(USER_HEADER).ok_or_else(|| {
+        ApiError::bad_request("missing_user_id", "the X-User-Id header is required")
+    })?;
+    value.to_str().ok().and_then(parse_id).ok_or_else(|| {
+        ApiError::bad_request("invalid_user_id", "X-User-Id must be a positive integer")
+    })
+}
+
+impl AppState {
+    async fn coupon(&self, id: i64) -> Result<Coupon, ApiError> {
+        let cached = self
+            .coupons
+            .read()
+            .ok()
+            .and_then(|map| map.get(&id).cloned());
+        if let Some(coupon) = cached {
+            return Ok(coupon);
+        }
+        let coupon = self
+            .db
+            .coupon(id)
+            .await?
+            .ok_or(ApiError::coupon_not_found(id))?;
+        self.remember(&coupon);
+        Ok(coupon)
+    }
+
+    fn remember(&self, coupon: &Coupon) {
+        if let Ok(mut map) = self.coupons.write() {
+            map.insert(coupon.id, coupon.clone());
+        }
+        self.watched.add(coupon.id);
+    }
+
+    async fn reserve(&self, coupon: &Coupon, user: i64) -> Result<Reservation, ApiError> {
+        let started = Instant::now();
+        let mut outcome = self.reserver.reserve(coupon.id, user).await?;
+        if outcome == Reservation::NotLoaded {
+            // Redis lost the counter (or never had it): rebuild it from SQL and the stream,
+            // under the loader lock, then try once more.
+            self.loader.ensure_loaded(coupon).await?;
+            outcome = self.reserver.reserve(coupon.id, user).await?;
+        }
+        self.metrics
+            .reservation_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(outcome)
+    }
+}
+
+async fn create_coupon(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<NewCoupon>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(new) = body.map_err(|rejection| match rejection {
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the coupon as JSON with Content-Type: application/json",
+        ),
+        other => ApiError::bad_request("invalid_body", other.body_text()),
+    })?;
+    new.validate()
+        .map_err(|err| ApiError::bad_request("invalid_field", err.to_string()))?;
+    let coupon = state.db.create_coupon(&new, now_millis()).await?;
+    state.loader.ensure_loaded(&coupon).await?;
+    state.remember(&coupon);
+    Ok((StatusCode::CREATED, Json(coupon)).into_response())
+}
+
+#[derive(Serialize)]
+struct CouponView {
+    #[serde(flatten)]
+    coupon: Coupon,
+    /// `None` while Redis holds no stock for it.
+    remaining: Option<i64>,
+    sale: &'static str,
+}
+
+async fn get_coupon(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<CouponView>, ApiError> {
+    let coupon = state.coupon(path_id(id, "invalid_coupon_id")?).await?;
+    let remaining = remaining_stock(&mut state.locks.connection(), coupon.id).await?;
+    let sale = match coupon.window_at(now_millis()) {
+        SaleWindow::NotStarted => "not_started",
+        SaleWindow::Open => "open",
+        SaleWindow::Ended => "ended",
+    };
+    Ok(Json(CouponView {
+        coupon,
+        remaining,
+        sale,
+    }))
+}
+
+async fn seckill(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = purchase(&state, id, &headers).await;
+    let label = match &outcome {
+        Ok(_) => "reserved",
+        Err(err) => err.code,
+    };
+    state.metrics.count_purchase(label);
+    match outcome {
+        Ok(order_id) => {
+            (StatusCode::CREATED, Json(json!({ "order_id": order_id }))).into_response()
+        }
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn purchase(
+    state: &AppState,
+    id: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
+    let coupon_id = path_id(id, "invalid_coupon_id")?;
+    let user = user_id(headers)?;
+    let coupon = state.coupon(coupon_id).await?;
+    match coupon.window_at(now_millis()) {
+        SaleWindow::NotStarted => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "sale_not_started",
+                "the sale of this coupon has not started",
+            ))
+        }
+        SaleWindow::Ended => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "sale_ended",
+                "the sale of this coupon has ended",
+            ))
+        }
+        SaleWindow::Open => {}
+    }
+    match state.reserve(&coupon, user).await? {
+        Reservation::Reserved { order_id } => Ok(order_id),
+        Reservation::SoldOut => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "sold_out",
+            "no stock left",
+        )),
+        Reservation::AlreadyPurchased => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_purchased",
+            "this user already bought this coupon",
+        )),
+        Reservation::Busy => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "the coupon's lock was not free in time; try again",
+        )),
+        Reservation::NotLoaded => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stock_not_loaded",
+            "the coupon's stock is not in Redis yet; try again",
+        )),
+    }
+}
+
+/// The figures of one coupon's sale.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct CouponStats {
+    /// The coupon.
+    pub coupon_id: i64,
+    /// Units for sale.
+    pub stock: i64,
+    /// Units left in Redis (negative only if a sale oversold); `None` if not loaded.
+    pub remaining: Option<i64>,
+    /// `stock − remaining`.
+    pub sold: Option<i64>,
+    /// Order events in the coupon's stream: the sales Redis counted.
+    pub sales_recorded: i64,
+    /// Orders in SQL.
+    pub orders_stored: i64,
+    /// Order events not yet stored: undelivered plus unacknowledged.
+    pub orders_queued: i64,
+}
+
+/// The coupon stream's backlog: (not yet delivered, delivered but unacknowledged).
+pub async fn stream_backlog(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+) -> redis::RedisResult<(i64, i64)> {
+    let length: i64 = conn.xlen(&keys.orders).await?;
+    let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
+        conn.xinfo_groups(&keys.orders).await;
+    let groups = match groups {
+        Ok(groups) => groups,
+        // No stream yet, so nothing queued.
+        Err(err)
+            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+        {
+            return Ok((length, 0))
+        }
+        Err(err) => return Err(err),
+    };
+    let Some(group) = groups.groups.iter().find(|group| group.name == ORDER_GROUP) else {
+        return Ok((length, 0));
+    };
+    let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    // Redis reports no lag when it cannot tell; counting the whole stream as undelivered
+    // errs on the side of "not drained".
+    let lag = group
+        .lag
+        .map(as_i64)
+        .or(group.entries_read.map(|read| length - as_i64(read)))
+        .unwrap_or(length);
+    Ok((lag, as_i64(group.pending)))
+}
+
+async fn coupon_stats(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<CouponStats>, ApiError> {
+    let coupon = state.coupon(path_id(id, "invalid_coupon_id")?).await?;
+    let keys = CouponKeys::new(coupon.id);
+    let mut conn = state.locks.connection();
+    let remaining = remaining_stock(&mut conn, coupon.id).await?;
+    let sales_recorded: i64 = conn.xlen(&keys.orders).await?;
+    let (lag, pending) = stream_backlog(&mut conn, &keys).await?;
+    let orders_stored = state.db.order_count(coupon.id).await?;
+    Ok(Json(CouponStats {
+        coupon_id: coupon.id,
+        stock: coupon.stock,
+        remaining,
+        sold: remaining.map(|left| coupon.stock - left),
+        sales_recorded,
+        orders_stored,
+        orders_queued: lag + pending,
+    }))
+}
+
+async fn user_orders(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let user = path_id(id, "invalid_user_id")?;
+    let orders = state.db.user_orders(user).await?;
+    Ok(Json(json!({ "user_id": user, "orders": orders })).into_response())
+}
+
+async fn healthz(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let _: String = redis::cmd("PING")
+        .query_async(&mut state.locks.connection())
+        .await?;
+    state.db.ping().await?;
+    Ok(Json(
+        json!({ "status": "ok", "strategy": state.reserver.settings().strategy }),
+    ))
+}
+
+/// One Redis round trip behind the same HTTP stack: the floor the benchmark compares
+/// purchases with.
+async fn ping(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let _: String = redis::cmd("PING")
+        .query_async(&mut state.locks.connection())
+        .await?;
+    Ok(Json(json!({ "pong": true })))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut conn = state.locks.connection();
+    let (mut lag, mut pending) = (0, 0);
+    for coupon in state.watched.coupons() {
+        match stream_backlog(&mut conn, &CouponKeys::new(coupon)).await {
+            Ok((l, p)) => {
+                lag += l;
+                pending += p;
+            }
+            Err(err) => tracing::warn!(error = %err, coupon, "could not read the stream backlog"),
+        }
+    }
+    state.metrics.stream_lag.set(lag);
+    state.metrics.stream_pending.set(pending);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_id;
+
+    #[test]
+    fn ids() {
+        assert_eq!(parse_id("42"), Some(42));
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            "1.5",
+            "abc",
+            " 1",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_id("9223372036854775807"), Some(i64::MAX));
+    }
+}

@@ -1,0 +1,202 @@
+//! Coupons and orders, as the API and the database see them.
+
+use serde::{Deserialize, Serialize, Serializer};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// The most stock one coupon may have. Far above any real flash sale, and low enough that
+/// the buyers set and the order stream of a sold-out coupon stay a few hundred MB at most.
+pub const MAX_STOCK: i64 = 10_000_000;
+/// The longest title accepted, in characters.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// The body of `POST /api/coupons`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NewCoupon {
+    /// Shown to buyers; 1 to 200 characters.
+    pub title: String,
+    /// Units for sale, 1 to [`MAX_STOCK`].
+    pub stock: i64,
+    /// In the currency's minor unit (cents), so no rounding ever touches money.
+    pub price: i64,
+    /// RFC 3339, e.g. `2026-11-11T00:00:00+08:00`.
+    #[serde(with = "time::serde::rfc3339")]
+    pub starts_at: OffsetDateTime,
+    /// RFC 3339; must be after `starts_at`.
+    #[serde(with = "time::serde::rfc3339")]
+    pub ends_at: OffsetDateTime,
+}
+
+/// A field of a [`NewCoupon`] that is out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct FieldError {
+    /// The JSON field at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl NewCoupon {
+    /// Checks every field, returning the first that is out of range.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let fail = |field, reason: String| Err(FieldError { field, reason });
+        let title_chars = self.title.trim().chars().count();
+        if title_chars == 0 {
+            return fail("title", "must not be empty".into());
+        }
+        if title_chars > MAX_TITLE_CHARS {
+            return fail(
+                "title",
+                format!("must be at most {MAX_TITLE_CHARS} characters"),
+            );
+        }
+        if !(1..=MAX_STOCK).contains(&self.stock) {
+            return fail("stock", format!("must be between 1 and {MAX_STOCK}"));
+        }
+        if self.price < 0 {
+            return fail("price", "must not be negative (it is in cents)".into());
+        }
+        if self.ends_at <= self.starts_at {
+            return fail("ends_at", "must be after starts_at".into());
+        }
+        Ok(())
+    }
+}
+
+/// A coupon as stored. Times are Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Coupon {
+    /// Assigned by the database.
+    pub id: i64,
+    /// Shown to buyers.
+    pub title: String,
+    /// Units for sale when the sale opened.
+    pub stock: i64,
+    /// In cents.
+    pub price: i64,
+    /// When purchases open.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub starts_at: i64,
+    /// When purchases close.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub ends_at: i64,
+}
+
+/// Where a coupon's sale stands at some instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleWindow {
+    /// Before `starts_at`.
+    NotStarted,
+    /// Purchases are accepted.
+    Open,
+    /// At or after `ends_at`.
+    Ended,
+}
+
+impl Coupon {
+    /// Where the sale stands at `now_ms`.
+    pub fn window_at(&self, now_ms: i64) -> SaleWindow {
+        if now_ms < self.starts_at {
+            SaleWindow::NotStarted
+        } else if now_ms >= self.ends_at {
+            SaleWindow::Ended
+        } else {
+            SaleWindow::Open
+        }
+    }
+}
+
+/// One sale, as the reservation appends it to the coupon's stream and the worker stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderEvent {
+    /// A UUID chosen at reservation.
+    pub order_id: String,
+    /// The coupon bought.
+    pub coupon_id: i64,
+    /// The buyer.
+    pub user_id: i64,
+    /// When it was reserved, Unix milliseconds.
+    pub created_at: i64,
+}
+
+/// A stored order, as `GET /api/users/{id}/orders` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Order {
+    /// The id returned by the purchase.
+    pub order_id: String,
+    /// The coupon bought.
+    pub coupon_id: i64,
+    /// The buyer.
+    pub user_id: i64,
+    /// When the purchase was reserved.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub created_at: i64,
+    /// When the worker wrote it to the database.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub stored_at: i64,
+}
+
+/// Unix milliseconds of `at`, saturating far outside any real date.
+pub fn unix_millis(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+/// The current time in Unix milliseconds.
+pub fn now_millis() -> i64 {
+    unix_millis(OffsetDateTime::now_utc())
+}
+
+fn rfc3339_millis<S: Serializer>(millis: &i64, serializer: S) -> Result<S::Ok, S::Error> {
+    let formatted = OffsetDateTime::from_unix_timestamp_nanos(i128::from(*millis) * 1_000_000)
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok());
+    match formatted {
+        Some(text) => serializer.serialize_str(&text),
+        // Only reachable for a row written by something other than this service.
+        None => serializer.serialize_i64(*millis),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coupon(stock: i64) -> NewCoupon {
+        NewCoupon {
+            title: "Singles' Day".into(),
+            stock,
+            price: 999,
+            starts_at: OffsetDateTime::UNIX_EPOCH,
+            ends_at: OffsetDateTime::UNIX_EPOCH + time::Duration::hours(1),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert!(coupon(1).validate().is_ok());
+        assert_eq!(coupon(0).validate().unwrap_err().field, "stock");
+        assert_eq!(coupon(MAX_STOCK + 1).validate().unwrap_err().field, "stock");
+        let mut reversed = coupon(1);
+        reversed.ends_at = reversed.starts_at;
+        assert_eq!(reversed.validate().unwrap_err().field, "ends_at");
+        let mut blank = coupon(1);
+        blank.title = "  ".into();
+        assert_eq!(blank.validate().unwrap_err().field, "title");
+    }
+
+    #[test]
+    fn windows() {
+        let c = Coupon {
+            id: 1,
+            title: "t".into(),
+            stock: 1,
+            price: 0,
+            starts_at: 100,
+            ends_at: 200,
+        };
+        assert_eq!(c.window_at(99), SaleWindow::NotStarted);
+        assert_eq!(c.window_at(100), SaleWindow::Open);
+        assert_eq!(c.window_at(200), SaleWindow::Ended);
+    }
+}

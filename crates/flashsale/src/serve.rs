@@ -1,0 +1,84 @@
+//! `flashsale serve`: the service as a long-running process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::{ConfigError, ServiceConfig, StoreArgs, StrategyArgs};
+use crate::strategy::Strategy;
+use crate::worker::WorkerSettings;
+use crate::{CliResult, Service};
+
+/// Flags of `flashsale serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "FLASHSALE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// How purchases reserve stock.
+    #[arg(long, value_enum, default_value_t = Strategy::Lua)]
+    pub strategy: Strategy,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub knobs: StrategyArgs,
+    /// The SQLite file used when DATABASE_URL is unset.
+    #[arg(long, default_value = "flashsale.db")]
+    pub sqlite_path: PathBuf,
+    /// How long another worker's unacknowledged order event waits before this one takes
+    /// it over, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub reclaim_idle_ms: u64,
+    /// Run no order worker in this instance (another instance must).
+    #[arg(long)]
+    pub no_worker: bool,
+}
+
+impl ServeArgs {
+    /// The service configuration these flags describe.
+    pub fn config(&self) -> Result<ServiceConfig, ConfigError> {
+        if self.reclaim_idle_ms < 100 {
+            return Err(ConfigError::invalid(
+                "--reclaim-idle-ms",
+                "must be at least 100",
+            ));
+        }
+        let worker = (!self.no_worker).then(|| WorkerSettings {
+            reclaim_idle: Duration::from_millis(self.reclaim_idle_ms),
+            ..WorkerSettings::new()
+        });
+        Ok(ServiceConfig {
+            listen: self.listen,
+            redis_url: self.store.redis_url.clone(),
+            database_url: self.store.database_url.clone(),
+            sqlite_path: self.sqlite_path.clone(),
+            strategy: self.knobs.settings(self.strategy)?,
+            worker,
+        })
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down gracefully: in-flight requests finish
+/// and the worker stores every queued order it can read.
+pub async fn run(args: ServeArgs) -> CliResult {
+    let config = args.config()?;
+    let database = crate::db::mask_password(&config.database_url());
+    let service = Service::start(config).await?;
+    eprintln!(
+        "flashsale: {} (strategy {}, redis {}, database {database})",
+        service.base_url(),
+        args.strategy,
+        service.redis_url()
+    );
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("flashsale: shutting down; draining the order queue");
+    service.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,184 @@
+//! One running instance: Redis, the database, the stock loader, the order worker and the
+//! HTTP server, started in that order and stopped in reverse.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use distlock_testkit::RedisServer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigError, ServiceConfig};
+use crate::db::Db;
+use crate::http::{router, AppState};
+use crate::metrics::Metrics;
+use crate::stock::{LoadReport, StockLoader};
+use crate::strategy::{Reserver, StrategySettings};
+use crate::worker::{Watched, Worker};
+
+/// A running service. Call [`shutdown`](Self::shutdown) to stop it gracefully; dropping it
+/// stops it abruptly (as a crash would, which some tests want).
+pub struct Service {
+    addr: SocketAddr,
+    redis_url: String,
+    load_report: LoadReport,
+    state: Arc<AppState>,
+    stop_http: CancellationToken,
+    stop_worker: CancellationToken,
+    http: JoinHandle<()>,
+    worker: Option<JoinHandle<()>>,
+    // Last, so the private Redis outlives everything that uses it.
+    _embedded_redis: Option<RedisServer>,
+}
+
+impl Service {
+    /// Starts an instance: connects (or starts a private redis-server), migrates the
+    /// database, loads active coupons' stock under the loader lock, starts the worker and
+    /// serves HTTP.
+    pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
+        let embedded_redis = match config.redis_url {
+            Some(_) => None,
+            None => Some(
+                RedisServer::start()
+                    .await
+                    .map_err(ConfigError::EmbeddedRedis)?,
+            ),
+        };
+        let redis_url = match (&config.redis_url, &embedded_redis) {
+            (Some(url), _) => url.clone(),
+            (None, Some(server)) => server.url(),
+            (None, None) => unreachable!("a private redis-server was started above"),
+        };
+        let locks = distlock::Client::connect(&redis_url)
+            .await
+            .map_err(ConfigError::Redis)?;
+        let db = Db::connect(&config.database_url())
+            .await
+            .map_err(ConfigError::Db)?;
+        let metrics = Metrics::new();
+        let watched = Watched::default();
+        let settings: StrategySettings = config.strategy.clone();
+        let loader = StockLoader::new(locks.clone(), db.clone(), settings.stock_segments());
+        let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
+        tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
+
+        let stop_worker = CancellationToken::new();
+        let worker = match config.worker {
+            Some(settings) => {
+                let redis_client = redis::Client::open(redis_url.as_str())
+                    .map_err(|err| ConfigError::Redis(distlock::Error::Redis(err)))?;
+                let worker = Worker::connect(
+                    redis_client,
+                    db.clone(),
+                    settings,
+                    watched.clone(),
+                    metrics.clone(),
+                )
+                .await
+                .map_err(ConfigError::Worker)?;
+                Some(tokio::spawn(worker.run(stop_worker.clone())))
+            }
+            None => None,
+        };
+
+        let state = Arc::new(AppState {
+            db,
+            reserver: Reserver::new(settings, locks.clone()),
+            locks,
+            loader,
+            watched,
+            metrics,
+            coupons: Default::default(),
+        });
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ConfigError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ConfigError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let stop_http = CancellationToken::new();
+        let app = router(state.clone());
+        let stopped = stop_http.clone();
+        let http = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "the HTTP server failed");
+            }
+        });
+        tracing::info!(%addr, strategy = %state.reserver.settings().strategy, "flashsale listening");
+        Ok(Service {
+            addr,
+            redis_url,
+            load_report,
+            state,
+            stop_http,
+            stop_worker,
+            http,
+            worker,
+            _embedded_redis: embedded_redis,
+        })
+    }
+
+    /// Where the HTTP server listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, the base of every route.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The Redis in use (the private one's URL if it was started).
+    pub fn redis_url(&self) -> &str {
+        &self.redis_url
+    }
+
+    /// What loading stock at start did.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.load_report
+    }
+
+    /// The database, for reports and tests.
+    pub fn db(&self) -> &Db {
+        &self.state.db
+    }
+
+    /// The distlock client, whose connection also carries the service's Redis commands.
+    pub fn locks(&self) -> &distlock::Client {
+        &self.state.locks
+    }
+
+    /// Stops gracefully: the HTTP server finishes its requests, then the worker stores
+    /// every order event it can still read, then the database and a private Redis close.
+    pub async fn shutdown(mut self) {
+        self.stop_http.cancel();
+        if let Err(err) = (&mut self.http).await {
+            tracing::error!(error = %err, "the HTTP server task failed");
+        }
+        self.stop_worker.cancel();
+        if let Some(worker) = self.worker.take() {
+            if let Err(err) = worker.await {
+                tracing::error!(error = %err, "the order worker task failed");
+            }
+        }
+        self.state.db.close().await;
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.http.abort();
+        if let Some(worker) = &self.worker {
+            worker.abort();
+        }
+    }
+}

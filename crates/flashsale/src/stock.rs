@@ -1,0 +1,212 @@
+//! Loading stock from SQL into Redis, under a distlock lock.
+//!
+//! At start, every instance of a fleet calls [`StockLoader::load_active`]. The lock makes
+//! them take turns: the first loads each active coupon, the rest find the counters there
+//! and leave them alone. The load script refuses to overwrite an existing counter, so even
+//! a loader that lost its lock cannot reset a live sale.
+//!
+//! When Redis has lost its data, the stock is rebuilt from what survives:
+//! remaining = SQL stock − |buyers in SQL ∪ buyers in the stream|. The union counts an
+//! order once whether the worker has stored it already, not yet, or both.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use redis::streams::StreamRangeReply;
+use redis::AsyncCommands;
+use serde::Serialize;
+
+use crate::db::{Db, DbError};
+use crate::keys::{CouponKeys, ORDER_GROUP, STOCK_LOADER_LOCK};
+use crate::model::{now_millis, Coupon};
+use crate::scripts::LOAD_STOCK;
+
+/// How long an instance waits for another to finish loading before it gives up.
+const LOADER_LOCK_WAIT: Duration = Duration::from_secs(60);
+/// Buyers are added in chunks so no single command carries a huge argument list.
+const BUYERS_PER_COMMAND: usize = 1000;
+/// Stream entries read per XRANGE page.
+const STREAM_PAGE: usize = 1000;
+
+/// Why loading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading coupons or orders failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The loader lock failed.
+    #[error("stock loader lock: {0}")]
+    Lock(#[from] distlock::Error),
+    /// Another instance held the loader lock for longer than the wait.
+    #[error("another instance held the stock loader lock for more than {0:?}")]
+    LockTimeout(Duration),
+}
+
+/// What one loading pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LoadReport {
+    /// Coupons whose stock this pass wrote.
+    pub loaded: Vec<i64>,
+    /// Coupons whose counter was already live.
+    pub skipped: Vec<i64>,
+}
+
+/// Loads stock into Redis. Cheap to clone.
+#[derive(Clone)]
+pub struct StockLoader {
+    locks: distlock::Client,
+    db: Db,
+    segments: u32,
+}
+
+impl StockLoader {
+    /// A loader writing `segments` stock fields per coupon.
+    pub fn new(locks: distlock::Client, db: Db, segments: u32) -> Self {
+        StockLoader {
+            locks,
+            db,
+            segments: segments.max(1),
+        }
+    }
+
+    /// Loads every coupon whose sale has not ended, under the loader lock.
+    pub async fn load_active(&self) -> Result<LoadReport, LoadError> {
+        let coupons = self.db.coupons_ending_after(now_millis()).await?;
+        self.load_under_lock(&coupons).await
+    }
+
+    /// Loads `coupon` unless its counter is live, under the loader lock. For a new coupon,
+    /// and for a reservation that found no stock because Redis lost its data.
+    pub async fn ensure_loaded(&self, coupon: &Coupon) -> Result<bool, LoadError> {
+        let report = self.load_under_lock(std::slice::from_ref(coupon)).await?;
+        Ok(!report.loaded.is_empty())
+    }
+
+    async fn load_under_lock(&self, coupons: &[Coupon]) -> Result<LoadReport, LoadError> {
+        let lock = self.locks.lock(STOCK_LOADER_LOCK)?;
+        let guard = lock
+            .try_lock_for(LOADER_LOCK_WAIT)
+            .await?
+            .ok_or(LoadError::LockTimeout(LOADER_LOCK_WAIT))?;
+        let mut report = LoadReport::default();
+        let mut outcome = Ok(());
+        for coupon in coupons {
+            match self.load_one(coupon).await {
+                Ok(true) => report.loaded.push(coupon.id),
+                Ok(false) => report.skipped.push(coupon.id),
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            }
+        }
+        guard.release().await?;
+        outcome.map(|()| report)
+    }
+
+    async fn load_one(&self, coupon: &Coupon) -> Result<bool, LoadError> {
+        let keys = CouponKeys::new(coupon.id);
+        let mut conn = self.locks.connection();
+        ensure_group(&mut conn, &keys).await?;
+        let live: bool = conn.exists(&keys.stock).await?;
+        if live {
+            return Ok(false);
+        }
+        let mut buyers: HashSet<i64> = self.db.buyers(coupon.id).await?.into_iter().collect();
+        buyers.extend(stream_buyers(&mut conn, &keys).await?);
+        let sold = i64::try_from(buyers.len()).unwrap_or(i64::MAX);
+        let remaining = coupon.stock.saturating_sub(sold).max(0);
+        let buyers: Vec<i64> = buyers.into_iter().collect();
+        for chunk in buyers.chunks(BUYERS_PER_COMMAND) {
+            let _: i64 = conn.sadd(&keys.buyers, chunk).await?;
+        }
+        let mut script = LOAD_STOCK.key(&keys.stock);
+        for share in split_stock(remaining, self.segments) {
+            script.arg(share);
+        }
+        let loaded: i64 = script.invoke_async(&mut conn).await?;
+        if loaded == 1 {
+            tracing::info!(
+                coupon = coupon.id,
+                stock = coupon.stock,
+                already_sold = sold,
+                remaining,
+                "loaded stock into redis"
+            );
+        }
+        Ok(loaded == 1)
+    }
+}
+
+/// Creates the order workers' consumer group, and the stream with it, if missing. Reading
+/// from id 0 means a group recreated after Redis lost its data still sees every entry.
+pub async fn ensure_group<C>(conn: &mut C, keys: &CouponKeys) -> redis::RedisResult<()>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let created: redis::RedisResult<()> = conn
+        .xgroup_create_mkstream(&keys.orders, ORDER_GROUP, "0")
+        .await;
+    match created {
+        Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// The users of every order event in the coupon's stream, acknowledged or not.
+async fn stream_buyers(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+) -> redis::RedisResult<Vec<i64>> {
+    let mut users = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: StreamRangeReply = conn
+            .xrange_count(&keys.orders, &start, "+", STREAM_PAGE)
+            .await?;
+        let Some(last) = page.ids.last() else { break };
+        // An exclusive start ("(id") skips the entry the previous page ended on.
+        start = format!("({}", last.id);
+        users.extend(page.ids.iter().filter_map(|entry| entry.get::<i64>("user")));
+        if page.ids.len() < STREAM_PAGE {
+            break;
+        }
+    }
+    Ok(users)
+}
+
+/// Splits `stock` into `segments` shares that differ by at most one.
+pub fn split_stock(stock: i64, segments: u32) -> Vec<i64> {
+    let segments = i64::from(segments.max(1));
+    (0..segments)
+        .map(|segment| stock / segments + i64::from(segment < stock % segments))
+        .collect()
+}
+
+/// The stock left for a coupon, summed over its segments; `None` if not loaded.
+pub async fn remaining_stock(
+    conn: &mut distlock::Connection,
+    coupon_id: i64,
+) -> redis::RedisResult<Option<i64>> {
+    let shares: Vec<i64> = conn.hvals(CouponKeys::new(coupon_id).stock).await?;
+    Ok((!shares.is_empty()).then(|| shares.iter().sum()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_stock;
+
+    #[test]
+    fn shares_add_up_and_differ_by_at_most_one() {
+        for (stock, segments) in [(0, 4), (7, 3), (100, 8), (5, 8), (1, 1)] {
+            let shares = split_stock(stock, segments);
+            assert_eq!(shares.len(), segments as usize);
+            assert_eq!(shares.iter().sum::<i64>(), stock);
+            let (min, max) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+            assert!(max - min <= 1, "{shares:?}");
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! The order worker: reads order events from the coupons' streams in a consumer group and
+//! stores them in SQL.
+//!
+//! The stream is the queue that shaves the peak: purchases answer as soon as the event is
+//! appended, and the worker writes at the database's pace. An entry is acknowledged (XACK)
+//! only after its transaction commits, so a worker that dies between reading and
+//! acknowledging leaves the entry pending; another worker claims it (XAUTOCLAIM) once it
+//! has been idle for `reclaim_idle`. Storing is idempotent, so an entry stored twice (a
+//! crash after commit, before XACK) is harmless.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::streams::{
+    StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
+};
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::{Db, DbError};
+use crate::keys::{CouponKeys, ORDER_GROUP};
+use crate::metrics::Metrics;
+use crate::model::{now_millis, OrderEvent};
+use crate::stock::ensure_group;
+
+/// How long after its sale ended a coupon's stream is still watched, so late entries and
+/// entries of a crashed worker are still stored.
+const WATCH_AFTER_END: Duration = Duration::from_secs(24 * 3600);
+/// How often the list of coupons to watch is re-read from SQL, for coupons another
+/// instance created.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+/// Pause after a failed round, so a down database is not hammered.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// The worker's knobs.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// This worker's consumer name in the group; unique per process.
+    pub consumer: String,
+    /// How long an entry must sit unacknowledged with another consumer before this worker
+    /// takes it over.
+    pub reclaim_idle: Duration,
+    /// Most entries read per round.
+    pub batch: usize,
+    /// How long one read waits for new entries.
+    pub block: Duration,
+}
+
+impl WorkerSettings {
+    /// Defaults: a random consumer name, 30 s reclaim idle, batches of 500, 250 ms reads.
+    pub fn new() -> Self {
+        WorkerSettings {
+            consumer: format!("worker-{}", uuid::Uuid::new_v4().simple()),
+            reclaim_idle: Duration::from_secs(30),
+            batch: 500,
+            block: Duration::from_millis(250),
+        }
+    }
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why a worker round failed. The running worker logs it and tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Storing failed; the entries stay pending and are retried.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// The coupons whose streams a worker reads, shared with the HTTP layer so a coupon
+/// created here is watched at once.
+#[derive(Debug, Clone, Default)]
+pub struct Watched(Arc<Mutex<BTreeSet<i64>>>);
+
+impl Watched {
+    /// Starts watching a coupon's stream.
+    pub fn add(&self, coupon_id: i64) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(coupon_id);
+    }
+
+    /// The watched coupons.
+    pub fn coupons(&self) -> Vec<i64> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+/// One entry handed to this worker.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The stream it came from.
+    pub stream: String,
+    /// Its entry id.
+    pub id: String,
+    /// The order, or `None` if the entry is not an order event this service wrote.
+    pub event: Option<OrderEvent>,
+}
+
+/// What storing a batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// Orders inserted.
+    pub stored: u64,
+    /// Orders skipped as already stored (same order, or same user and coupon).
+    pub duplicates: u64,
+    /// Entries acknowledged without storing, because they were not order events.
+    pub malformed: u64,
+}
+
+/// A worker: one dedicated Redis connection (its reads block) and the database.
+pub struct Worker {
+    conn: ConnectionManager,
+    db: Db,
+    settings: WorkerSettings,
+    watched: Watched,
+    metrics: Metrics,
+    grouped: HashSet<i64>,
+    last_refresh: Option<Instant>,
+    last_reclaim: Option<Instant>,
+}
+
+impl Worker {
+    /// Opens the worker's own connection to the Redis of `redis_client`.
+    pub async fn connect(
+        redis_client: redis::Client,
+        db: Db,
+        settings: WorkerSettings,
+        watched: Watched,
+        metrics: Metrics,
+    ) -> Result<Worker, WorkerError> {
+        // Reads block for `settings.block`, so replies may take that long.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(settings.block + Duration::from_secs(2)));
+        let conn = ConnectionManager::new_with_config(redis_client, config).await?;
+        Ok(Worker {
+            conn,
+            db,
+            settings,
+            watched,
+            metrics,
+            grouped: HashSet::new(),
+            last_refresh: None,
+            last_reclaim: None,
+        })
+    }
+
+    /// Reads new entries from every watched stream, waiting up to `block` for one (no
+    /// wait when `None`). The entries are pending for this worker until committed.
+    pub async fn read_new(
+        &mut self,
+        block: Option<Duration>,
+    ) -> Result<Vec<Delivery>, WorkerError> {
+        self.refresh_watched().await?;
+        let streams: Vec<String> = self.stream_keys();
+        if streams.is_empty() {
+            if let Some(block) = block {
+                tokio::time::sleep(block).await;
+            }
+            return Ok(Vec::new());
+        }
+        let ids = vec![">"; streams.len()];
+        let mut options = StreamReadOptions::default()
+            .group(ORDER_GROUP, &self.settings.consumer)
+            .count(self.settings.batch);
+        if let Some(block) = block {
+            options = options.block(usize::try_from(block.as_millis()).unwrap_or(usize::MAX));
+        }
+        let read: redis::RedisResult<Option<StreamReadReply>> =
+            self.conn.xread_options(&streams, &ids, &options).await;
+        let reply = match read {
+            Ok(reply) => reply,
+            Err(err) if err.code() == Some("NOGROUP") => {
+                // Redis lost the group (a restart without persistence): recreate on the
+                // next round.
+                self.grouped.clear();
+                return Err(err.into());
+            }
+            Err(err) => return Err(err.into()),
+        };
+        Ok(reply
+            .map(|reply| {
+                reply
+                    .keys
+                    .into_iter()
+                    .flat_map(|stream| {
+                        let key = stream.key;
+                        stream
+                            .ids
+                            .into_iter()
+                            .map(move |entry| delivery(&key, entry))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Takes over entries that another consumer read but has not acknowledged for
+    /// `reclaim_idle`: the other worker is presumed dead.
+    pub async fn reclaim(&mut self) -> Result<Vec<Delivery>, WorkerError> {
+        self.refresh_watched().await?;
+        let idle_ms = u64::try_from(self.settings.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
+        let mut claimed = Vec::new();
+        for stream in self.stream_keys() {
+            let mut start = "0-0".to_owned();
+            loop {
+                let options = StreamAutoClaimOptions::default().count(self.settings.batch);
+                let reply: StreamAutoClaimReply = self
+                    .conn
+                    .xautoclaim_options(
+                        &stream,
+                        ORDER_GROUP,
+                        &self.settings.consumer,
+                        idle_ms,
+                        &start,
+                        options,
+                    )
+                    .await?;
+                claimed.extend(
+                    reply
+                        .claimed
+                        .into_iter()
+                        .map(|entry| delivery(&stream, entry)),
+                );
+                if reply.next_stream_id == "0-0" || claimed.len() >= self.settings.batch {
+                    break;
+                }
+                start = reply.next_stream_id;
+            }
+        }
+        if !claimed.is_empty() {
+            tracing::warn!(
+                entries = claimed.len(),
+                "reclaimed order events of a worker that stopped"
+            );
+            self.metrics.orders_reclaimed.inc_by(claimed.len() as u64);
+        }
+        Ok(claimed)
+    }
+
+    /// Stores the orders of `deliveries` in one transaction, then acknowledges them all.
+    pub async fn commit(&mut self, deliveries: &[Delivery]) -> Result<Committed, WorkerError> {
+        if deliveries.is_empty() {
+            return Ok(Committed::default());
+        }
+        let orders: Vec<OrderEvent> = deliveries.iter().filter_map(|d| d.event.clone()).collect();
+        let stored = self.db.store_orders(&orders, now_millis()).await?;
+        let committed = Committed {
+            stored,
+            duplicates: orders.len() as u64 - stored,
+            malformed: (deliveries.len() - orders.len()) as u64,
+        };
+        for delivery in deliveries.iter().filter(|d| d.event.is_none()) {
+            tracing::error!(stream = %delivery.stream, id = %delivery.id, "skipping a stream entry that is not an order event");
+        }
+        let mut by_stream: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+        for delivery in deliveries {
+            by_stream
+                .entry(&delivery.stream)
+                .or_default()
+                .push(&delivery.id);
+        }
+        for (stream, ids) in by_stream {
+            let _: i64 = self.conn.xack(stream, ORDER_GROUP, &ids).await?;
+        }
+        self.metrics.orders_stored.inc_by(committed.stored);
+        self.metrics.orders_duplicate.inc_by(committed.duplicates);
+        self.metrics.orders_malformed.inc_by(committed.malformed);
+        Ok(committed)
+    }
+
+    /// Reads, stores and acknowledges until `shutdown` fires, then drains: it keeps going
+    /// until a read finds nothing new, so every event appended before the HTTP server
+    /// stopped is stored before the process exits.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        while !shutdown.is_cancelled() {
+            if let Err(err) = self.round(Some(self.settings.block)).await {
+                tracing::warn!(error = %err, "order worker round failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.round(None).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(err) if Instant::now() < deadline => {
+                    tracing::warn!(error = %err, "order worker drain round failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "order worker gave up draining; pending entries will be reclaimed by another worker");
+                    break;
+                }
+            }
+        }
+        tracing::info!(consumer = %self.settings.consumer, "order worker drained");
+    }
+
+    /// One round: reclaim if due, read new entries, commit. Returns the entries handled.
+    async fn round(&mut self, block: Option<Duration>) -> Result<usize, WorkerError> {
+        let reclaim_due = self
+            .last_reclaim
+            .is_none_or(|at| at.elapsed() >= self.settings.reclaim_idle / 2);
+        let mut handled = 0;
+        if reclaim_due {
+            self.last_reclaim = Some(Instant::now());
+            let claimed = self.reclaim().await?;
+            handled += claimed.len();
+            self.commit(&claimed).await?;
+        }
+        let fresh = self.read_new(block).await?;
+        handled += fresh.len();
+        self.commit(&fresh).await?;
+        Ok(handled)
+    }
+
+    /// Picks up coupons created by other instances, and creates the consumer group of any
+    /// stream that lacks one.
+    async fn refresh_watched(&mut self) -> Result<(), WorkerError> {
+        if self
+            .last_refresh
+            .is_none_or(|at| at.elapsed() >= REFRESH_EVERY)
+        {
+            let horizon = now_millis().saturating_sub(WATCH_AFTER_END.as_millis() as i64);
+            for coupon in self.db.coupons_ending_after(horizon).await? {
+                self.watched.add(coupon.id);
+            }
+            self.last_refresh = Some(Instant::now());
+        }
+        for coupon_id in self.watched.coupons() {
+            if !self.grouped.contains(&coupon_id) {
+                ensure_group(&mut self.conn, &CouponKeys::new(coupon_id)).await?;
+                self.grouped.insert(coupon_id);
+            }
+        }
+        Ok(())
+    }
+
+    fn stream_keys(&self) -> Vec<String> {
+        self.watched
+            .coupons()
+            .into_iter()
+            .filter(|id| self.grouped.contains(id))
+            .map(|id| CouponKeys::new(id).orders)
+            .collect()
+    }
+}
+
+fn delivery(stream: &str, entry: StreamId) -> Delivery {
+    let event = (|| {
+        Some(OrderEvent {
+            order_id: entry.get("order")?,
+            coupon_id: entry.get("coupon")?,
+            user_id: entry.get("user")?,
+            created_at: entry.get("at")?,
+        })
+    })();
+    // An event for another coupon than its stream's would be stored under the wrong key.
+    let event = event.filter(|event| CouponKeys::coupon_of_stream(stream) == Some(event.coupon_id));
+    Delivery {
+        stream: stream.to_owned(),
+        id: entry.id,
+        event,
+    }
+}
