@@ -85,6 +85,21 @@ pub enum TestkitError {
         source: nix::Error,
     },
 
+    /// PostgreSQL's binaries (initdb, postgres) were not found.
+    #[error(
+        "PostgreSQL is not installed: no initdb in $DISTLOCK_PG_BIN, /usr/lib/postgresql/*/bin or PATH; install it with `apt-get install postgresql`"
+    )]
+    PostgresNotInstalled,
+
+    /// initdb or postgres failed or did not become ready.
+    #[error("postgres: {what}; output:\n{output}")]
+    Postgres {
+        /// What failed.
+        what: String,
+        /// The process's output.
+        output: String,
+    },
+
     /// A filesystem or process I/O operation failed.
     #[error("{context}: {source}")]
     Io {

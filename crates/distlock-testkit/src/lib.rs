@@ -41,10 +41,12 @@ pub mod clock;
 pub mod error;
 pub mod exclusion;
 pub mod fenced;
+pub mod postgres_server;
 pub mod redis_server;
 
 pub use clock::monotonic_ns;
 pub use error::TestkitError;
 pub use exclusion::{analyze, read_jsonl, ExclusionChecker, ExclusionReport, HoldRecord, Interval};
 pub use fenced::FencedResource;
+pub use postgres_server::PostgresServer;
 pub use redis_server::{pick_free_port, RedisServer};

@@ -228,20 +228,44 @@ pub enum LoadError {
     },
 }
 
-/// Runs `plan` against the service at `base_url`, which runs `strategy`.
+/// Runs `plan` against the service at `base_url`, which runs `strategy`: creates a coupon
+/// of `plan.stock` units, then buys it.
 pub async fn run_against(
     base_url: &str,
     strategy: Strategy,
     plan: &LoadPlan,
 ) -> Result<StrategyReport, LoadError> {
     plan.validate().map_err(LoadError::Invalid)?;
-    let base_url = base_url.trim_end_matches('/');
-    let client = reqwest::Client::builder()
+    let client = http_client(plan)?;
+    let coupon_id = create_coupon(&client, base_url, strategy, plan.stock).await?;
+    run_on_coupon(&client, &[base_url.to_owned()], strategy, coupon_id, plan).await
+}
+
+/// An HTTP client with a connection per concurrent request.
+pub fn http_client(plan: &LoadPlan) -> Result<reqwest::Client, LoadError> {
+    Ok(reqwest::Client::builder()
         .pool_max_idle_per_host(plan.concurrency)
         .timeout(Duration::from_secs(30))
-        .build()?;
-    let coupon_id = create_coupon(&client, base_url, strategy, plan.stock).await?;
+        .build()?)
+}
 
+/// Sends the plan's purchases of an existing coupon, spread over every service in
+/// `base_urls` (instances of one fleet), then waits for the drain and checks the rules.
+pub async fn run_on_coupon(
+    client: &reqwest::Client,
+    base_urls: &[String],
+    strategy: Strategy,
+    coupon_id: i64,
+    plan: &LoadPlan,
+) -> Result<StrategyReport, LoadError> {
+    plan.validate().map_err(LoadError::Invalid)?;
+    let base_urls: Vec<&str> = base_urls
+        .iter()
+        .map(|url| url.trim_end_matches('/'))
+        .collect();
+    let Some(&first) = base_urls.first() else {
+        return Err(LoadError::Invalid("no service to load".into()));
+    };
     let buyers = Arc::new(plan.buyers());
     let next = Arc::new(AtomicUsize::new(0));
     let progress = if plan.progress {
@@ -256,10 +280,13 @@ pub async fn run_against(
     } else {
         ProgressBar::hidden()
     };
-    let url = format!("{base_url}/api/coupons/{coupon_id}/seckill");
     let started = Instant::now();
     let tasks: Vec<_> = (0..plan.concurrency)
-        .map(|_| {
+        .map(|task| {
+            let url = format!(
+                "{}/api/coupons/{coupon_id}/seckill",
+                base_urls[task % base_urls.len()]
+            );
             let (client, url, buyers, next, progress) = (
                 client.clone(),
                 url.clone(),
@@ -301,11 +328,12 @@ pub async fn run_against(
     let elapsed = started.elapsed();
     progress.finish_and_clear();
 
-    let (stats, drained) = wait_for_drain(&client, base_url, coupon_id, plan.drain_timeout).await?;
+    let (stats, drained) = wait_for_drain(client, first, coupon_id, plan.drain_timeout).await?;
     Ok(total.report(strategy, coupon_id, plan, &stats, drained, elapsed))
 }
 
-async fn create_coupon(
+/// Creates a coupon of `stock` units whose sale is open for the next hour.
+pub async fn create_coupon(
     client: &reqwest::Client,
     base_url: &str,
     strategy: Strategy,
@@ -339,8 +367,9 @@ async fn create_coupon(
     })
 }
 
-/// Polls the coupon's stats until no order event is queued, or the timeout passes.
-async fn wait_for_drain(
+/// Polls the coupon's stats until no order event is queued, or the timeout passes; the
+/// flag says whether it drained.
+pub async fn wait_for_drain(
     client: &reqwest::Client,
     base_url: &str,
     coupon_id: i64,

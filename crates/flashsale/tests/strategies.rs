@@ -1,0 +1,64 @@
+//! Each strategy under at least 200 concurrent clients and 5,000 requests, on a real Redis
+//! and a real SQLite file: the guarded ones keep every rule, the unsafe control breaks one.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_clean, bounded, heavy_plan, sqlite_service};
+use flashsale::load::{run_against, StrategyReport};
+use flashsale::Strategy;
+
+async fn load(strategy: Strategy, stock: i64) -> StrategyReport {
+    let (service, _dir) = sqlite_service(strategy).await;
+    let report = bounded(
+        Duration::from_secs(120),
+        run_against(&service.base_url(), strategy, &heavy_plan(stock)),
+    )
+    .await
+    .expect("load run");
+    service.shutdown().await;
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_sells_exactly_the_stock_once_per_user() {
+    let report = load(Strategy::Lua, 300).await;
+    assert_clean(&report);
+    // Every request was answered, and each refusal is one of the two expected ones.
+    let answered: u64 = report.statuses.values().sum();
+    assert_eq!(answered, 5_000);
+    assert!(
+        report
+            .statuses
+            .keys()
+            .all(|k| ["201", "409 sold_out", "409 already_purchased"].contains(&k.as_str())),
+        "{:?}",
+        report.statuses
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_strategy_sells_exactly_the_stock_once_per_user() {
+    assert_clean(&load(Strategy::Lock, 300).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segmented_strategy_sells_exactly_the_stock_once_per_user() {
+    assert_clean(&load(Strategy::Segmented, 300).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_control_oversells() {
+    let report = load(Strategy::Unsafe, 300).await;
+    // The control is real only if it breaks the rule the others keep.
+    assert!(
+        report.oversold > 0,
+        "GET-then-DECR did not oversell: {report:#?}"
+    );
+    assert!(
+        report.stock_left < 0,
+        "Redis should have gone below zero: {report:#?}"
+    );
+    assert!(!report.is_clean());
+}
