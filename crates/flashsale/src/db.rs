@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::Migrator;
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyPool, Connection, Row};
 
 use crate::model::{unix_millis, Coupon, NewCoupon, Order, OrderEvent};
 
@@ -106,12 +106,23 @@ impl Db {
             }
             _ => url.to_owned(),
         };
-        // Checked before connecting so that a malformed URL is reported as such, not as a
-        // connection failure from inside the pool.
-        sqlx::any::AnyConnectOptions::from_str(&url).map_err(|source| DbError::Connect {
-            url: masked.clone(),
-            source,
-        })?;
+        // One direct connection first: the pool retries a refused connection until its
+        // acquire timeout and then reports only "pool timed out", where this reports the
+        // cause (a malformed URL, a refused connection, bad credentials).
+        let options =
+            sqlx::any::AnyConnectOptions::from_str(&url).map_err(|source| DbError::Connect {
+                url: masked.clone(),
+                source,
+            })?;
+        let probe =
+            tokio::time::timeout(ACQUIRE_TIMEOUT, sqlx::AnyConnection::connect_with(&options))
+                .await
+                .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+                .map_err(|source| DbError::Connect {
+                    url: masked.clone(),
+                    source,
+                })?;
+        probe.close().await.map_err(DbError::Query)?;
         // SQLite allows one writer at a time; more connections would only queue on its lock.
         let max_connections = match dialect {
             Dialect::Sqlite => 4,
