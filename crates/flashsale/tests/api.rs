@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bounded, buy, drain, open_coupon, send, sqlite_service};
+use common::{bounded, buy, drain, send, sqlite_service};
 use flashsale::Strategy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
