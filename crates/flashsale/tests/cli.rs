@@ -34,11 +34,14 @@ async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     )
 }
 
+/// A name, the arguments, the environment, and what stderr must say.
+type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
 #[tokio::test]
 async fn bad_configuration_is_reported_plainly() {
     let dir = tempfile::tempdir().expect("dir");
     let sqlite = format!("sqlite://{}", dir.path().join("x.db").display());
-    let cases: Vec<(&str, Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "unreachable redis",
             vec!["serve", "--listen", "127.0.0.1:0"],
