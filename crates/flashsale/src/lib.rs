@@ -16,6 +16,7 @@
 //! [`service`] wires them to the HTTP API in [`http`], and [`load`] is the load generator
 //! that proves the rules under load. See docs/flashsale.md for the design.
 
+pub mod bench;
 pub mod config;
 pub mod db;
 pub mod error;

@@ -21,6 +21,8 @@ enum Command {
     Serve(flashsale::serve::ServeArgs),
     /// Create a coupon and hit it with concurrent buyers; check no rule was broken.
     Load(flashsale::load::LoadArgs),
+    /// Measure purchases per second with wrk, against a PING endpoint of the same service.
+    Bench(flashsale::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,7 +30,7 @@ fn main() -> ExitCode {
     // The service logs what it does; the load generator keeps its report readable.
     let default_filter = match cli.command {
         Command::Serve(_) => "warn,flashsale=info",
-        Command::Load(_) => "warn",
+        Command::Load(_) | Command::Bench(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => flashsale::serve::run(args).await,
             Command::Load(args) => flashsale::load::run(args).await,
+            Command::Bench(args) => flashsale::bench::run(args).await,
         }
     });
     match outcome {

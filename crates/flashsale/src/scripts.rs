@@ -10,3 +10,12 @@ pub(crate) static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/reserve.lua")));
 pub(crate) static LOAD_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/load_stock.lua")));
+
+/// Loads every script into the server's cache at start, so the first purchases do not
+/// each pay NOSCRIPT and a reload.
+pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResult<()> {
+    for script in [&RESERVE, &LOAD_STOCK] {
+        script.prepare_invoke().load_async(conn).await?;
+    }
+    Ok(())
+}

@@ -52,6 +52,9 @@ impl Service {
         let locks = distlock::Client::connect(&redis_url)
             .await
             .map_err(ConfigError::Redis)?;
+        crate::scripts::preload(&mut locks.connection())
+            .await
+            .map_err(|err| ConfigError::Redis(distlock::Error::Redis(err)))?;
         let db = Db::connect(&config.database_url())
             .await
             .map_err(ConfigError::Db)?;

@@ -18,13 +18,17 @@ local stock = redis.call('HGET', KEYS[1], '0')
 if not stock then
   return -2
 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
-  return -1
-end
 if tonumber(stock) <= 0 then
+  -- Sold out; a buyer who already has one is told so instead.
+  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
+    return -1
+  end
   return 0
 end
+-- SADD answers the membership check and records the buyer in one call.
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then
+  return -1
+end
 redis.call('HINCRBY', KEYS[1], '0', -1)
-redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('XADD', KEYS[3], '*', 'order', ARGV[2], 'coupon', ARGV[3], 'user', ARGV[1], 'at', ARGV[4])
 return 1

@@ -1,0 +1,364 @@
+//! `flashsale bench`: purchases per second under wrk, against a PING endpoint of the same
+//! service measured in the same run.
+//!
+//! Every strategy's service runs in this process on one private Redis and one SQLite file
+//! (or REDIS_URL / DATABASE_URL). wrk, a separate process, drives each target in turn for
+//! `--seconds`, and the rounds are interleaved so that the shared machine's noise falls on
+//! every target alike; the report quotes medians over rounds.
+//!
+//! - The floor is `GET /ping`: the same HTTP stack and one Redis round trip.
+//! - A purchase is `POST /api/coupons/{id}/seckill` by a buyer never seen before, against
+//!   a coupon whose stock outlasts the run, so every request is a full sale.
+
+mod chart;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ServiceConfig, StoreArgs, StrategyArgs};
+use crate::model::MAX_STOCK;
+use crate::strategy::Strategy;
+use crate::{CliResult, Service};
+
+const PURCHASE_SCRIPT: &str = include_str!("purchase.lua");
+const REPORT_SCRIPT: &str = include_str!("report.lua");
+/// The marker of the JSON line report.lua prints.
+const WRK_MARKER: &str = "FLASHSALE_WRK ";
+
+/// Flags of `flashsale bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Open connections (wrk -c).
+    #[arg(long, default_value_t = 256)]
+    pub connections: u32,
+    /// wrk threads (wrk -t).
+    #[arg(long, default_value_t = 2)]
+    pub threads: u32,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u32,
+    /// Interleaved rounds; figures are medians over them.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Strategies to measure besides the PING floor.
+    #[arg(long, value_delimiter = ',', default_values_t = Strategy::ALL.to_vec())]
+    pub strategies: Vec<Strategy>,
+    /// Run no order worker: measure reservations alone, with orders left queued in the
+    /// stream. Shows what storing orders during the peak costs.
+    #[arg(long)]
+    pub no_worker: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw the median requests/s as an SVG bar chart at this path.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub knobs: StrategyArgs,
+}
+
+/// What one wrk run measured.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct WrkRun {
+    /// Requests completed.
+    pub requests: u64,
+    /// Wall time, µs.
+    pub duration_us: u64,
+    /// Answers that were not 2xx: for purchases, anything but a sale.
+    pub non_2xx: u64,
+    /// Connect, read, write and timeout errors.
+    pub socket_errors: u64,
+    /// Median latency, µs.
+    pub p50_us: u64,
+    /// 99th percentile latency, µs.
+    pub p99_us: u64,
+    /// Slowest request, µs.
+    pub max_us: u64,
+}
+
+impl WrkRun {
+    /// Requests per second.
+    pub fn rps(&self) -> f64 {
+        self.requests as f64 / (self.duration_us.max(1) as f64 / 1e6)
+    }
+}
+
+/// The medians of one target over the rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetResult {
+    /// "ping", or a strategy's name.
+    pub target: String,
+    /// Median requests per second.
+    pub rps: f64,
+    /// Median of the rounds' median latency, ms.
+    pub p50_ms: f64,
+    /// Median of the rounds' p99 latency, ms.
+    pub p99_ms: f64,
+    /// Slowest request of any round, ms.
+    pub max_ms: f64,
+    /// Non-2xx answers over all rounds.
+    pub non_2xx: u64,
+    /// Socket errors over all rounds.
+    pub socket_errors: u64,
+    /// Every round, in order.
+    pub rounds: Vec<WrkRun>,
+}
+
+/// The benchmark's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// wrk connections.
+    pub connections: u32,
+    /// wrk threads.
+    pub threads: u32,
+    /// Seconds per measurement.
+    pub seconds: u32,
+    /// Rounds.
+    pub rounds: u32,
+    /// The PING floor first, then each strategy.
+    pub targets: Vec<TargetResult>,
+}
+
+impl BenchReport {
+    fn find(&self, target: &str) -> Option<&TargetResult> {
+        self.targets.iter().find(|t| t.target == target)
+    }
+
+    /// `target`'s requests/s as a ratio to `baseline`'s.
+    pub fn ratio(&self, target: &str, baseline: &str) -> Option<f64> {
+        Some(self.find(target)?.rps / self.find(baseline)?.rps)
+    }
+
+    /// The table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "wrk -t{} -c{} -d{}s, {} interleaved rounds, medians\n\n",
+            self.threads, self.connections, self.seconds, self.rounds
+        );
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}\n",
+            "target", "req/s", "p50 ms", "p99 ms", "max ms", "× ping", "× lua", "non-2xx", "errors"
+        ));
+        for t in &self.targets {
+            let ratio = |base: &str| {
+                self.ratio(&t.target, base)
+                    .map(|r| format!("{r:.2}"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            out.push_str(&format!(
+                "{:<12} {:>10.0} {:>9.2} {:>9.2} {:>9.1} {:>9} {:>8} {:>8} {:>7}\n",
+                t.target,
+                t.rps,
+                t.p50_ms,
+                t.p99_ms,
+                t.max_ms,
+                ratio("ping"),
+                ratio("lua"),
+                t.non_2xx,
+                t.socket_errors
+            ));
+        }
+        if let (Some(ratio), Some(lua)) = (self.ratio("lua", "ping"), self.find("lua")) {
+            let met = |ok: bool| if ok { "met" } else { "MISSED" };
+            out.push_str(&format!(
+                "\ntarget: lua ≥ 0.80 × ping req/s: {ratio:.2} ({}); lua p99 ≤ 50 ms: {:.1} ms ({})\n",
+                met(ratio >= 0.8),
+                lua.p99_ms,
+                met(lua.p99_ms <= 50.0)
+            ));
+        }
+        out
+    }
+}
+
+/// `flashsale bench`.
+pub async fn run(args: BenchArgs) -> CliResult {
+    if args.connections == 0 || args.threads == 0 || args.seconds == 0 || args.rounds == 0 {
+        return Err("--connections, --threads, --seconds and --rounds must be at least 1".into());
+    }
+    if args.threads > args.connections {
+        return Err("--threads must not exceed --connections".into());
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("flashsale-bench-")
+        .tempdir()?;
+    let script = write_script(scratch.path())?;
+    check_wrk().await?;
+
+    let private_redis = match args.store.redis_url {
+        Some(_) => None,
+        None => Some(distlock_testkit::RedisServer::start().await?),
+    };
+    let redis_url = args
+        .store
+        .redis_url
+        .clone()
+        .or_else(|| private_redis.as_ref().map(|server| server.url()));
+    let http = reqwest::Client::new();
+    let mut services = Vec::new();
+    let mut strategies = vec![Strategy::Lua];
+    strategies.extend(
+        args.strategies
+            .iter()
+            .copied()
+            .filter(|s| *s != Strategy::Lua),
+    );
+    for strategy in strategies {
+        let mut config = ServiceConfig::new(strategy);
+        config.redis_url = redis_url.clone();
+        config.database_url = args.store.database_url.clone();
+        config.sqlite_path = scratch.path().join("flashsale.db");
+        config.strategy = args.knobs.settings(strategy)?;
+        if args.no_worker || !services.is_empty() {
+            // One worker stores every strategy's orders (it watches every coupon): several
+            // workers on one SQLite file would only queue on its write lock.
+            config.worker = None;
+        }
+        let service = Service::start(config).await?;
+        let coupon =
+            crate::load::create_coupon(&http, &service.base_url(), strategy, MAX_STOCK).await?;
+        services.push((strategy, service, coupon));
+    }
+    let Some((_, lua_service, _)) = services.first() else {
+        return Err("no service started".into());
+    };
+    let ping_url = format!("{}/ping", lua_service.base_url());
+
+    let mut targets: Vec<Target> = vec![Target {
+        name: "ping".into(),
+        url: ping_url,
+        method: "GET",
+        runs: Vec::new(),
+    }];
+    for (strategy, service, coupon) in &services {
+        if args.strategies.contains(strategy) {
+            targets.push(Target {
+                name: strategy.name().into(),
+                url: format!("{}/api/coupons/{coupon}/seckill", service.base_url()),
+                method: "POST",
+                runs: Vec::new(),
+            });
+        }
+    }
+    // A short warm-up per target: connections, script caches, the allocator.
+    for target in &targets {
+        wrk(&args, &script, target, 1, 1).await?;
+    }
+    let mut first_user: u64 = 1_000_000_000_000;
+    let progress = indicatif::ProgressBar::new(u64::from(args.rounds) * targets.len() as u64);
+    if args.json {
+        progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    for _ in 0..args.rounds {
+        for target in &mut targets {
+            first_user += 100_000_000_000;
+            let run = wrk(&args, &script, target, args.seconds, first_user).await?;
+            target.runs.push(run);
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    for (_, service, _) in services {
+        service.shutdown().await;
+    }
+
+    let report = BenchReport {
+        connections: args.connections,
+        threads: args.threads,
+        seconds: args.seconds,
+        rounds: args.rounds,
+        targets: targets
+            .into_iter()
+            .map(|target| summarize(target.name, target.runs))
+            .collect(),
+    };
+    if let Some(path) = &args.chart {
+        chart::draw(&report, path)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn summarize(target: String, rounds: Vec<WrkRun>) -> TargetResult {
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(0.0)
+    };
+    let ms = |us: u64| us as f64 / 1000.0;
+    TargetResult {
+        rps: median(rounds.iter().map(WrkRun::rps).collect()),
+        p50_ms: median(rounds.iter().map(|r| ms(r.p50_us)).collect()),
+        p99_ms: median(rounds.iter().map(|r| ms(r.p99_us)).collect()),
+        max_ms: rounds.iter().map(|r| ms(r.max_us)).fold(0.0, f64::max),
+        non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
+        socket_errors: rounds.iter().map(|r| r.socket_errors).sum(),
+        target,
+        rounds,
+    }
+}
+
+fn write_script(dir: &Path) -> std::io::Result<PathBuf> {
+    let path = dir.join("flashsale-wrk.lua");
+    // /ping ignores the buyer header, so one script serves every target.
+    std::fs::write(&path, format!("{PURCHASE_SCRIPT}\n{REPORT_SCRIPT}"))?;
+    Ok(path)
+}
+
+async fn check_wrk() -> Result<(), String> {
+    match tokio::process::Command::new("wrk").arg("--version").output().await {
+        Ok(_) => Ok(()),
+        Err(_) => Err("wrk is not installed; install it with `apt-get install wrk` (./dev flashsale-bench does)".into()),
+    }
+}
+
+/// One thing wrk drives: the PING floor or a strategy's purchase endpoint.
+struct Target {
+    name: String,
+    url: String,
+    method: &'static str,
+    runs: Vec<WrkRun>,
+}
+
+async fn wrk(
+    args: &BenchArgs,
+    script: &Path,
+    target: &Target,
+    seconds: u32,
+    first_user: u64,
+) -> Result<WrkRun, String> {
+    let output = tokio::process::Command::new("wrk")
+        .arg(format!("-t{}", args.threads))
+        .arg(format!("-c{}", args.connections))
+        .arg(format!("-d{seconds}s"))
+        .arg("--timeout")
+        .arg("10s")
+        .arg("-s")
+        .arg(script)
+        .arg(&target.url)
+        .arg("--")
+        .arg(first_user.to_string())
+        .arg(target.method)
+        .output()
+        .await
+        .map_err(|err| format!("running wrk: {err}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(WRK_MARKER))
+        .ok_or_else(|| {
+            format!(
+                "wrk printed no report ({}):\n{stdout}\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
+    serde_json::from_str(line).map_err(|err| format!("wrk's report {line:?}: {err}"))
+}
