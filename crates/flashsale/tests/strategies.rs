@@ -10,6 +10,11 @@ use flashsale::load::{run_against, StrategyReport};
 use flashsale::Strategy;
 
 async fn load(strategy: Strategy, stock: i64) -> StrategyReport {
+    load_counting_scripts(strategy, stock).await.0
+}
+
+/// Runs the heavy plan and also returns how many EVALSHA calls Redis served.
+async fn load_counting_scripts(strategy: Strategy, stock: i64) -> (StrategyReport, u64) {
     let (service, _dir) = sqlite_service(strategy).await;
     let report = bounded(
         Duration::from_secs(120),
@@ -17,14 +22,31 @@ async fn load(strategy: Strategy, stock: i64) -> StrategyReport {
     )
     .await
     .expect("load run");
+    let mut redis = service.locks().connection();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await
+        .expect("INFO");
+    let script_calls = info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0);
     service.shutdown().await;
-    report
+    (report, script_calls)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_script_sells_exactly_the_stock_once_per_user() {
-    let report = load(Strategy::Lua, 300).await;
+    let (report, script_calls) = load_counting_scripts(Strategy::Lua, 300).await;
     assert_clean(&report);
+    // Concurrent purchases were merged into shared script calls.
+    assert!(
+        script_calls > 0 && script_calls < 2_500,
+        "{script_calls} script calls for 5,000 purchases"
+    );
     // Every request was answered, and each refusal is one of the two expected ones.
     let answered: u64 = report.statuses.values().sum();
     assert_eq!(answered, 5_000);

@@ -4,7 +4,8 @@
 //! user added to the buyers set, and an order event appended to the coupon's stream. They
 //! differ in what keeps concurrent purchases from racing:
 //!
-//! - [`Strategy::Lua`]: one script does check and write atomically ([`lua`]).
+//! - [`Strategy::Lua`]: one script does check and write atomically, for a batch of
+//!   concurrent purchases at a time ([`lua`]).
 //! - [`Strategy::Lock`]: a per-coupon distlock lock around separate commands ([`lock`]).
 //! - [`Strategy::Segmented`]: the stock split into segments, each under its own lock
 //!   ([`segmented`]).
@@ -133,12 +134,17 @@ pub enum ReserveError {
 pub struct Reserver {
     settings: StrategySettings,
     locks: distlock::Client,
+    batcher: std::sync::Arc<lua::Batcher>,
 }
 
 impl Reserver {
     /// A reserver using `locks` for both its locks and its Redis commands.
     pub fn new(settings: StrategySettings, locks: distlock::Client) -> Self {
-        Reserver { settings, locks }
+        Reserver {
+            settings,
+            locks,
+            batcher: Default::default(),
+        }
     }
 
     /// The settings it runs with.
@@ -157,7 +163,7 @@ impl Reserver {
         };
         let mut conn = self.locks.connection();
         match self.settings.strategy {
-            Strategy::Lua => lua::reserve(&mut conn, &sale).await,
+            Strategy::Lua => self.batcher.reserve(&conn, &sale).await,
             Strategy::Lock => lock::reserve(&self.locks, &self.settings, &sale).await,
             Strategy::Segmented => segmented::reserve(&self.locks, &self.settings, &sale).await,
             Strategy::Unsafe => unguarded::reserve(&mut conn, &sale).await,

@@ -7,8 +7,11 @@
 //! atomic: only one request of a user gets 1. A claim that then finds every segment empty
 //! is withdrawn.
 
-use super::{segment_stock, Reservation, ReserveError, Sale, StrategySettings};
+use std::collections::HashMap;
+
 use redis::AsyncCommands;
+
+use super::{segment_stock, Reservation, ReserveError, Sale, StrategySettings};
 
 pub(super) async fn reserve(
     locks: &distlock::Client,
@@ -17,16 +20,27 @@ pub(super) async fn reserve(
 ) -> Result<Reservation, ReserveError> {
     let mut conn = locks.connection();
     let segments = settings.stock_segments();
-    // A coupon loaded with a single counter (another strategy) has no field "1"; the
-    // lookup of field 0 tells "not loaded" from "loaded".
-    if segment_stock(&mut conn, &sale.keys, 0).await?.is_none() {
+    // One round trip tells the common answers apart before anything is claimed or locked:
+    // not loaded, already a buyer, or every segment empty (which never changes back).
+    let (shares, buyer): (HashMap<u32, i64>, bool) = redis::pipe()
+        .hgetall(&sale.keys.stock)
+        .sismember(&sale.keys.buyers, sale.user_id)
+        .query_async(&mut conn)
+        .await?;
+    if shares.is_empty() {
         return Ok(Reservation::NotLoaded);
+    }
+    if buyer {
+        return Ok(Reservation::AlreadyPurchased);
+    }
+    if shares.values().all(|&left| left <= 0) {
+        return Ok(Reservation::SoldOut);
     }
     let claimed: i64 = conn.sadd(&sale.keys.buyers, sale.user_id).await?;
     if claimed == 0 {
         return Ok(Reservation::AlreadyPurchased);
     }
-    let outcome = take_from_some_segment(locks, settings, sale, segments).await;
+    let outcome = take_from_some_segment(locks, settings, sale, segments, &shares).await;
     if matches!(outcome, Ok(Reservation::SoldOut | Reservation::Busy)) {
         // Withdraw the claim, so a user who was turned away may come back. Not after an
         // error: the sale may have landed with its reply lost, and withdrawing would let
@@ -37,21 +51,21 @@ pub(super) async fn reserve(
 }
 
 /// Starts at the user's own segment and moves on to the next while segments are empty.
+/// `shares` is the stock seen before the claim; a segment empty then is empty for good.
 async fn take_from_some_segment(
     locks: &distlock::Client,
     settings: &StrategySettings,
     sale: &Sale,
     segments: u32,
+    shares: &HashMap<u32, i64>,
 ) -> Result<Reservation, ReserveError> {
     let mut conn = locks.connection();
     let home = u32::try_from(sale.user_id.rem_euclid(i64::from(segments))).unwrap_or(0);
     let mut busy = false;
     for step in 0..segments {
         let segment = (home + step) % segments;
-        // An empty segment never refills, so it is skipped without its lock.
-        match segment_stock(&mut conn, &sale.keys, segment).await? {
-            Some(left) if left > 0 => {}
-            _ => continue,
+        if shares.get(&segment).is_none_or(|&left| left <= 0) {
+            continue;
         }
         let lock = locks
             .lock(sale.keys.segment_lock(segment))?
