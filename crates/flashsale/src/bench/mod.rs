@@ -104,6 +104,9 @@ pub struct TargetResult {
     pub non_2xx: u64,
     /// Socket errors over all rounds.
     pub socket_errors: u64,
+    /// Median seconds the order worker still needed, after a run ended, to store the
+    /// run's sales: the peak the stream absorbed.
+    pub drain_s: f64,
     /// Every round, in order.
     pub rounds: Vec<WrkRun>,
 }
@@ -140,8 +143,17 @@ impl BenchReport {
             self.threads, self.connections, self.seconds, self.rounds
         );
         out.push_str(&format!(
-            "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}\n",
-            "target", "req/s", "p50 ms", "p99 ms", "max ms", "× ping", "× lua", "non-2xx", "errors"
+            "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>9}\n",
+            "target",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "× ping",
+            "× lua",
+            "non-2xx",
+            "errors",
+            "drain s"
         ));
         for t in &self.targets {
             let ratio = |base: &str| {
@@ -150,7 +162,7 @@ impl BenchReport {
                     .unwrap_or_else(|| "-".into())
             };
             out.push_str(&format!(
-                "{:<12} {:>10.0} {:>9.2} {:>9.2} {:>9.1} {:>9} {:>8} {:>8} {:>7}\n",
+                "{:<12} {:>10.0} {:>9.2} {:>9.2} {:>9.1} {:>9} {:>8} {:>8} {:>7} {:>9.1}\n",
                 t.target,
                 t.rps,
                 t.p50_ms,
@@ -159,7 +171,8 @@ impl BenchReport {
                 ratio("ping"),
                 ratio("lua"),
                 t.non_2xx,
-                t.socket_errors
+                t.socket_errors,
+                t.drain_s
             ));
         }
         if let (Some(ratio), Some(lua)) = (self.ratio("lua", "ping"), self.find("lua")) {
@@ -232,7 +245,9 @@ pub async fn run(args: BenchArgs) -> CliResult {
         name: "ping".into(),
         url: ping_url,
         method: "GET",
+        stats_url: None,
         runs: Vec::new(),
+        drains: Vec::new(),
     }];
     for (strategy, service, coupon) in &services {
         if args.strategies.contains(strategy) {
@@ -240,7 +255,10 @@ pub async fn run(args: BenchArgs) -> CliResult {
                 name: strategy.name().into(),
                 url: format!("{}/api/coupons/{coupon}/seckill", service.base_url()),
                 method: "POST",
+                stats_url: (!args.no_worker)
+                    .then(|| format!("{}/api/coupons/{coupon}/stats", service.base_url())),
                 runs: Vec::new(),
+                drains: Vec::new(),
             });
         }
     }
@@ -258,6 +276,8 @@ pub async fn run(args: BenchArgs) -> CliResult {
             first_user += 100_000_000_000;
             let run = wrk(&args, &script, target, args.seconds, first_user).await?;
             target.runs.push(run);
+            let drain = wait_for_drain(&http, target).await?;
+            target.drains.push(drain);
             progress.inc(1);
         }
     }
@@ -273,7 +293,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         rounds: args.rounds,
         targets: targets
             .into_iter()
-            .map(|target| summarize(target.name, target.runs))
+            .map(|target| summarize(target.name, target.runs, target.drains))
             .collect(),
     };
     if let Some(path) = &args.chart {
@@ -287,7 +307,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-fn summarize(target: String, rounds: Vec<WrkRun>) -> TargetResult {
+fn summarize(target: String, rounds: Vec<WrkRun>, drains: Vec<f64>) -> TargetResult {
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values.get(values.len() / 2).copied().unwrap_or(0.0)
@@ -300,6 +320,7 @@ fn summarize(target: String, rounds: Vec<WrkRun>) -> TargetResult {
         max_ms: rounds.iter().map(|r| ms(r.max_us)).fold(0.0, f64::max),
         non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
         socket_errors: rounds.iter().map(|r| r.socket_errors).sum(),
+        drain_s: median(drains),
         target,
         rounds,
     }
@@ -324,7 +345,41 @@ struct Target {
     name: String,
     url: String,
     method: &'static str,
+    /// The coupon's stats URL, for purchase targets.
+    stats_url: Option<String>,
     runs: Vec<WrkRun>,
+    drains: Vec<f64>,
+}
+
+/// Waits until the order worker has stored every sale of the target's coupon, so that one
+/// run's backlog does not eat into the next run's CPU. Returns the seconds it took.
+async fn wait_for_drain(http: &reqwest::Client, target: &Target) -> Result<f64, String> {
+    let Some(url) = &target.stats_url else {
+        return Ok(0.0);
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let text = http
+            .get(url)
+            .send()
+            .await
+            .map_err(|err| format!("stats: {err}"))?
+            .text()
+            .await
+            .map_err(|err| format!("stats: {err}"))?;
+        let stats: crate::http::CouponStats =
+            serde_json::from_str(&text).map_err(|err| format!("stats {text:?}: {err}"))?;
+        if stats.orders_queued == 0 {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if started.elapsed() > std::time::Duration::from_secs(300) {
+            return Err(format!(
+                "{}: {} orders still queued after 300 s",
+                target.name, stats.orders_queued
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 async fn wrk(
