@@ -150,3 +150,67 @@ impl ConfigError {
         }
     }
 }
+
+/// The data stores of an in-process run (`load`, `bench`): REDIS_URL and DATABASE_URL when
+/// set, otherwise a private redis-server and a SQLite file in a scratch directory, both
+/// gone when this is dropped. Every service the run starts shares them.
+pub struct Sandbox {
+    redis_url: String,
+    database_url: Option<String>,
+    scratch: tempfile::TempDir,
+    // Last, so the private Redis outlives the services built on it.
+    _private_redis: Option<distlock_testkit::RedisServer>,
+}
+
+impl Sandbox {
+    /// Starts what `store` leaves unset.
+    pub async fn new(store: &StoreArgs) -> Result<Sandbox, ConfigError> {
+        let private_redis = match store.redis_url {
+            Some(_) => None,
+            None => Some(
+                distlock_testkit::RedisServer::start()
+                    .await
+                    .map_err(ConfigError::EmbeddedRedis)?,
+            ),
+        };
+        let redis_url = match (&store.redis_url, &private_redis) {
+            (Some(url), _) => url.clone(),
+            (None, Some(server)) => server.url(),
+            (None, None) => unreachable!("a private redis-server was started above"),
+        };
+        let scratch = tempfile::Builder::new()
+            .prefix("flashsale-")
+            .tempdir()
+            .map_err(|err| ConfigError::invalid("scratch directory", err.to_string()))?;
+        Ok(Sandbox {
+            redis_url,
+            database_url: store.database_url.clone(),
+            scratch,
+            _private_redis: private_redis,
+        })
+    }
+
+    /// A service configuration for `strategy` on these stores.
+    pub fn config(
+        &self,
+        strategy: Strategy,
+        knobs: &StrategyArgs,
+    ) -> Result<ServiceConfig, ConfigError> {
+        let mut config = ServiceConfig::new(strategy);
+        config.redis_url = Some(self.redis_url.clone());
+        config.database_url = self.database_url.clone();
+        config.sqlite_path = self.scratch.path().join("flashsale.db");
+        config.strategy = knobs.settings(strategy)?;
+        Ok(config)
+    }
+
+    /// A directory for the run's own files, removed with the sandbox.
+    pub fn scratch(&self) -> &std::path::Path {
+        self.scratch.path()
+    }
+
+    /// Whether both stores are private to this run.
+    pub fn is_private(&self) -> bool {
+        self._private_redis.is_some() && self.database_url.is_none()
+    }
+}

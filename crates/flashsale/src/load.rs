@@ -24,7 +24,7 @@ use serde_json::json;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::config::{ServiceConfig, StoreArgs, StrategyArgs};
+use crate::config::{Sandbox, StoreArgs, StrategyArgs};
 use crate::http::{CouponStats, USER_HEADER};
 use crate::model::MAX_STOCK;
 use crate::strategy::Strategy;
@@ -697,34 +697,20 @@ async fn run_in_process(
     plan: &LoadPlan,
 ) -> Result<LoadReport, Box<dyn std::error::Error + Send + Sync>> {
     let strategies = args.strategy.unwrap_or(StrategyChoice::All).strategies();
-    // One private Redis and one SQLite file serve every strategy's service in turn.
-    let private_redis = match args.store.redis_url {
-        Some(_) => None,
-        None => Some(distlock_testkit::RedisServer::start().await?),
-    };
-    let scratch = tempfile::Builder::new()
-        .prefix("flashsale-load-")
-        .tempdir()?;
-    let redis_url = args
-        .store
-        .redis_url
-        .clone()
-        .or_else(|| private_redis.as_ref().map(|server| server.url()));
+    // One Redis and one database serve every strategy's service in turn.
+    let sandbox = Sandbox::new(&args.store).await?;
     let mut reports = Vec::new();
     for strategy in strategies {
-        let mut config = ServiceConfig::new(strategy);
-        config.redis_url = redis_url.clone();
-        config.database_url = args.store.database_url.clone();
-        config.sqlite_path = scratch.path().join("flashsale.db");
-        config.strategy = args.knobs.settings(strategy)?;
+        let config = sandbox.config(strategy, &args.knobs)?;
         let service = Service::start(config).await?;
         let report = run_against(&service.base_url(), strategy, plan).await;
         service.shutdown().await;
         reports.push(report?);
     }
-    let target = match (&args.store.redis_url, &args.store.database_url) {
-        (None, None) => "in-process, private redis-server, temporary SQLite".to_owned(),
-        _ => "in-process".to_owned(),
+    let target = if sandbox.is_private() {
+        "in-process, private redis-server, temporary SQLite".to_owned()
+    } else {
+        "in-process".to_owned()
     };
     Ok(LoadReport {
         plan: plan.clone(),

@@ -19,6 +19,19 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "FLASHSALE_TEST_DOOMED_WORKER";
 
+/// The consumer group's pending entries: read by a worker, not yet acknowledged.
+async fn pending(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &CouponKeys,
+) -> redis::streams::StreamPendingReply {
+    redis::cmd("XPENDING")
+        .arg(&keys.orders)
+        .arg(ORDER_GROUP)
+        .query_async(conn)
+        .await
+        .expect("xpending")
+}
+
 /// Run in a child process: reads a batch as consumer "doomed", says so, then hangs until
 /// killed, never acknowledging.
 #[tokio::test]
@@ -112,14 +125,9 @@ async fn worker_killed_before_ack_loses_no_order() {
 
         let keys = CouponKeys::new(coupon);
         let mut conn = redis.connection().await.expect("redis");
-        let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
-            .arg(&keys.orders)
-            .arg(ORDER_GROUP)
-            .query_async(&mut conn)
-            .await
-            .expect("xpending");
+        let stuck = pending(&mut conn, &keys).await;
         assert_eq!(
-            pending.count(),
+            stuck.count(),
             40,
             "the killed worker's entries stay pending"
         );
@@ -170,13 +178,7 @@ async fn worker_killed_before_ack_loses_no_order() {
             stored_orders, order_ids,
             "exactly the sold orders are stored"
         );
-        let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
-            .arg(&keys.orders)
-            .arg(ORDER_GROUP)
-            .query_async(&mut conn)
-            .await
-            .expect("xpending");
-        assert_eq!(pending.count(), 0);
+        assert_eq!(pending(&mut conn, &keys).await.count(), 0);
         service.shutdown().await;
     })
     .await;

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ServiceConfig, StoreArgs, StrategyArgs};
+use crate::config::{Sandbox, StoreArgs, StrategyArgs};
 use crate::model::MAX_STOCK;
 use crate::strategy::Strategy;
 use crate::{CliResult, Service};
@@ -196,21 +196,9 @@ pub async fn run(args: BenchArgs) -> CliResult {
     if args.threads > args.connections {
         return Err("--threads must not exceed --connections".into());
     }
-    let scratch = tempfile::Builder::new()
-        .prefix("flashsale-bench-")
-        .tempdir()?;
-    let script = write_script(scratch.path())?;
     check_wrk().await?;
-
-    let private_redis = match args.store.redis_url {
-        Some(_) => None,
-        None => Some(distlock_testkit::RedisServer::start().await?),
-    };
-    let redis_url = args
-        .store
-        .redis_url
-        .clone()
-        .or_else(|| private_redis.as_ref().map(|server| server.url()));
+    let sandbox = Sandbox::new(&args.store).await?;
+    let script = write_script(sandbox.scratch())?;
     let http = reqwest::Client::new();
     let mut services = Vec::new();
     let mut strategies = vec![Strategy::Lua];
@@ -221,11 +209,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
             .filter(|s| *s != Strategy::Lua),
     );
     for strategy in strategies {
-        let mut config = ServiceConfig::new(strategy);
-        config.redis_url = redis_url.clone();
-        config.database_url = args.store.database_url.clone();
-        config.sqlite_path = scratch.path().join("flashsale.db");
-        config.strategy = args.knobs.settings(strategy)?;
+        let mut config = sandbox.config(strategy, &args.knobs)?;
         if args.no_worker || !services.is_empty() {
             // One worker stores every strategy's orders (it watches every coupon): several
             // workers on one SQLite file would only queue on its write lock.
