@@ -131,9 +131,24 @@ impl BenchReport {
         self.targets.iter().find(|t| t.target == target)
     }
 
-    /// `target`'s requests/s as a ratio to `baseline`'s.
+    /// `target`'s median requests/s as a ratio to `baseline`'s.
     pub fn ratio(&self, target: &str, baseline: &str) -> Option<f64> {
         Some(self.find(target)?.rps / self.find(baseline)?.rps)
+    }
+
+    /// The median over rounds of `target`'s requests/s as a ratio to `baseline`'s in the
+    /// same round. Each round measures both within seconds of each other, so this ratio
+    /// is less exposed to the machine's drift than the ratio of medians.
+    pub fn round_ratio(&self, target: &str, baseline: &str) -> Option<f64> {
+        let (target, baseline) = (self.find(target)?, self.find(baseline)?);
+        let mut ratios: Vec<f64> = target
+            .rounds
+            .iter()
+            .zip(&baseline.rounds)
+            .map(|(t, b)| t.rps() / b.rps())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios.get(ratios.len() / 2).copied()
     }
 
     /// The table.
@@ -175,11 +190,16 @@ impl BenchReport {
                 t.drain_s
             ));
         }
-        if let (Some(ratio), Some(lua)) = (self.ratio("lua", "ping"), self.find("lua")) {
+        if let (Some(ratio), Some(per_round), Some(lua)) = (
+            self.ratio("lua", "ping"),
+            self.round_ratio("lua", "ping"),
+            self.find("lua"),
+        ) {
             let met = |ok: bool| if ok { "met" } else { "MISSED" };
             out.push_str(&format!(
-                "\ntarget: lua ≥ 0.80 × ping req/s: {ratio:.2} ({}); lua p99 ≤ 50 ms: {:.1} ms ({})\n",
-                met(ratio >= 0.8),
+                "\ntarget: lua ≥ 0.80 × ping req/s: {ratio:.2} of medians, {per_round:.2} median per round ({}); \
+                 lua p99 ≤ 50 ms: {:.1} ms ({})\n",
+                met(per_round >= 0.8),
                 lua.p99_ms,
                 met(lua.p99_ms <= 50.0)
             ));
