@@ -165,19 +165,7 @@ pub struct Sandbox {
 impl Sandbox {
     /// Starts what `store` leaves unset.
     pub async fn new(store: &StoreArgs) -> Result<Sandbox, ConfigError> {
-        let private_redis = match store.redis_url {
-            Some(_) => None,
-            None => Some(
-                distlock_testkit::RedisServer::start()
-                    .await
-                    .map_err(ConfigError::EmbeddedRedis)?,
-            ),
-        };
-        let redis_url = match (&store.redis_url, &private_redis) {
-            (Some(url), _) => url.clone(),
-            (None, Some(server)) => server.url(),
-            (None, None) => unreachable!("a private redis-server was started above"),
-        };
+        let (redis_url, private_redis) = redis_or_private(store.redis_url.as_deref()).await?;
         let scratch = tempfile::Builder::new()
             .prefix("flashsale-")
             .tempdir()
@@ -212,5 +200,21 @@ impl Sandbox {
     /// Whether both stores are private to this run.
     pub fn is_private(&self) -> bool {
         self._private_redis.is_some() && self.database_url.is_none()
+    }
+}
+
+/// The Redis to use: `url` when given, otherwise a private redis-server on a free loopback
+/// port (persisting nothing), which stops when the returned server is dropped.
+pub async fn redis_or_private(
+    url: Option<&str>,
+) -> Result<(String, Option<distlock_testkit::RedisServer>), ConfigError> {
+    match url {
+        Some(url) => Ok((url.to_owned(), None)),
+        None => {
+            let server = distlock_testkit::RedisServer::start()
+                .await
+                .map_err(ConfigError::EmbeddedRedis)?;
+            Ok((server.url(), Some(server)))
+        }
     }
 }

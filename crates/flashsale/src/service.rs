@@ -8,7 +8,7 @@ use distlock_testkit::RedisServer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, ServiceConfig};
+use crate::config::{redis_or_private, ConfigError, ServiceConfig};
 use crate::db::Db;
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
@@ -36,19 +36,7 @@ impl Service {
     /// database, loads active coupons' stock under the loader lock, starts the worker and
     /// serves HTTP.
     pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
-        let embedded_redis = match config.redis_url {
-            Some(_) => None,
-            None => Some(
-                RedisServer::start()
-                    .await
-                    .map_err(ConfigError::EmbeddedRedis)?,
-            ),
-        };
-        let redis_url = match (&config.redis_url, &embedded_redis) {
-            (Some(url), _) => url.clone(),
-            (None, Some(server)) => server.url(),
-            (None, None) => unreachable!("a private redis-server was started above"),
-        };
+        let (redis_url, embedded_redis) = redis_or_private(config.redis_url.as_deref()).await?;
         let locks = distlock::Client::connect(&redis_url)
             .await
             .map_err(ConfigError::Redis)?;
