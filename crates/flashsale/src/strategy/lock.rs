@@ -1,6 +1,6 @@
 //! A per-coupon distlock lock around plain commands: the textbook "lock, check, write,
-//! unlock". Correct while the lease holds, and it costs four round trips per sale where the
-//! script costs one, all of them serialized on one lock.
+//! unlock". Correct while the lease holds, and it costs five round trips per sale (four of
+//! them under the lock, serialized with every other sale) where the script costs one.
 
 use super::{Reservation, ReserveError, Sale, StrategySettings};
 
