@@ -159,7 +159,7 @@ pub struct Sandbox {
     database_url: Option<String>,
     scratch: tempfile::TempDir,
     // Last, so the private Redis outlives the services built on it.
-    _private_redis: Option<distlock_testkit::RedisServer>,
+    private_redis: Option<distlock_testkit::RedisServer>,
 }
 
 impl Sandbox {
@@ -174,7 +174,7 @@ impl Sandbox {
             redis_url,
             database_url: store.database_url.clone(),
             scratch,
-            _private_redis: private_redis,
+            private_redis,
         })
     }
 
@@ -199,7 +199,7 @@ impl Sandbox {
 
     /// Whether both stores are private to this run.
     pub fn is_private(&self) -> bool {
-        self._private_redis.is_some() && self.database_url.is_none()
+        self.private_redis.is_some() && self.database_url.is_none()
     }
 }
 

@@ -274,11 +274,22 @@ pub struct CouponStats {
     pub orders_queued: i64,
 }
 
-/// The coupon stream's backlog: (not yet delivered, delivered but unacknowledged).
+/// Where a coupon's order stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Events in the stream: every sale Redis counted.
+    pub length: i64,
+    /// Events not yet delivered to a worker.
+    pub lag: i64,
+    /// Events delivered but not yet acknowledged.
+    pub pending: i64,
+}
+
+/// The coupon stream's length and backlog.
 pub async fn stream_backlog(
     conn: &mut distlock::Connection,
     keys: &CouponKeys,
-) -> redis::RedisResult<(i64, i64)> {
+) -> redis::RedisResult<Backlog> {
     let length: i64 = conn.xlen(&keys.orders).await?;
     let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
         conn.xinfo_groups(&keys.orders).await;
@@ -288,12 +299,12 @@ pub async fn stream_backlog(
         Err(err)
             if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
         {
-            return Ok((length, 0))
+            return Ok(groups_missing(length))
         }
         Err(err) => return Err(err),
     };
     let Some(group) = groups.groups.iter().find(|group| group.name == ORDER_GROUP) else {
-        return Ok((length, 0));
+        return Ok(groups_missing(length));
     };
     let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     // Redis reports no lag when it cannot tell; counting the whole stream as undelivered
@@ -303,7 +314,20 @@ pub async fn stream_backlog(
         .map(as_i64)
         .or(group.entries_read.map(|read| length - as_i64(read)))
         .unwrap_or(length);
-    Ok((lag, as_i64(group.pending)))
+    Ok(Backlog {
+        length,
+        lag,
+        pending: as_i64(group.pending),
+    })
+}
+
+/// No group reads the stream yet, so every event in it is undelivered.
+fn groups_missing(length: i64) -> Backlog {
+    Backlog {
+        length,
+        lag: length,
+        pending: 0,
+    }
 }
 
 async fn coupon_stats(
@@ -314,17 +338,16 @@ async fn coupon_stats(
     let keys = CouponKeys::new(coupon.id);
     let mut conn = state.locks.connection();
     let remaining = remaining_stock(&mut conn, coupon.id).await?;
-    let sales_recorded: i64 = conn.xlen(&keys.orders).await?;
-    let (lag, pending) = stream_backlog(&mut conn, &keys).await?;
+    let backlog = stream_backlog(&mut conn, &keys).await?;
     let orders_stored = state.db.order_count(coupon.id).await?;
     Ok(Json(CouponStats {
         coupon_id: coupon.id,
         stock: coupon.stock,
         remaining,
         sold: remaining.map(|left| coupon.stock - left),
-        sales_recorded,
+        sales_recorded: backlog.length,
         orders_stored,
-        orders_queued: lag + pending,
+        orders_queued: backlog.lag + backlog.pending,
     }))
 }
 
@@ -361,9 +384,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let (mut lag, mut pending) = (0, 0);
     for coupon in state.watched.coupons() {
         match stream_backlog(&mut conn, &CouponKeys::new(coupon)).await {
-            Ok((l, p)) => {
-                lag += l;
-                pending += p;
+            Ok(backlog) => {
+                lag += backlog.lag;
+                pending += backlog.pending;
             }
             Err(err) => tracing::warn!(error = %err, coupon, "could not read the stream backlog"),
         }

@@ -664,11 +664,13 @@ async fn run_remote(
     choice: Option<StrategyChoice>,
     plan: &LoadPlan,
 ) -> Result<LoadReport, Box<dyn std::error::Error + Send + Sync>> {
-    let health: serde_json::Value = reqwest::get(format!("{}/healthz", url.trim_end_matches('/')))
+    let health = reqwest::get(format!("{}/healthz", url.trim_end_matches('/')))
         .await
         .map_err(|err| format!("cannot reach the service at {url}: {err}"))?
-        .json_value()
+        .text()
         .await?;
+    let health: serde_json::Value = serde_json::from_str(&health)
+        .map_err(|_| format!("{url}/healthz did not answer JSON; is it a flashsale service?"))?;
     let remote = health
         .get("strategy")
         .and_then(|s| s.as_str())
@@ -717,20 +719,4 @@ async fn run_in_process(
         target,
         strategies: reports,
     })
-}
-
-/// Reads a response body as JSON without reqwest's `json` feature.
-trait JsonValue {
-    async fn json_value(
-        self,
-    ) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>>;
-}
-
-impl JsonValue for reqwest::Response {
-    async fn json_value(
-        self,
-    ) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
-        let text = self.text().await?;
-        Ok(serde_json::from_str(&text)?)
-    }
 }

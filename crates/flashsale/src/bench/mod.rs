@@ -340,7 +340,7 @@ fn write_script(dir: &Path) -> std::io::Result<PathBuf> {
 async fn check_wrk() -> Result<(), String> {
     match tokio::process::Command::new("wrk").arg("--version").output().await {
         Ok(_) => Ok(()),
-        Err(_) => Err("wrk is not installed; install it with `apt-get install wrk` (./dev flashsale-bench does)".into()),
+        Err(_) => Err("wrk is not installed; install it with `apt-get install wrk` (./dev bench-flashsale does)".into()),
     }
 }
 
