@@ -69,6 +69,8 @@ async fn contend(url: &str, process: &str) -> AnyResult<Vec<Interval>> {
     for task in tasks {
         intervals.extend(task.await??);
     }
+    // A graceful exit: background releases are flushed, the client's runtime stops.
+    client.shutdown().await;
     Ok(intervals)
 }
 
@@ -210,5 +212,7 @@ async fn lost_lease(url: &str) -> AnyResult<()> {
     );
     successor.release().await?;
     let _ = guard.release().await;
+    client.shutdown().await;
+    operator.shutdown().await;
     Ok(())
 }

@@ -2,20 +2,22 @@
 //! lock.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
-use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::connection::Connection;
+use crate::connection::{Connection, RedisConnection};
 use crate::duration::to_millis;
+use crate::engine::latches::Latches;
 use crate::engine::subscriptions::Subscriptions;
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::validate_name;
-use crate::lock::Lock;
+use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
+use crate::runtime::Background;
 use crate::scripts;
 
 /// Settings of a [`Client`], validated when the client is built.
@@ -24,9 +26,13 @@ pub struct ClientBuilder {
     watchdog_timeout: Duration,
     connection_timeout: Duration,
     response_timeout: Duration,
-    unlock_latch_ttl: Duration,
+    /// `None`: the default, stretched to outlive the release's retries.
+    unlock_latch_ttl: Option<Duration>,
     renew_batch_size: usize,
 }
+
+/// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
+const DEFAULT_UNLOCK_LATCH_TTL: Duration = Duration::from_secs(10);
 
 /// Validated settings, shared by the client's background tasks.
 #[derive(Debug, Clone)]
@@ -39,6 +45,22 @@ pub(crate) struct Config {
     pub(crate) renew_batch_size: usize,
 }
 
+impl Config {
+    /// How long one release may keep retrying after lost replies: each attempt waits up to
+    /// the response timeout, with a growing pause between attempts. The unlock latch must
+    /// outlive it, and the last handle on a client waits this long for pending releases.
+    pub(crate) fn release_window(&self) -> Duration {
+        release_window(self.response_timeout)
+    }
+}
+
+fn release_window(response_timeout: Duration) -> Duration {
+    let pauses: Duration = (1..RELEASE_ATTEMPTS).map(|n| RELEASE_RETRY_PAUSE * n).sum();
+    response_timeout
+        .saturating_mul(RELEASE_ATTEMPTS)
+        .saturating_add(pauses)
+}
+
 /// Most batches of the watchdog's renewal script stay far below this; the cap keeps one
 /// script from blocking Redis for long when a process holds very many locks.
 const MAX_RENEW_BATCH: usize = 1000;
@@ -49,7 +71,7 @@ impl Default for ClientBuilder {
             watchdog_timeout: Duration::from_secs(30),
             connection_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_millis(1000),
-            unlock_latch_ttl: Duration::from_secs(10),
+            unlock_latch_ttl: None,
             renew_batch_size: 200,
         }
     }
@@ -79,9 +101,12 @@ impl ClientBuilder {
     }
 
     /// How long Redis keeps the answer of a release so that a retry after an ambiguous
-    /// failure gets the same answer. Default 10 s.
+    /// failure gets the same answer. It must exceed the release's retry window: three
+    /// attempts, each waiting up to the response timeout. Default 10 s, or that window
+    /// plus 10 s when a long response timeout makes it longer. The client deletes the
+    /// answer as soon as it has read it, so this only bounds what a crash leaves.
     pub fn unlock_latch_ttl(mut self, ttl: Duration) -> Self {
-        self.unlock_latch_ttl = ttl;
+        self.unlock_latch_ttl = Some(ttl);
         self
     }
 
@@ -101,21 +126,42 @@ impl ClientBuilder {
         }
         to_millis("connection timeout", self.connection_timeout)?;
         to_millis("response timeout", self.response_timeout)?;
-        let unlock_latch_ttl_ms = to_millis("unlock latch ttl", self.unlock_latch_ttl)?;
+        let response_timeout = self.response_timeout;
+        let unlock_latch_ttl = self.unlock_latch_ttl.unwrap_or_else(|| {
+            let window = release_window(response_timeout);
+            if window < DEFAULT_UNLOCK_LATCH_TTL {
+                DEFAULT_UNLOCK_LATCH_TTL
+            } else {
+                window.saturating_add(DEFAULT_UNLOCK_LATCH_TTL)
+            }
+        });
+        let unlock_latch_ttl_ms = to_millis("unlock latch ttl", unlock_latch_ttl)?;
         if !(1..=MAX_RENEW_BATCH).contains(&self.renew_batch_size) {
             return Err(Error::InvalidConfig {
                 what: "renew batch size",
                 reason: format!("{} is outside 1..={MAX_RENEW_BATCH}", self.renew_batch_size),
             });
         }
-        Ok(Config {
+        let config = Config {
             watchdog_timeout: self.watchdog_timeout,
             watchdog_timeout_ms,
             connection_timeout: self.connection_timeout,
             response_timeout: self.response_timeout,
             unlock_latch_ttl_ms,
             renew_batch_size: self.renew_batch_size,
-        })
+        };
+        let window = config.release_window();
+        if unlock_latch_ttl <= window {
+            return Err(Error::InvalidConfig {
+                what: "unlock latch ttl",
+                reason: format!(
+                    "{:?} does not outlive a release's retries ({window:?} with a {:?} \
+                     response timeout): a retried release could read no answer",
+                    unlock_latch_ttl, self.response_timeout
+                ),
+            });
+        }
+        Ok(config)
     }
 
     /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`, or
@@ -138,40 +184,92 @@ impl ClientBuilder {
         ensure_tls_provider();
         let target = describe_target(&redis_client);
         probe(&redis_client, &config, &target).await?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connection_timeout))
-            .set_response_timeout(Some(config.response_timeout));
-        let manager = ConnectionManager::new_with_config(redis_client.clone(), manager_config)
+        let background = Background::start()?;
+        let home = open_manager(&redis_client, &config)
             .await
             .map_err(|source| Error::Connect {
                 target: target.clone(),
                 source,
             })?;
-        let connection = Connection::from(manager);
+        let connection = background_connection(&background, &redis_client, &config, home)
+            .await
+            .map_err(|source| Error::Connect {
+                target: target.clone(),
+                source,
+            })?;
         scripts::preload(&connection)
             .await
             .map_err(|source| Error::Connect { target, source })?;
-        Ok(Client::start(config, redis_client, connection))
+        Ok(Client::start(config, redis_client, connection, background))
     }
 
-    /// Builds a client on a connection the caller already has.
+    /// Builds a client on a connection the caller already has. Calls made on the runtime
+    /// that calls this go through it.
     ///
-    /// `redis_client` must point at the same server: waiting for a lock needs a connection
-    /// of its own for pub/sub, which is opened from it on first use.
+    /// `redis_client` must point at the same server: the client's own runtime opens two
+    /// connections from it, one for its background work (renewals, the releases of dropped
+    /// guards, calls from other runtimes) and one for pub/sub, opened on first wait.
     pub async fn with_connection(
         self,
         redis_client: redis::Client,
-        connection: impl Into<Connection>,
+        connection: impl Into<RedisConnection>,
     ) -> Result<Client> {
         let config = self.validate()?;
         ensure_tls_provider();
-        let connection = connection.into();
+        let target = describe_target(&redis_client);
+        let background = Background::start()?;
+        let connection =
+            background_connection(&background, &redis_client, &config, connection.into())
+                .await
+                .map_err(|source| Error::Connect { target, source })?;
         if let Err(err) = scripts::preload(&connection).await {
             // Not fatal: each script is loaded again on first use.
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
-        Ok(Client::start(config, redis_client, connection))
+        Ok(Client::start(config, redis_client, connection, background))
     }
+}
+
+fn manager_config(config: &Config) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connection_timeout))
+        .set_response_timeout(Some(config.response_timeout))
+}
+
+async fn open_manager(
+    redis_client: &redis::Client,
+    config: &Config,
+) -> redis::RedisResult<RedisConnection> {
+    ConnectionManager::new_with_config(redis_client.clone(), manager_config(config))
+        .await
+        .map(RedisConnection::Manager)
+}
+
+/// Opens the background connection on the client's own runtime (so that its driver, and
+/// every reconnect, runs there) and pairs it with `home`, the connection of the runtime
+/// that is connecting.
+async fn background_connection(
+    background: &Background,
+    redis_client: &redis::Client,
+    config: &Config,
+    home: RedisConnection,
+) -> redis::RedisResult<Connection> {
+    let opening = {
+        let redis_client = redis_client.clone();
+        let config = config.clone();
+        background
+            .handle()
+            .spawn(async move { open_manager(&redis_client, &config).await })
+    };
+    let own = opening.await.map_err(|err| {
+        redis::RedisError::from(std::io::Error::other(format!(
+            "the client's runtime stopped while connecting: {err}"
+        )))
+    })??;
+    let home = tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|runtime| (runtime.id(), home));
+    Ok(Connection::new(home, own, background.handle().clone()))
 }
 
 /// rustls needs a process-wide crypto provider and redis-rs does not pick one; without it
@@ -256,7 +354,13 @@ fn mask_password(url: &str) -> String {
 /// the first wait), and one watchdog task that renews every held lock in batches.
 ///
 /// Each client has a random id (a UUID from the OS's CSPRNG); lock owners are
-/// `"<client id>:<holder id>"`, as in Redisson.
+/// `"<client id>:<n>"`, n counting its acquisitions, as Redisson's are
+/// `"<uuid>:<thread id>"`.
+///
+/// Each client runs a thread of its own with a small tokio runtime, where its background
+/// work happens (renewals, pub/sub, the releases of dropped guards), so it works from any
+/// runtime and never depends on the caller's. Call [`Client::shutdown`] on a graceful exit;
+/// dropping the last handle does the same.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -284,22 +388,90 @@ pub struct Client {
     inner: Arc<ClientInner>,
 }
 
+/// The handles' shared part: when the last handle (client, lock or guard) is gone, it
+/// stops the client's runtime, after the releases already started have been sent.
 struct ClientInner {
+    core: Arc<Core>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        self.core.closed.store(true, Ordering::Release);
+        self.core
+            .background
+            .shutdown_blocking(self.core.config.release_window());
+    }
+}
+
+/// What the engine and the background work need. Background tasks hold this, never a
+/// [`Client`], so that they do not keep the client's runtime from stopping.
+pub(crate) struct Core {
     id: String,
+    /// Numbers owners: each acquisition is `"<client id>:<n>"`, n never reused.
+    owners: AtomicU64,
     /// Numbers release requests; with the client id it names their unlock latches.
-    requests: std::sync::atomic::AtomicU64,
+    requests: AtomicU64,
     connection: Connection,
     config: Config,
     subscriptions: Subscriptions,
     watchdog: Watchdog,
-    /// Stops the background tasks when the last clone (and the last guard) is gone.
-    _shutdown: DropGuard,
+    latches: Latches,
+    background: Background,
+    closed: AtomicBool,
+}
+
+impl Core {
+    /// A new owner, never used before by any client: this client's id and a number.
+    pub(crate) fn next_owner(&self) -> Arc<str> {
+        // Starts at 1 and stays far below i64::MAX, which Redisson parses thread ids as.
+        let n = self.owners.fetch_add(1, Ordering::Relaxed) + 1;
+        format!("{}:{n}", self.id).into()
+    }
+
+    /// A request id unique across all clients: this client's id and a sequence number.
+    pub(crate) fn next_request_id(&self) -> String {
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        format!("{}:r{n}", self.id)
+    }
+
+    /// Fails once the client is shut down: its background work no longer runs, so a new
+    /// holding would never be renewed.
+    pub(crate) fn ensure_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn connection(&self) -> Connection {
+        self.connection.clone()
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub(crate) fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    pub(crate) fn latches(&self) -> &Latches {
+        &self.latches
+    }
+
+    pub(crate) fn background(&self) -> &Background {
+        &self.background
+    }
 }
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("id", &self.inner.id)
+            .field("id", &self.inner.core.id)
             .finish_non_exhaustive()
     }
 }
@@ -315,31 +487,44 @@ impl Client {
         ClientBuilder::default()
     }
 
-    fn start(config: Config, redis_client: redis::Client, connection: Connection) -> Client {
-        let shutdown = CancellationToken::new();
-        let watchdog = Watchdog::start(connection.clone(), &config, shutdown.clone());
-        let subscriptions =
-            Subscriptions::new(redis_client, config.connection_timeout, shutdown.clone());
+    fn start(
+        config: Config,
+        redis_client: redis::Client,
+        connection: Connection,
+        background: Background,
+    ) -> Client {
+        let watchdog = Watchdog::start(connection.clone(), &config, &background);
+        let subscriptions = Subscriptions::new(
+            redis_client,
+            config.connection_timeout,
+            background.handle().clone(),
+            background.stopping().clone(),
+        );
+        let latches = Latches::new(connection.clone());
         Client {
             inner: Arc::new(ClientInner {
-                id: uuid::Uuid::new_v4().to_string(),
-                requests: std::sync::atomic::AtomicU64::new(0),
-                connection,
-                config,
-                subscriptions,
-                watchdog,
-                _shutdown: shutdown.drop_guard(),
+                core: Arc::new(Core {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    owners: AtomicU64::new(0),
+                    requests: AtomicU64::new(0),
+                    connection,
+                    config,
+                    subscriptions,
+                    watchdog,
+                    latches,
+                    background,
+                    closed: AtomicBool::new(false),
+                }),
             }),
         }
     }
 
     /// This client's random id, the first half of every owner it writes.
     pub fn id(&self) -> &str {
-        &self.inner.id
+        &self.inner.core.id
     }
 
-    /// A handle on the reentrant lock called `name`. Nothing is sent to Redis until it
-    /// is used.
+    /// A handle on the lock called `name`. Nothing is sent to Redis until it is used.
     ///
     /// The name is the Redis key of the lock, exactly as given, so a Redisson `RLock` of
     /// the same name excludes this one.
@@ -350,36 +535,35 @@ impl Client {
     }
 
     /// A clone of the command connection, for callers that want to run their own commands
-    /// on the same server (a fenced write, say).
+    /// on the same server (a fenced write, say). It works from any runtime, like the
+    /// client.
     pub fn connection(&self) -> Connection {
-        self.inner.connection.clone()
+        self.inner.core.connection()
     }
 
-    /// How many leases this client's watchdog tracks right now: one per lock and holder
-    /// currently held through this client (reentrant holds count once).
+    /// How many leases this client's watchdog tracks right now: one per holding that is
+    /// still renewed or trusted (re-entries of a holding count once).
     pub fn tracked_leases(&self) -> usize {
-        self.inner.watchdog.tracked()
+        self.inner.core.watchdog.tracked()
     }
 
-    /// A request id unique across all clients: this client's id and a sequence number.
-    pub(crate) fn next_request_id(&self) -> String {
-        let n = self
-            .inner
-            .requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}:{n}", self.inner.id)
+    /// Stops the client: waits for the releases of dropped guards that are still being
+    /// sent, then stops its background work (the watchdog, the pub/sub hub) and its
+    /// runtime. Call it on a graceful exit.
+    ///
+    /// Afterwards every acquisition fails with [`Error::Shutdown`]. Guards still alive are
+    /// not released (release or drop them first); they are no longer renewed, so their
+    /// lost signal fires at their lease's deadline.
+    ///
+    /// Dropping the last handle on a client (every clone, lock and guard) does the same,
+    /// waiting at most a release's retry window (about 3 s by default).
+    pub async fn shutdown(&self) {
+        self.inner.core.closed.store(true, Ordering::Release);
+        self.inner.core.background.shutdown().await;
     }
 
-    pub(crate) fn config(&self) -> &Config {
-        &self.inner.config
-    }
-
-    pub(crate) fn subscriptions(&self) -> &Subscriptions {
-        &self.inner.subscriptions
-    }
-
-    pub(crate) fn watchdog(&self) -> &Watchdog {
-        &self.inner.watchdog
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
     }
 }
 
@@ -400,6 +584,7 @@ mod tests {
     #[test]
     fn refuses_bad_settings() {
         let cases = [
+            Client::builder().unlock_latch_ttl(Duration::from_secs(3)),
             Client::builder().watchdog_timeout(Duration::ZERO),
             Client::builder().watchdog_timeout(Duration::from_millis(10)),
             Client::builder().response_timeout(Duration::MAX),

@@ -1,42 +1,131 @@
 //! The command connection a [`Client`](crate::Client) sends its scripts on.
 //!
-//! Every primitive talks to Redis through this one enum, so adding a topology (a cluster
-//! connection, a sentinel-managed one) means adding a variant here rather than changing
-//! the lock API. (On Redis Cluster the watchdog must also group its renewal batches by
-//! slot; that is the engine's concern, not the primitives'.)
+//! A redis-rs connection is driven by a task on the runtime that opened it (and a
+//! `ConnectionManager` reopens it on whichever runtime the failing call came from). A
+//! client used from several runtimes would therefore depend on each of them. This type
+//! keeps two connections and routes every call:
+//!
+//! - calls made on the *home* runtime (the one that called `connect`) use the home
+//!   connection, driven right there: the fastest path, one local hop each way;
+//! - every other call (the client's own background work, and callers on any other
+//!   runtime) goes to the *background* connection, which lives on the client's own
+//!   runtime and never depends on the caller's. A call from a foreign runtime is handed
+//!   over as a task, so even a reconnect happens on the client's runtime.
+//!
+//! Measured on the 2-core test VM: a PING from a worker thread over a connection driven on
+//! the same runtime took 28 µs (p50); over one driven on a separate thread, 46 µs. Hence
+//! the fast home path rather than routing everything through the background thread.
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use tokio::runtime::{Handle, Id};
 
-/// A cheap-to-clone, multiplexed command connection.
+/// A redis-rs connection: one the client opened, or one the caller brought to
+/// [`ClientBuilder::with_connection`](crate::ClientBuilder::with_connection).
 #[derive(Clone)]
-pub enum Connection {
-    /// A connection that reconnects by itself; what [`Client::connect`](crate::Client::connect)
-    /// creates.
+pub enum RedisConnection {
+    /// Reconnects by itself after a failure.
     Manager(ConnectionManager),
-    /// A plain multiplexed connection the caller already had. It does not reconnect: after
-    /// it breaks, every call fails until the caller builds a new client.
+    /// Does not reconnect: after it breaks, calls routed to it fail.
     Multiplexed(MultiplexedConnection),
 }
 
-impl From<ConnectionManager> for Connection {
+impl From<ConnectionManager> for RedisConnection {
     fn from(conn: ConnectionManager) -> Self {
         Self::Manager(conn)
     }
 }
 
-impl From<MultiplexedConnection> for Connection {
+impl From<MultiplexedConnection> for RedisConnection {
     fn from(conn: MultiplexedConnection) -> Self {
         Self::Multiplexed(conn)
     }
 }
 
+type Link = RedisConnection;
+
+impl Link {
+    fn as_dyn(&mut self) -> &mut (dyn ConnectionLike + Send) {
+        match self {
+            Link::Manager(conn) => conn,
+            Link::Multiplexed(conn) => conn,
+        }
+    }
+}
+
+/// A cheap-to-clone, multiplexed command connection that works from any tokio runtime.
+#[derive(Clone)]
+pub struct Connection {
+    /// The runtime that connected, and the connection driven on it.
+    home: Option<(Id, Link)>,
+    /// Driven on the client's own runtime.
+    background: Link,
+    background_runtime: Handle,
+}
+
+impl Connection {
+    pub(crate) fn new(
+        home: Option<(Id, Link)>,
+        background: Link,
+        background_runtime: Handle,
+    ) -> Self {
+        Self {
+            home,
+            background,
+            background_runtime,
+        }
+    }
+
+    /// Where a call from the current context should go.
+    fn route(&self) -> Route {
+        let Ok(current) = Handle::try_current() else {
+            return Route::Foreign;
+        };
+        let current = current.id();
+        match &self.home {
+            Some((home, _)) if *home == current => Route::Home,
+            _ if current == self.background_runtime.id() => Route::Background,
+            _ => Route::Foreign,
+        }
+    }
+
+    /// The home link (present whenever `route` says `Home`), or else the background one.
+    fn home_link(&mut self) -> &mut Link {
+        match &mut self.home {
+            Some((_, link)) => link,
+            None => &mut self.background,
+        }
+    }
+}
+
+enum Route {
+    Home,
+    Background,
+    Foreign,
+}
+
+fn handed_over_failed(err: tokio::task::JoinError) -> RedisError {
+    RedisError::from(std::io::Error::other(format!(
+        "the client's runtime did not run the command (was the client shut down?): {err}"
+    )))
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Manager(conn) => conn.req_packed_command(cmd),
-            Self::Multiplexed(conn) => conn.req_packed_command(cmd),
+        match self.route() {
+            Route::Home => return self.home_link().as_dyn().req_packed_command(cmd),
+            Route::Background => return self.background.as_dyn().req_packed_command(cmd),
+            Route::Foreign => {}
         }
+        let cmd = cmd.clone();
+        let mut link = self.background.clone();
+        let runtime = self.background_runtime.clone();
+        Box::pin(async move {
+            runtime
+                .spawn(async move { link.as_dyn().req_packed_command(&cmd).await })
+                .await
+                .map_err(handed_over_failed)?
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -45,16 +134,40 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Manager(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Multiplexed(conn) => conn.req_packed_commands(pipeline, offset, count),
+        match self.route() {
+            Route::Home => {
+                return self
+                    .home_link()
+                    .as_dyn()
+                    .req_packed_commands(pipeline, offset, count)
+            }
+            Route::Background => {
+                return self
+                    .background
+                    .as_dyn()
+                    .req_packed_commands(pipeline, offset, count)
+            }
+            Route::Foreign => {}
         }
+        let pipeline = pipeline.clone();
+        let mut link = self.background.clone();
+        let runtime = self.background_runtime.clone();
+        Box::pin(async move {
+            runtime
+                .spawn(async move {
+                    link.as_dyn()
+                        .req_packed_commands(&pipeline, offset, count)
+                        .await
+                })
+                .await
+                .map_err(handed_over_failed)?
+        })
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Self::Manager(conn) => conn.get_db(),
-            Self::Multiplexed(conn) => conn.get_db(),
+        match &self.background {
+            Link::Manager(conn) => conn.get_db(),
+            Link::Multiplexed(conn) => conn.get_db(),
         }
     }
 }

@@ -80,7 +80,7 @@ pub enum Error {
     NotHeld {
         /// The lock name.
         name: String,
-        /// The owner (`<client id>:<holder id>`) that tried to release it.
+        /// The owner (`<client id>:<n>`) of the holding that tried to release it.
         owner: String,
     },
 
@@ -88,6 +88,15 @@ pub enum Error {
     /// answered with an error (for example a key of the wrong type at the lock name).
     #[error("Redis command failed: {0}")]
     Redis(#[from] redis::RedisError),
+
+    /// The client was shut down ([`Client::shutdown`](crate::Client::shutdown)): it no
+    /// longer acquires, because nothing would renew or release what it took.
+    #[error("the distlock client was shut down")]
+    Shutdown,
+
+    /// The client's own runtime (a thread with a tokio runtime) could not be started.
+    #[error("cannot start the distlock client's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 
     /// A script answered with a shape that distlock does not expect. This points at a key
     /// written by something that does not follow the lock's data layout.

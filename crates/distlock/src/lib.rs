@@ -36,7 +36,9 @@
 //!
 //! - [`Client`]: connection, configuration, and the per-client background tasks;
 //! - `engine`: the acquisition loop, the shared pub/sub subscriptions, the watchdog;
-//! - [`Lock`] / [`LockGuard`]: the reentrant lease lock, a thin layer over the engine;
+//! - [`Lock`] / [`LockGuard`]: the lease lock (one holder per acquisition, explicit
+//!   re-entry), a thin layer over the engine;
+//! - `runtime`: the client's own runtime, where all background work runs;
 //! - `scripts/*.lua`: every command that must be atomic, one file each.
 
 #![warn(missing_docs)]
@@ -46,13 +48,12 @@ mod connection;
 mod duration;
 mod engine;
 mod error;
-mod holder;
 mod keys;
 mod lock;
+mod runtime;
 mod scripts;
 
 pub use client::{Client, ClientBuilder};
-pub use connection::Connection;
+pub use connection::{Connection, RedisConnection};
 pub use error::{Error, Result};
-pub use holder::HolderId;
 pub use lock::{Lock, LockGuard};

@@ -1,34 +1,46 @@
-//! The reentrant lease lock (Redisson's `RLock`, with a fencing token per acquisition).
+//! The lease lock (Redisson's `RLock` layout, with a fencing token per acquisition).
+//!
+//! Ownership: every acquisition is its own owner, `"<client id>:<n>"` with n never
+//! reused, so two acquisitions exclude each other whatever tasks they run in, exactly like
+//! two `tokio::sync::Mutex::lock` calls. Re-entry is explicit: [`LockGuard::reenter`]
+//! adds a hold to the guard's own holding. The holds of one holding are counted on the
+//! server as Redisson counts a thread's, and the client sends the holding's re-entries and
+//! releases one at a time, each with the absolute count it wants, so a lost reply can never
+//! leave a stray hold behind.
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Client;
+use crate::client::{Client, Core};
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
 use crate::engine::detach::Detached;
-use crate::engine::watchdog::{Acquired, LeaseTicket};
+use crate::engine::watchdog::Lease;
 use crate::error::{is_connection_failure, Error, Result};
-use crate::holder::HolderId;
 use crate::keys::{release_channel, token_key, unlock_latch};
-use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_RELEASE};
+use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE};
 
 /// The message Redisson publishes when a lock is freed.
 const RELEASE_MESSAGE: &str = "0";
 
-/// How many times a release is sent when the reply is lost to a broken connection or a
-/// timeout. The unlock latch makes the repeats safe.
-const RELEASE_ATTEMPTS: u32 = 3;
+/// How many times a release or a re-entry is sent when the reply is lost to a broken
+/// connection or a timeout. The unlock latch and absolute hold counts make repeats safe.
+pub(crate) const RELEASE_ATTEMPTS: u32 = 3;
 
 /// Pause before repeating a release, times the attempt number.
-const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
+pub(crate) const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 /// A handle on one named lock. Cheap to clone; holds no lock by itself.
+///
+/// Not reentrant by default, like `tokio::sync::Mutex`: every acquisition excludes every
+/// other, even two in the same task, so a task that locks twice without releasing waits
+/// for itself. Take a nested hold with [`LockGuard::reenter`] instead.
 ///
 /// By default an acquisition runs in *watchdog mode*: the lease is the client's watchdog
 /// timeout, and the client's watchdog keeps renewing it until the guard is released or
@@ -46,10 +58,8 @@ const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// // Wait at most 5 s; hold for at most 10 s, with no renewal.
 /// let fixed = lock.clone().with_lease(Duration::from_secs(10));
 /// if let Some(guard) = fixed.try_lock_for(Duration::from_secs(5)).await? {
-///     // Another task cannot have it meanwhile...
-///     let other = lock.clone();
-///     let taken = tokio::spawn(async move { other.try_lock().await }).await??;
-///     assert!(taken.is_none());
+///     // Any other acquisition is kept out, even one from this very task...
+///     assert!(lock.try_lock().await?.is_none());
 ///     // ...and work stops as soon as the lease can no longer be trusted.
 ///     tokio::select! {
 ///         _ = guard.lost() => eprintln!("lease lost: stop writing"),
@@ -57,6 +67,7 @@ const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 ///     }
 ///     guard.release().await?;
 /// }
+/// # client.shutdown().await;
 /// # Ok(())
 /// # }
 /// ```
@@ -65,7 +76,6 @@ pub struct Lock {
     client: Client,
     name: Arc<str>,
     lease: Option<Duration>,
-    holder: Option<HolderId>,
 }
 
 impl fmt::Debug for Lock {
@@ -73,7 +83,6 @@ impl fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("name", &self.name)
             .field("lease", &self.lease)
-            .field("holder", &self.holder)
             .finish()
     }
 }
@@ -84,7 +93,6 @@ impl Lock {
             client,
             name: name.into(),
             lease: None,
-            holder: None,
         }
     }
 
@@ -107,18 +115,6 @@ impl Lock {
         self
     }
 
-    /// Acquire, check and release as `holder` instead of the current task.
-    pub fn with_holder(mut self, holder: HolderId) -> Self {
-        self.holder = Some(holder);
-        self
-    }
-
-    /// The owner string this handle acquires as, from the calling task.
-    pub fn owner(&self) -> String {
-        let holder = self.holder.unwrap_or_else(HolderId::current);
-        format!("{}:{holder}", self.client.id())
-    }
-
     /// Waits until the lock is acquired.
     ///
     /// An error of the first attempt is returned at once (a dead server fails fast). Once
@@ -130,17 +126,19 @@ impl Lock {
         let attempt = self.attempt()?;
         loop {
             // Waiting forever ends only with the lock; the loop is for the type's sake.
-            let acquired = acquire(self.client.subscriptions(), &attempt, Patience::Forever);
-            if let Some(guard) = acquired.await? {
-                return Ok(guard);
+            let acquired = acquire(&attempt.core, &attempt, Patience::Forever);
+            if let Some(hold) = acquired.await? {
+                return Ok(self.guard(hold));
             }
         }
     }
 
-    /// Tries once; `Ok(None)` if another owner holds the lock.
+    /// Tries once; `Ok(None)` if the lock is held, or if other tasks of this client are
+    /// already waiting for it (it never takes the lock ahead of them).
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
         let attempt = self.attempt()?;
-        acquire(self.client.subscriptions(), &attempt, Patience::None).await
+        let acquired = acquire(&attempt.core, &attempt, Patience::None).await?;
+        Ok(acquired.map(|hold| self.guard(hold)))
     }
 
     /// Waits up to `timeout`; `Ok(None)` if the lock could not be had in that time. A zero
@@ -148,7 +146,8 @@ impl Lock {
     pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         let patience = Patience::within(timeout)?;
         let attempt = self.attempt()?;
-        acquire(self.client.subscriptions(), &attempt, patience).await
+        let acquired = acquire(&attempt.core, &attempt, patience).await?;
+        Ok(acquired.map(|hold| self.guard(hold)))
     }
 
     /// True if anyone holds the lock.
@@ -159,25 +158,6 @@ impl Lock {
             .query_async::<i64>(&mut connection)
             .await?
             == 1)
-    }
-
-    /// True if this handle's holder (by default the calling task) holds the lock.
-    pub async fn is_held(&self) -> Result<bool> {
-        Ok(self.hold_count().await? > 0)
-    }
-
-    /// How many times this handle's holder holds the lock (0 if not at all).
-    pub async fn hold_count(&self) -> Result<u32> {
-        let mut connection = self.client.connection();
-        let count: Option<i64> = redis::cmd("HGET")
-            .arg(&*self.name)
-            .arg(self.owner())
-            .query_async(&mut connection)
-            .await?;
-        u32::try_from(count.unwrap_or(0)).map_err(|_| Error::UnexpectedReply {
-            script: "HGET hold count",
-            detail: format!("{count:?} is not a hold count"),
-        })
     }
 
     /// How long the current lease has left on the server, or `None` if the lock is free.
@@ -202,24 +182,30 @@ impl Lock {
         let mut connection = self.client.connection();
         let deleted: i64 = LOCK_FORCE_UNLOCK
             .key(&*self.name)
-            .arg(release_channel(&self.name))
+            .key(release_channel(&self.name))
             .arg(RELEASE_MESSAGE)
             .invoke_async(&mut connection)
             .await?;
         Ok(deleted == 1)
     }
 
+    fn guard(&self, hold: Hold) -> LockGuard {
+        LockGuard {
+            hold,
+            _client: self.client.clone(),
+        }
+    }
+
     fn attempt(&self) -> Result<LockAttempt> {
         let (lease, renew) = match self.lease {
             Some(lease) => (lease, false),
-            None => (self.client.config().watchdog_timeout, true),
+            None => (self.client.core().config().watchdog_timeout, true),
         };
         Ok(LockAttempt {
-            client: self.client.clone(),
+            core: Arc::clone(self.client.core()),
             name: Arc::clone(&self.name),
             token_key: token_key(&self.name).into(),
-            channel: release_channel(&self.name),
-            owner: self.owner().into(),
+            channel: release_channel(&self.name).into(),
             lease,
             lease_ms: to_millis("lease", lease)?,
             renew,
@@ -229,72 +215,68 @@ impl Lock {
 
 /// One acquisition, ready to be tried as often as the engine needs.
 struct LockAttempt {
-    client: Client,
+    core: Arc<Core>,
     name: Arc<str>,
     token_key: Arc<str>,
-    channel: String,
-    owner: Arc<str>,
+    channel: Arc<str>,
     lease: Duration,
     lease_ms: u64,
     renew: bool,
 }
 
 impl Acquire for LockAttempt {
-    type Guard = LockGuard;
+    type Guard = Hold;
 
-    fn attempt(&self) -> AttemptFuture<LockGuard> {
-        let client = self.client.clone();
+    fn attempt(&self) -> AttemptFuture<Hold> {
+        let core = Arc::clone(&self.core);
         let name = Arc::clone(&self.name);
         let token_key = Arc::clone(&self.token_key);
-        let owner = Arc::clone(&self.owner);
+        let channel = Arc::clone(&self.channel);
         let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
         Box::pin(async move {
-            let mut connection = client.connection();
-            let reentering = client.watchdog().holds(&name, &owner);
+            let owner = core.next_owner();
+            let mut connection = core.connection();
             let sent_at = Instant::now();
-            let reply: Vec<i64> = LOCK_ACQUIRE
+            let reply = LOCK_ACQUIRE
                 .key(&*name)
                 .key(&*token_key)
                 .arg(lease_ms)
                 .arg(&*owner)
-                .arg(if reentering { "1" } else { "0" })
-                .invoke_async(&mut connection)
-                .await?;
-            match reply[..] {
-                [1, token, holds] => {
-                    let unexpected = |detail: String| Error::UnexpectedReply {
-                        script: "lock_acquire",
-                        detail,
-                    };
-                    let token = u64::try_from(token)
-                        .map_err(|_| unexpected(format!("negative fencing token {token}")))?;
-                    let holds = u32::try_from(holds)
-                        .map_err(|_| unexpected(format!("hold count {holds}")))?;
-                    let ticket = client.watchdog().track(
-                        &name,
-                        &owner,
-                        Acquired {
-                            sent_at,
-                            lease,
-                            holds,
-                            renew,
-                        },
-                    );
-                    Ok(Attempt::Acquired(LockGuard {
-                        client,
+                .invoke_async::<i64>(&mut connection)
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(err) => {
+                    if is_connection_failure(&err) {
+                        // The script may have run: give up whatever this owner took.
+                        abandon(&core, &name, &channel, &owner);
+                    }
+                    return Err(err.into());
+                }
+            };
+            match reply {
+                token @ 1.. => {
+                    let lease_entry = core.watchdog().track(&name, &owner, sent_at, lease, renew);
+                    let holding = Arc::new(Holding {
+                        core,
                         name,
                         owner,
-                        token,
-                        holds,
-                        ticket: Some(ticket),
-                    }))
+                        channel,
+                        token: token.unsigned_abs(),
+                        lease,
+                        lease_ms,
+                        guards: AtomicU32::new(1),
+                        state: tokio::sync::Mutex::new(HoldState {
+                            holds: 1,
+                            ended: false,
+                        }),
+                        lease_entry,
+                    });
+                    Ok(Attempt::Acquired(Hold::new(holding)))
                 }
-                [0, pttl] => Ok(Attempt::Busy {
-                    retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
-                }),
-                _ => Err(Error::UnexpectedReply {
-                    script: "lock_acquire",
-                    detail: format!("{reply:?}"),
+                0 => Ok(Attempt::Busy { retry_after: None }),
+                negative => Ok(Attempt::Busy {
+                    retry_after: Some(Duration::from_millis((-1 - negative).unsigned_abs())),
                 }),
             }
         })
@@ -305,11 +287,246 @@ impl Acquire for LockAttempt {
     }
 }
 
-/// Proof of one acquisition of a [`Lock`].
+/// Sends, in the background, a release for an owner that may or may not hold the lock (an
+/// attempt whose reply was lost). Harmless if it holds nothing.
+fn abandon(core: &Arc<Core>, name: &Arc<str>, channel: &Arc<str>, owner: &Arc<str>) {
+    let (core_for_task, name, channel, owner) = (
+        Arc::clone(core),
+        Arc::clone(name),
+        Arc::clone(channel),
+        Arc::clone(owner),
+    );
+    core.background().spawn(async move {
+        let mut connection = core_for_task.connection();
+        let outcome = LOCK_RELEASE
+            .key(&*name)
+            .key(&*channel)
+            .key(&*name)
+            .arg(&*owner)
+            .arg(0)
+            .arg(1)
+            .arg(RELEASE_MESSAGE)
+            .arg(0)
+            .arg(0)
+            .invoke_async::<i64>(&mut connection)
+            .await;
+        match outcome {
+            Ok(0..) => tracing::debug!(lock = %name, "gave up a hold whose reply was lost"),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(
+                error = %err,
+                lock = %name,
+                "could not give up an acquisition whose reply was lost; it expires with its lease"
+            ),
+        }
+    });
+}
+
+/// One acquisition's state, shared by its guard and the guards of its re-entries.
+struct Holding {
+    core: Arc<Core>,
+    name: Arc<str>,
+    owner: Arc<str>,
+    channel: Arc<str>,
+    token: u64,
+    lease: Duration,
+    lease_ms: u64,
+    /// Guards alive and not yet released: read synchronously when a guard is dropped, to
+    /// stop renewing the moment the last one goes.
+    guards: AtomicU32,
+    /// Re-entries and releases of this holding run one at a time, so each decides on the
+    /// answer to the one before.
+    state: tokio::sync::Mutex<HoldState>,
+    lease_entry: Lease,
+}
+
+struct HoldState {
+    /// The hold count the server has, as far as the last answered command says.
+    holds: u32,
+    /// The holding is over: released, or found lost by a release or re-entry.
+    ended: bool,
+}
+
+impl Holding {
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.to_string(),
+            owner: self.owner.to_string(),
+        }
+    }
+
+    /// One guard fewer. The last one stops the renewal right away, before its release is
+    /// even sent: a guard dropped where nothing will ever send that release (a runtime
+    /// nobody drives) must not be renewed forever.
+    fn guard_gone(&self) {
+        if self.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.lease_entry.stop_renewing();
+        }
+    }
+
+    /// Gives back one hold: a partial release while other holds remain, the final release
+    /// when this is the last.
+    async fn give_back(self: Arc<Self>) -> Result<()> {
+        let mut state = self.state.lock().await;
+        if state.ended {
+            return Err(self.not_held());
+        }
+        let left = state.holds.saturating_sub(1);
+        let latch = (left == 0).then(|| unlock_latch(&self.name, &self.core.next_request_id()));
+        let mut connection = self.core.connection();
+        let mut attempt = 1;
+        let (outcome, sent_at) = loop {
+            let sent_at = Instant::now();
+            let reply = LOCK_RELEASE
+                .key(&*self.name)
+                .key(&*self.channel)
+                .key(latch.as_deref().unwrap_or(&self.name))
+                .arg(&*self.owner)
+                .arg(left)
+                .arg(self.lease_ms)
+                .arg(RELEASE_MESSAGE)
+                .arg(if latch.is_some() {
+                    self.core.config().unlock_latch_ttl_ms
+                } else {
+                    0
+                })
+                .arg(if attempt > 1 { "1" } else { "0" })
+                .invoke_async::<i64>(&mut connection)
+                .await;
+            match reply {
+                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                    tracing::debug!(error = %err, attempt, "release reply lost; asking again");
+                    // Give a reconnecting connection a moment; repeats are safe.
+                    tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                other => break (other, sent_at),
+            }
+        };
+        state.holds = left;
+        match outcome {
+            Ok(-1) => {
+                state.ended = true;
+                self.lease_entry.mark_lost();
+                Err(self.not_held())
+            }
+            Ok(0) => {
+                state.ended = true;
+                if let Some(latch) = latch {
+                    self.core.latches().discard(self.core.background(), latch);
+                }
+                Ok(())
+            }
+            Ok(_) => {
+                self.lease_entry.extended(sent_at, self.lease);
+                Ok(())
+            }
+            Err(err) => {
+                if left == 0 {
+                    // Unknown whether it was freed; it is no longer renewed either way,
+                    // so the lease runs out.
+                    state.ended = true;
+                }
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Adds a hold to this holding. Only a live guard calls this, so the holding is held
+    /// (or was, until a loss the server will report).
+    async fn add_hold(self: Arc<Self>) -> Result<Hold> {
+        let mut state = self.state.lock().await;
+        if state.ended || !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
+        let holds = state.holds + 1;
+        let mut connection = self.core.connection();
+        let mut attempt = 1;
+        let outcome = loop {
+            let reply = LOCK_REENTER
+                .key(&*self.name)
+                .arg(&*self.owner)
+                .arg(holds)
+                .invoke_async::<i64>(&mut connection)
+                .await;
+            match reply {
+                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                    // The count is absolute: sending it again cannot add a second hold.
+                    tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        };
+        match outcome? {
+            1 => {
+                state.holds = holds;
+                self.guards.fetch_add(1, Ordering::AcqRel);
+                drop(state);
+                Ok(Hold::new(self))
+            }
+            _ => {
+                state.ended = true;
+                self.lease_entry.mark_lost();
+                Err(self.not_held())
+            }
+        }
+    }
+}
+
+/// One hold of a holding. Dropping it gives the hold back in the background, on the
+/// client's own runtime.
+pub(crate) struct Hold {
+    holding: Option<Arc<Holding>>,
+}
+
+impl Hold {
+    fn new(holding: Arc<Holding>) -> Self {
+        Self {
+            holding: Some(holding),
+        }
+    }
+
+    fn holding(&self) -> &Holding {
+        self.holding_arc()
+    }
+
+    fn holding_arc(&self) -> &Arc<Holding> {
+        // Only `take` empties it, and that consumes the hold.
+        self.holding
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a hold is emptied only when consumed"))
+    }
+
+    fn take(mut self) -> Arc<Holding> {
+        self.holding
+            .take()
+            .unwrap_or_else(|| unreachable!("a hold is emptied only when consumed"))
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let Some(holding) = self.holding.take() else {
+            return;
+        };
+        holding.guard_gone();
+        let core = Arc::clone(&holding.core);
+        core.background().spawn(async move {
+            let name = Arc::clone(&holding.name);
+            if let Err(err) = holding.give_back().await {
+                tracing::warn!(lock = %name, error = %err, "background release of a dropped guard failed");
+            }
+        });
+    }
+}
+
+/// Proof of one hold on a [`Lock`].
 ///
 /// Release it with [`LockGuard::release`] to learn whether the release worked; dropping
-/// it releases in the background instead (never blocking, never panicking). A guard may
-/// be moved to another task and released there: it carries its owner with it.
+/// it releases in the background instead, on the client's own runtime (never blocking,
+/// never panicking, and never depending on the runtime it is dropped in). A guard may be
+/// moved to another task and released there.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -329,71 +546,72 @@ impl Acquire for LockAttempt {
 /// });
 /// assert_eq!(worker.await?, "finished");
 ///
+/// // A nested section takes a hold of its own on the same holding.
+/// let nested = guard.reenter().await?;
+/// assert_eq!((nested.fencing_token(), nested.hold_count()), (token, 2));
+/// nested.release().await?;
+///
 /// // Released from another task than the one that acquired it.
 /// tokio::spawn(guard.release()).await??;
-/// # let _ = token;
+/// client.shutdown().await;
 /// # Ok(())
 /// # }
 /// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    client: Client,
-    name: Arc<str>,
-    owner: Arc<str>,
-    token: u64,
-    holds: u32,
-    /// `None` once released.
-    ticket: Option<LeaseTicket>,
+    hold: Hold,
+    /// Keeps the client (and its runtime) running while the lock is held.
+    _client: Client,
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let holding = self.hold.holding();
         f.debug_struct("LockGuard")
-            .field("name", &self.name)
-            .field("owner", &self.owner)
-            .field("token", &self.token)
-            .field("holds", &self.holds)
+            .field("name", &holding.name)
+            .field("owner", &holding.owner)
+            .field("token", &holding.token)
+            .field("holds", &self.hold_count())
             .finish()
     }
 }
 
 impl LockGuard {
-    /// The fencing token of this acquisition: larger than that of every earlier
-    /// acquisition of the same lock name (reentrant ones included). Pass it to the
-    /// resource you write, and have the resource refuse writes with a smaller token.
+    /// The fencing token of this holding: larger than that of every earlier acquisition of
+    /// the same lock name. Re-entries share their holding's token. Pass it to the resource
+    /// you write, and have the resource refuse writes with a smaller token.
     pub fn fencing_token(&self) -> u64 {
-        self.token
+        self.hold.holding().token
     }
 
-    /// The owner's hold count right after this acquisition (1 for a first acquisition).
+    /// How many guards of this holding are alive: 1, plus one per live re-entry.
     pub fn hold_count(&self) -> u32 {
-        self.holds
+        self.hold.holding().guards.load(Ordering::Acquire)
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.hold.holding().name
     }
 
-    /// The owner, `"<client id>:<holder id>"`.
+    /// The owner this holding is written under, `"<client id>:<n>"`.
     pub fn owner(&self) -> &str {
-        &self.owner
+        &self.hold.holding().owner
     }
 
     /// How long the lease is sure to last, by the local clock: zero once it is lost.
     pub fn lease_remaining(&self) -> Duration {
-        self.ticket
-            .as_ref()
-            .and_then(LeaseTicket::deadline)
+        self.hold
+            .holding()
+            .lease_entry
+            .deadline()
             .map(|deadline| deadline.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::ZERO)
     }
 
     /// True once the lock can no longer be trusted to be held.
     pub fn is_lost(&self) -> bool {
-        self.ticket
-            .as_ref()
-            .is_none_or(|ticket| !ticket.is_trusted())
+        !self.hold.holding().lease_entry.is_trusted()
     }
 
     /// Completes as soon as the lock can no longer be trusted to be held: a renewal found
@@ -402,141 +620,51 @@ impl LockGuard {
     /// completes after a normal release.
     ///
     /// The future watches the local clock itself, so the promise holds even if the
-    /// client's background tasks cannot run.
+    /// client's background work cannot run.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let watch = self.ticket.as_ref().map(LeaseTicket::watch);
+        let watch = self.hold.holding().lease_entry.watch();
         async move {
-            let lost = match watch {
-                Some(watch) => watch.await,
-                // Already released: this guard no longer exists to lose anything.
-                None => false,
-            };
-            if !lost {
+            if !watch.await {
                 // A normal release is not a loss: never complete.
                 std::future::pending::<()>().await;
             }
         }
     }
 
-    /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks.
-    ///
-    /// Besides the client's watchdog, a small task on the calling runtime cancels it when
-    /// the local deadline comes, so it fires on time even if the watchdog cannot run.
+    /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks. Each
+    /// call gives a new token: cancelling it yourself (to stop a worker, say) affects
+    /// neither the guard nor other tokens. It costs no task.
     pub fn lost_token(&self) -> CancellationToken {
-        let Some(ticket) = &self.ticket else {
-            let released = CancellationToken::new();
-            released.cancel();
-            return released;
-        };
-        let token = ticket.lost_token();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let watch = ticket.watch();
-            let backstop = token.clone();
-            runtime.spawn(async move {
-                if watch.await {
-                    backstop.cancel();
-                }
-            });
-        }
-        token
+        self.hold.holding().lease_entry.lost_token()
     }
 
-    /// Releases this acquisition: one hold fewer; the last hold frees the lock and wakes
-    /// one waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
+    /// Takes one more hold on this guard's holding, for a nested section: the returned
+    /// guard has the same fencing token and owner, and the lock stays held until every
+    /// guard of the holding is released. The lease is left as it is (a re-entry never
+    /// shortens it).
+    ///
+    /// Fails with [`Error::NotHeld`] if the holding was lost. Cancel-safe: a re-entry
+    /// cancelled in flight gives its hold back.
+    pub async fn reenter(&self) -> Result<LockGuard> {
+        let holding = Arc::clone(self.hold.holding_arc());
+        let core = Arc::clone(&holding.core);
+        let hold = Detached::new(core.background(), holding.add_hold()).await?;
+        Ok(LockGuard {
+            hold,
+            _client: self._client.clone(),
+        })
+    }
+
+    /// Releases this hold: one hold fewer; the last hold frees the lock and wakes one
+    /// waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
     ///
     /// Cancel-safe: once started, the release completes even if this future is dropped.
-    pub async fn release(mut self) -> Result<()> {
-        let Some(ticket) = self.ticket.take() else {
-            return Ok(());
-        };
-        Detached::new(release(
-            self.client.clone(),
-            Arc::clone(&self.name),
-            Arc::clone(&self.owner),
-            ticket,
-        ))
-        .await
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let release = release(
-                    self.client.clone(),
-                    Arc::clone(&self.name),
-                    Arc::clone(&self.owner),
-                    ticket,
-                );
-                runtime.spawn(async move {
-                    if let Err(err) = release.await {
-                        tracing::warn!(error = %err, "background release of a dropped guard failed");
-                    }
-                });
-            }
-            Err(_) => {
-                // No runtime to send the release on: stop renewing so the lease runs out.
-                tracing::warn!(
-                    lock = %self.name,
-                    "guard dropped outside a tokio runtime; the lock frees itself when its lease ends"
-                );
-                ticket.close(false);
-            }
-        }
-    }
-}
-
-async fn release(
-    client: Client,
-    name: Arc<str>,
-    owner: Arc<str>,
-    ticket: LeaseTicket,
-) -> Result<()> {
-    let not_held = || Error::NotHeld {
-        name: name.to_string(),
-        owner: owner.to_string(),
-    };
-    if !ticket.is_current() {
-        // The lease was lost, or the owner has taken the lock again since: the hold on the
-        // server, if any, belongs to the newer guard and must not be released by this one.
-        ticket.close(false);
-        return Err(not_held());
-    }
-    let latch = unlock_latch(&name, &client.next_request_id());
-    let channel = release_channel(&name);
-    let mut connection = client.connection();
-    let mut attempt = 1;
-    let outcome = loop {
-        let reply = LOCK_RELEASE
-            .key(&*name)
-            .key(&latch)
-            .arg(&*owner)
-            .arg(&channel)
-            .arg(RELEASE_MESSAGE)
-            .arg(client.config().unlock_latch_ttl_ms)
-            .arg(if attempt > 1 { "1" } else { "0" })
-            .invoke_async::<i64>(&mut connection)
-            .await;
-        match reply {
-            Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
-                tracing::debug!(error = %err, attempt, "release reply lost; asking again");
-                // Give a reconnecting connection a moment; the latch keeps repeats safe.
-                tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
-                attempt += 1;
-            }
-            other => break other,
-        }
-    };
-    // Stop renewing whatever happened: after a failed release the lease must be left to
-    // run out, not kept alive by this process.
-    let remaining = outcome.as_ref().ok().copied();
-    ticket.close(remaining.is_some_and(|n| n <= 0));
-    match outcome? {
-        -1 => Err(not_held()),
-        _ => Ok(()),
+    pub async fn release(self) -> Result<()> {
+        // The client handle lives until the release is done.
+        let LockGuard { hold, _client } = self;
+        let holding = hold.take();
+        holding.guard_gone();
+        let core = Arc::clone(&holding.core);
+        Detached::new(core.background(), holding.give_back()).await
     }
 }

@@ -18,6 +18,7 @@ macro_rules! script {
 }
 
 script!(LOCK_ACQUIRE, "lock_acquire.lua");
+script!(LOCK_REENTER, "lock_reenter.lua");
 script!(LOCK_RELEASE, "lock_release.lua");
 script!(LOCK_RENEW, "lock_renew.lua");
 script!(LOCK_FORCE_UNLOCK, "lock_force_unlock.lua");
@@ -28,6 +29,7 @@ script!(LOCK_FORCE_UNLOCK, "lock_force_unlock.lua");
 pub(crate) async fn preload(connection: &Connection) -> redis::RedisResult<()> {
     let all = [
         &LOCK_ACQUIRE,
+        &LOCK_REENTER,
         &LOCK_RELEASE,
         &LOCK_RENEW,
         &LOCK_FORCE_UNLOCK,

@@ -146,9 +146,30 @@ async fn a_foreign_key_at_the_lock_name_is_an_error_not_a_panic() {
         let _: () = conn.set("taken-by-a-string", "x").await.unwrap();
         let lock = client.lock("taken-by-a-string").unwrap();
         assert!(matches!(lock.try_lock().await, Err(Error::Redis(_))));
-        assert!(matches!(lock.hold_count().await, Err(Error::Redis(_))));
         let value: String = conn.get("taken-by-a-string").await.unwrap();
         assert_eq!(value, "x", "the foreign key is untouched");
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_unlock_latch_shorter_than_the_release_retry_window_is_refused() {
+    let server = server().await;
+    // A release is tried three times, each waiting up to the response timeout.
+    let err = Client::builder()
+        .response_timeout(Duration::from_secs(2))
+        .unlock_latch_ttl(Duration::from_secs(1))
+        .connect(&server.url())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidConfig {
+                what: "unlock latch ttl",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -184,3 +184,75 @@ async fn a_release_retried_after_a_lost_reply_gets_the_first_answer() {
     })
     .await;
 }
+
+/// The local deadline passes while a renewal is stuck in a paused server; the server then
+/// applies the renewal. The guard reports lost (it could not know), but its release must
+/// still be sent: refusing it locally would orphan a lock the server holds for a full lease.
+#[tokio::test]
+async fn a_release_after_a_deadline_passed_mid_renewal_still_frees_the_lock() {
+    let server = server().await;
+    let lease = Duration::from_secs(3);
+    let client = Client::builder()
+        .watchdog_timeout(lease)
+        // Long enough that the renewal stuck in the paused server is not given up on.
+        .response_timeout(Duration::from_secs(5))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let mut conn = raw(&server).await;
+    bounded(Duration::from_secs(60), async {
+        let mut formed = 0;
+        for round in 0..4 {
+            let lock = client.lock(format!("mid-renewal-{round}")).unwrap();
+            let guard = lock.lock().await.unwrap();
+            // Find the moment a renewal lands: the key's PTTL jumps back up.
+            let mut last: i64 = redis::cmd("PTTL")
+                .arg(lock.name())
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let renewed_at = loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(lock.name())
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if pttl > last + 50 {
+                    break Instant::now();
+                }
+                last = pttl;
+            };
+            // Stop the server just before the next renewal is sent, and resume it after
+            // the local deadline (lease less a 35 ms margin) but before the server's.
+            tokio::time::sleep_until(renewed_at + lease / 3 - Duration::from_millis(100)).await;
+            server.pause().unwrap();
+            tokio::time::sleep_until(renewed_at + lease - Duration::from_millis(12)).await;
+            server.resume().unwrap();
+            let lost_locally = guard.is_lost();
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(lock.name())
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let _ = guard.release().await;
+            let after: i64 = redis::cmd("EXISTS")
+                .arg(lock.name())
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if lost_locally && exists == 1 {
+                formed += 1;
+                assert_eq!(
+                    after, 0,
+                    "round {round}: the release was refused and the lock orphaned"
+                );
+            }
+            if formed >= 2 {
+                break;
+            }
+        }
+        assert!(formed >= 1, "the paused-renewal scenario never formed");
+    })
+    .await;
+}

@@ -1,4 +1,4 @@
-//! The reentrant lock's contract on one server: reentrancy, ownership, fencing tokens,
+//! The lock's contract on one server: explicit re-entry, ownership, fencing tokens,
 //! introspection, and Redisson's data layout.
 
 mod common;
@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, client, raw, server};
-use distlock::{Error, HolderId};
+use distlock::Error;
 use redis::AsyncCommands;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -15,21 +15,26 @@ const LIMIT: Duration = Duration::from_secs(20);
 async fn reentrant_holds_balance_and_only_the_last_release_frees() {
     let server = server().await;
     let client = client(&server).await;
+    let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let lock = client.lock("reentrant").unwrap();
         let first = lock.lock().await.unwrap();
-        let second = lock.lock().await.unwrap();
-        let third = lock.try_lock().await.unwrap().expect("reentry never waits");
+        let second = first.reenter().await.unwrap();
+        let third = second.reenter().await.unwrap();
+        assert_eq!(third.hold_count(), 3);
+        // Redisson's hold count, in the hash, under the holding's owner.
+        let on_server: i64 = conn.hget("reentrant", first.owner()).await.unwrap();
+        assert_eq!(on_server, 3);
         assert_eq!(
-            (first.hold_count(), second.hold_count(), third.hold_count()),
-            (1, 2, 3)
+            (second.owner(), third.owner()),
+            (first.owner(), first.owner())
         );
-        assert_eq!(lock.hold_count().await.unwrap(), 3);
 
         third.release().await.unwrap();
         second.release().await.unwrap();
         assert!(lock.is_locked().await.unwrap(), "one hold is left");
-        assert_eq!(lock.hold_count().await.unwrap(), 1);
+        let on_server: i64 = conn.hget("reentrant", first.owner()).await.unwrap();
+        assert_eq!(on_server, 1);
 
         first.release().await.unwrap();
         assert!(!lock.is_locked().await.unwrap());
@@ -66,27 +71,46 @@ async fn tasks_exclude_each_other_and_a_guard_can_be_released_elsewhere() {
 }
 
 #[tokio::test]
-async fn an_explicit_holder_reenters_across_tasks() {
+async fn a_reentry_works_from_another_task_and_outlives_the_outer_guard() {
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
-        let lock = client.lock("holder").unwrap().with_holder(HolderId(7));
+        let lock = client.lock("holder").unwrap();
         let outer = lock.lock().await.unwrap();
-        let inner_lock = lock.clone();
-        let inner = tokio::spawn(async move { inner_lock.try_lock().await.unwrap() })
-            .await
-            .unwrap()
-            .expect("same holder re-enters from another task");
+        let inner = outer.reenter().await.unwrap();
+        let inner = tokio::spawn(async move { inner }).await.unwrap();
         assert_eq!(inner.hold_count(), 2);
-        assert!(outer.owner().ends_with(":7"));
-        inner.release().await.unwrap();
         outer.release().await.unwrap();
+        assert!(lock.is_locked().await.unwrap(), "the re-entry still holds");
+        assert!(lock.try_lock().await.unwrap().is_none());
+        tokio::spawn(inner.release()).await.unwrap().unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    })
+    .await;
+}
+
+/// A re-entry of a lost holding is refused: its guards were told the lock is gone.
+#[tokio::test]
+async fn a_lost_holding_cannot_be_reentered() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("lost-reentry").unwrap();
+        let outer = lock.lock().await.unwrap();
+        assert!(lock.force_unlock().await.unwrap());
+        let err = outer.reenter().await.unwrap_err();
+        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+        assert!(outer.is_lost());
+        assert!(
+            !lock.is_locked().await.unwrap(),
+            "the re-entry wrote nothing"
+        );
     })
     .await;
 }
 
 #[tokio::test]
-async fn fencing_tokens_strictly_increase_across_holders_and_reentry() {
+async fn fencing_tokens_strictly_increase_across_holders_and_reentries_keep_theirs() {
     let server = server().await;
     let client = client(&server).await;
     let other_client = common::client(&server).await;
@@ -101,13 +125,9 @@ async fn fencing_tokens_strictly_increase_across_holders_and_reentry() {
             };
             assert!(guard.fencing_token() > last, "token went backwards");
             last = guard.fencing_token();
-            let reentered = if round % 2 == 0 {
-                lock.lock().await.unwrap()
-            } else {
-                other_client.lock("fenced").unwrap().lock().await.unwrap()
-            };
-            assert!(reentered.fencing_token() > last);
-            last = reentered.fencing_token();
+            // The outer guard must not be fenced out by its own nested section.
+            let reentered = guard.reenter().await.unwrap();
+            assert_eq!(reentered.fencing_token(), guard.fencing_token());
             reentered.release().await.unwrap();
             guard.release().await.unwrap();
         }
@@ -165,22 +185,14 @@ async fn introspection_reports_the_servers_view() {
             .unwrap()
             .with_lease(Duration::from_secs(60));
         assert!(!lock.is_locked().await.unwrap());
-        assert!(!lock.is_held().await.unwrap());
         assert_eq!(lock.remaining_ttl().await.unwrap(), None);
 
         let guard = lock.lock().await.unwrap();
         assert!(lock.is_locked().await.unwrap());
-        assert!(lock.is_held().await.unwrap());
         let ttl = lock.remaining_ttl().await.unwrap().expect("locked");
         assert!(ttl > Duration::from_secs(55) && ttl <= Duration::from_secs(60));
         let local = guard.lease_remaining();
         assert!(local > Duration::from_secs(55) && local <= ttl + Duration::from_millis(5));
-
-        let elsewhere = lock.clone();
-        let held_elsewhere = tokio::spawn(async move { elsewhere.is_held().await.unwrap() })
-            .await
-            .unwrap();
-        assert!(!held_elsewhere, "another task is another holder");
         guard.release().await.unwrap();
     })
     .await;
@@ -195,8 +207,8 @@ async fn data_layout_matches_redisson() {
         let lock = client.lock("layout").unwrap();
         let guard = lock.lock().await.unwrap();
         let fields: Vec<(String, i64)> = conn.hgetall("layout").await.unwrap();
-        assert_eq!(fields, vec![(lock.owner(), 1)]);
-        let (client_id, holder) = lock
+        assert_eq!(fields, vec![(guard.owner().to_owned(), 1)]);
+        let (client_id, holder) = guard
             .owner()
             .rsplit_once(':')
             .map(|(a, b)| (a.to_owned(), b.to_owned()))

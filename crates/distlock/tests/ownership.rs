@@ -1,12 +1,14 @@
-//! Stale guards and re-acquisition by the same owner: an old guard must never release a
-//! newer holding, and no hold may be left behind on the server.
+//! Holdings and their holds: an old guard never releases a newer holding, re-entries and
+//! releases of one holding are serialized, a lost reply leaves no stray hold, and a
+//! re-entry neither changes the fencing token nor shortens the lease.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{bounded, client, client_with_watchdog, server, until_free};
-use distlock::{Error, HolderId};
+use common::{bounded, client, client_with_watchdog, raw, server, until_free};
+use distlock::Error;
+use redis::AsyncCommands;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -15,7 +17,7 @@ async fn a_stale_guard_cannot_release_the_owners_newer_holding() {
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
-        let lock = client.lock("stale-owner").unwrap().with_holder(HolderId(1));
+        let lock = client.lock("stale-owner").unwrap();
         let stale = lock
             .clone()
             .with_lease(Duration::from_millis(150))
@@ -59,25 +61,122 @@ async fn dropping_and_relocking_at_once_leaves_no_hold_behind() {
     .await;
 }
 
+/// A re-entry whose replies are all lost (the server paused past every retry) fails, but
+/// the server applies it later. The holding's last release must still free the lock,
+/// not leave it held for the rest of the lease by a hold nobody has.
 #[tokio::test]
-async fn a_hold_left_by_a_lost_reply_is_reset_not_counted_on() {
+async fn a_reentry_whose_reply_was_lost_leaves_no_stray_hold() {
+    let server = server().await;
+    // Replies wait 200 ms; a re-entry is sent up to three times.
+    let client = client_with_watchdog(&server, Duration::from_secs(30)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("stray-hold").unwrap();
+        let outer = lock.lock().await.unwrap();
+        server.pause().unwrap();
+        let reentry = outer.reenter().await;
+        server.resume().unwrap();
+        assert!(reentry.is_err(), "every reply was lost, yet {reentry:?}");
+        // The paused server has now run the re-entries it had queued.
+        let on_server: i64 = conn.hget("stray-hold", outer.owner()).await.unwrap();
+        assert_eq!(on_server, 2, "the lost re-entry did reach the server");
+        assert_eq!(outer.hold_count(), 1);
+        outer.release().await.unwrap();
+        assert!(
+            !lock.is_locked().await.unwrap(),
+            "a stray hold kept the lock after its last release"
+        );
+    })
+    .await;
+}
+
+/// Re-entries and releases of one holding in flight at once from one task: each must see
+/// the answer to the one before, so the count on the server stays exact.
+#[tokio::test]
+async fn concurrent_reentries_and_releases_of_one_holding_keep_an_exact_count() {
     let server = server().await;
     let client = client(&server).await;
-    let mut conn = common::raw(&server).await;
+    let mut conn = raw(&server).await;
     bounded(LIMIT, async {
-        let lock = client.lock("orphan-hold").unwrap().with_holder(HolderId(9));
-        // What an acquisition whose reply was lost leaves: the owner's field, no guard.
-        let _: () = redis::cmd("HSET")
-            .arg("orphan-hold")
-            .arg(lock.owner())
-            .arg(1)
-            .query_async(&mut conn)
+        let lock = client.lock("exact-count").unwrap();
+        let outer = lock.lock().await.unwrap();
+        let nested: Vec<_> = futures_util::future::join_all((0..10).map(|_| outer.reenter()))
             .await
-            .unwrap();
-        let guard = lock.lock().await.unwrap();
-        assert_eq!(guard.hold_count(), 1);
-        guard.release().await.unwrap();
-        assert!(!lock.is_locked().await.unwrap(), "one release frees it");
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(outer.hold_count(), 11);
+        let on_server: i64 = conn.hget("exact-count", outer.owner()).await.unwrap();
+        assert_eq!(on_server, 11);
+        let (mut first_half, second_half): (Vec<_>, Vec<_>) = nested
+            .into_iter()
+            .enumerate()
+            .partition(|(n, _)| n % 2 == 0);
+        // Releases and fresh re-entries interleaved.
+        let more = first_half.pop().map(|(_, guard)| guard).unwrap();
+        let (released, again) = tokio::join!(
+            futures_util::future::join_all(second_half.into_iter().map(|(_, g)| g.release())),
+            more.reenter(),
+        );
+        assert!(released.iter().all(Result::is_ok));
+        let again = again.unwrap();
+        let on_server: i64 = conn.hget("exact-count", outer.owner()).await.unwrap();
+        assert_eq!(on_server, i64::from(outer.hold_count()));
+        for (_, guard) in first_half {
+            guard.release().await.unwrap();
+        }
+        more.release().await.unwrap();
+        again.release().await.unwrap();
+        assert!(lock.is_locked().await.unwrap(), "the outer hold is left");
+        outer.release().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    })
+    .await;
+}
+
+/// A re-entry leaves the lease alone (in watchdog mode too), and a partial release sets it
+/// back to the holding's lease, as Redisson's does.
+#[tokio::test]
+async fn reentry_never_shortens_the_lease_and_a_partial_release_resets_it() {
+    let server = server().await;
+    let client = client_with_watchdog(&server, Duration::from_secs(5)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let watched = client.lock("lease-watched").unwrap();
+        let outer = watched.lock().await.unwrap();
+        let inner = outer.reenter().await.unwrap();
+        let pttl: i64 = conn.pttl("lease-watched").await.unwrap();
+        assert!(
+            pttl > 4_500,
+            "a re-entry shortened a 5 s watchdog lease to {pttl} ms"
+        );
+        inner.release().await.unwrap();
+        outer.release().await.unwrap();
+
+        let fixed = client
+            .lock("lease-fixed")
+            .unwrap()
+            .with_lease(Duration::from_millis(1_500));
+        let outer = fixed.lock().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let inner = outer.reenter().await.unwrap();
+        let before: i64 = conn.pttl("lease-fixed").await.unwrap();
+        assert!(
+            before <= 900,
+            "a re-entry extended the lease to {before} ms"
+        );
+        inner.release().await.unwrap();
+        let after: i64 = conn.pttl("lease-fixed").await.unwrap();
+        assert!(
+            after > 1_300,
+            "a partial release left the lease at {after} ms"
+        );
+        assert!(
+            outer.lease_remaining() > Duration::from_millis(1_200),
+            "the local deadline follows: {:?}",
+            outer.lease_remaining()
+        );
+        outer.release().await.unwrap();
     })
     .await;
 }

@@ -156,3 +156,39 @@ async fn a_cancelled_release_still_releases() {
     })
     .await;
 }
+
+/// `try_lock` does not jump the local queue: while a task of this client waits for the
+/// lock, a try from another task answers "busy" instead of taking it first.
+#[tokio::test]
+async fn try_lock_does_not_jump_the_local_queue() {
+    let server = server().await;
+    let client = client(&server).await;
+    let rival = common::client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("queue-jump").unwrap();
+        let held = rival.lock("queue-jump").unwrap().lock().await.unwrap();
+        let waiter = lock.clone();
+        let waiting = tokio::spawn(async move { waiter.lock().await.unwrap().release().await });
+        until_subscribers(&conn, "redisson_lock__channel:{queue-jump}", 1).await;
+        // Free the lock without announcing it: the queued waiter does not know yet.
+        let _: () = conn.del("queue-jump").await.unwrap();
+        let jumped = lock.try_lock().await.unwrap();
+        let jumped_ahead = jumped.is_some();
+        if let Some(guard) = jumped {
+            guard.release().await.unwrap();
+        }
+        // Now announce the release, as a releasing holder would.
+        let _: () = conn
+            .publish("redisson_lock__channel:{queue-jump}", "0")
+            .await
+            .unwrap();
+        waiting.await.unwrap().unwrap();
+        drop(held);
+        assert!(
+            !jumped_ahead,
+            "try_lock took the lock ahead of a queued waiter"
+        );
+    })
+    .await;
+}

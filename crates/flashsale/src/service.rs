@@ -162,6 +162,8 @@ impl Service {
             }
         }
         self.state.db.close().await;
+        // Any release of a dropped lock guard is sent before the client's runtime stops.
+        self.state.locks.shutdown().await;
     }
 }
 

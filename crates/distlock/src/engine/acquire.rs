@@ -4,7 +4,8 @@
 //! and the channel its releases are announced on. The engine:
 //!
 //! 1. tries once, without subscribing, so an uncontended acquisition costs one round trip
-//!    (unless local waiters are queued: then it queues behind them, see below);
+//!    (unless local waiters are queued: then it queues behind them, see below, and a
+//!    caller that will not wait gets "busy" without trying);
 //! 2. if that failed and the caller will wait, subscribes to the channel (shared with the
 //!    client's other waiters), and only then tries again, so a release between the try and
 //!    the wait cannot be missed;
@@ -23,9 +24,13 @@
 //! fails at once instead of hiding the outage.
 //!
 //! Each attempt is [`Detached`]: if the caller's future is dropped while an attempt is in
-//! flight (a timeout, a `select!`), the attempt still completes in a task of its own, and
-//! if it acquired, the guard it made is dropped, which releases the lock. Cancellation
-//! therefore leaves neither a subscription nor a held lock behind.
+//! flight (a timeout, a `select!`), the attempt still completes in a task on the client's
+//! own runtime, and if it acquired, the guard it made is dropped, which releases the lock.
+//! Cancellation therefore leaves neither a subscription nor a held lock behind.
+//!
+//! Every attempt is its own owner (a primitive makes a fresh one per attempt), so two
+//! acquisitions never share a hold, whatever task they run in, and an attempt whose reply
+//! was lost can be given up without touching any other.
 
 use std::future::Future;
 use std::pin::pin;
@@ -34,8 +39,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::client::Core;
 use crate::engine::detach::Detached;
-use crate::engine::subscriptions::Subscriptions;
 use crate::error::{Error, Result};
 
 /// What one attempt found.
@@ -56,7 +61,8 @@ pub(crate) trait Acquire {
     /// What a successful attempt yields; dropping it must give the primitive back.
     type Guard: Send + 'static;
 
-    /// One atomic attempt.
+    /// One atomic attempt, as a new owner. If its reply is lost, the attempt itself gives
+    /// up whatever it may have taken.
     fn attempt(&self) -> AttemptFuture<Self::Guard>;
 
     /// The channel on which releases of this primitive are published.
@@ -110,17 +116,23 @@ const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 /// Acquires `primitive`, waiting as `patience` allows. `Ok(None)` means the wait ended
 /// without the primitive.
 pub(crate) async fn acquire<A: Acquire>(
-    subscriptions: &Subscriptions,
+    core: &Core,
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
+    core.ensure_open()?;
+    let subscriptions = core.subscriptions();
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
         && deadline.is_none_or(|deadline| deadline > Instant::now());
-    // Queue behind local waiters only if there is time to wait; every call makes at least
-    // one attempt.
-    if !(waiting_patiently && subscriptions.has_waiters(primitive.channel())) {
-        let acquired = last_chance(primitive).await?;
+    if subscriptions.has_waiters(primitive.channel()) {
+        // Local waiters are queued: never try ahead of them. A caller that will not wait
+        // is told "busy", as tokio's `try_lock` is while others wait.
+        if !waiting_patiently {
+            return Ok(None);
+        }
+    } else {
+        let acquired = last_chance(core, primitive).await?;
         if acquired.is_some() || !waiting_patiently {
             return Ok(acquired);
         }
@@ -131,7 +143,7 @@ pub(crate) async fn acquire<A: Acquire>(
                 .await
             {
                 Ok(subscription) => subscription,
-                Err(_) => return last_chance(primitive).await,
+                Err(_) => return last_chance(core, primitive).await,
             }
         }
         None => subscriptions.subscribe(primitive.channel()).await,
@@ -158,7 +170,7 @@ pub(crate) async fn acquire<A: Acquire>(
             }
             continue;
         }
-        let retry_after = match run_attempt(primitive).await {
+        let retry_after = match run_attempt(core, primitive).await {
             Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
                 backoff = MIN_ERROR_BACKOFF;
@@ -192,13 +204,24 @@ pub(crate) async fn acquire<A: Acquire>(
 }
 
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.
-async fn last_chance<A: Acquire>(primitive: &A) -> Result<Option<A::Guard>> {
-    Ok(match run_attempt(primitive).await? {
+///
+/// A connection found dropped (a server restarted since this connection's last use) is
+/// reopened by that failure; one more attempt, as a new owner, then tells whether the
+/// server is really gone. The first attempt's owner gives itself up.
+async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A::Guard>> {
+    let attempt = match run_attempt(core, primitive).await {
+        Err(Error::Redis(err)) if err.is_connection_dropped() => {
+            tracing::debug!(error = %err, "connection was dropped; trying once more");
+            run_attempt(core, primitive).await
+        }
+        other => other,
+    };
+    Ok(match attempt? {
         Attempt::Acquired(guard) => Some(guard),
         Attempt::Busy { .. } => None,
     })
 }
 
-async fn run_attempt<A: Acquire>(primitive: &A) -> Result<Attempt<A::Guard>> {
-    Detached::from_boxed(primitive.attempt()).await
+async fn run_attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Guard>> {
+    Detached::from_boxed(core.background(), primitive.attempt()).await
 }

@@ -2,36 +2,47 @@
 //!
 //! Dropping a future that has sent a script but not read its reply would leave Redis
 //! changed and the caller unaware: an acquisition nobody will release, a release whose
-//! ticket nobody will close. [`Detached`] wraps such a future. While the caller polls it, it
-//! runs in the caller's task at no extra cost; if the caller drops it after it started,
-//! the rest of it is handed to a new task, and whatever it yields is dropped there (a guard
-//! dropped that way releases its lock).
+//! hold nobody will give back. [`Detached`] wraps such a future. While the caller polls it,
+//! it runs in the caller's task at no extra cost; if the caller drops it after it started,
+//! the rest of it is handed to a task on the client's own runtime (never the caller's,
+//! which may be ending), and whatever it yields is dropped there (a guard dropped that way
+//! releases its lock).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::runtime::Background;
+
 /// A started future that finishes even if its caller stops waiting.
-pub(crate) struct Detached<T: Send + 'static> {
+pub(crate) struct Detached<'a, T: Send + 'static> {
     future: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
     started: bool,
+    runtime: &'a Background,
 }
 
-impl<T: Send + 'static> Detached<T> {
-    pub(crate) fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
-        Self::from_boxed(Box::pin(future))
+impl<'a, T: Send + 'static> Detached<'a, T> {
+    pub(crate) fn new(
+        runtime: &'a Background,
+        future: impl Future<Output = T> + Send + 'static,
+    ) -> Self {
+        Self::from_boxed(runtime, Box::pin(future))
     }
 
     /// Wraps a future that is boxed already, without boxing it again.
-    pub(crate) fn from_boxed(future: Pin<Box<dyn Future<Output = T> + Send>>) -> Self {
+    pub(crate) fn from_boxed(
+        runtime: &'a Background,
+        future: Pin<Box<dyn Future<Output = T> + Send>>,
+    ) -> Self {
         Self {
             future: Some(future),
             started: false,
+            runtime,
         }
     }
 }
 
-impl<T: Send + 'static> Future for Detached<T> {
+impl<T: Send + 'static> Future for Detached<'_, T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
@@ -50,7 +61,7 @@ impl<T: Send + 'static> Future for Detached<T> {
     }
 }
 
-impl<T: Send + 'static> Drop for Detached<T> {
+impl<T: Send + 'static> Drop for Detached<'_, T> {
     fn drop(&mut self) {
         let Some(future) = self.future.take() else {
             return;
@@ -59,16 +70,8 @@ impl<T: Send + 'static> Drop for Detached<T> {
         if !self.started {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    drop(future.await);
-                });
-            }
-            Err(_) => tracing::warn!(
-                "an operation was cancelled outside a tokio runtime and cannot be finished; \
-                 any lock it took frees itself when its lease ends"
-            ),
-        }
+        self.runtime.spawn(async move {
+            drop(future.await);
+        });
     }
 }

@@ -13,5 +13,6 @@
 
 pub(crate) mod acquire;
 pub(crate) mod detach;
+pub(crate) mod latches;
 pub(crate) mod subscriptions;
 pub(crate) mod watchdog;

@@ -6,7 +6,8 @@
 //! Each message wakes one local waiter, oldest first (tokio's `Notify::notify_one`); a
 //! waiter that is dropped after being woken hands the wake-up to the next one.
 //!
-//! A background task owns the connection. When it breaks, the task reconnects with
+//! A task on the client's own runtime owns the connection (never the runtime of the first
+//! waiter, which may end long before the client does). When it breaks, the task reconnects with
 //! backoff, subscribes again to every channel still wanted, and then wakes every waiter,
 //! because messages published while it was away are gone.
 
@@ -36,6 +37,8 @@ const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
 pub(crate) struct Subscriptions {
     shared: Arc<Shared>,
     redis: redis::Client,
+    /// The client's own runtime, where the hub runs whoever waits first.
+    runtime: tokio::runtime::Handle,
     hub_started: OnceLock<()>,
     nudge_rx: Mutex<Option<mpsc::UnboundedReceiver<()>>>,
 }
@@ -83,6 +86,7 @@ impl Subscriptions {
     pub(crate) fn new(
         redis: redis::Client,
         timeout: Duration,
+        runtime: tokio::runtime::Handle,
         shutdown: CancellationToken,
     ) -> Self {
         let (nudge, nudge_rx) = mpsc::unbounded_channel();
@@ -94,6 +98,7 @@ impl Subscriptions {
                 shutdown,
             }),
             redis,
+            runtime,
             hub_started: OnceLock::new(),
             nudge_rx: Mutex::new(Some(nudge_rx)),
         }
@@ -153,7 +158,7 @@ impl Subscriptions {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .take();
             if let Some(receiver) = receiver {
-                tokio::spawn(run_hub(
+                self.runtime.spawn(run_hub(
                     Arc::clone(&self.shared),
                     self.redis.clone(),
                     receiver,

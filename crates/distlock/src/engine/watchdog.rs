@@ -1,22 +1,30 @@
-//! The renewal scheduler: one task per client keeps every held lease alive and says when
-//! one is lost.
+//! The renewal scheduler: one task per client, on the client's own runtime, keeps every
+//! held lease alive and says when one is lost.
 //!
-//! Each held lock is an entry with a *deadline*: the moment its lease may have run out on
-//! the server, measured on the local monotonic clock from before the command that last set
-//! the lease was sent (the server started its countdown no earlier than that). The task
-//! does two jobs:
+//! Each holding is an entry with a *deadline*: the moment its lease may have run out on the
+//! server, measured on the local monotonic clock from before the command that last set the
+//! lease was sent (the server started its countdown no earlier than that). The task does
+//! two jobs:
 //!
 //! - every third of the watchdog timeout it renews all watchdog-mode entries, one script
 //!   call per batch, and moves the deadline of each renewed entry forward;
-//! - it cancels an entry's *lost* token when a renewal finds another owner or no key, or
+//! - it fires an entry's *lost* signal when a renewal finds another owner or no key, or
 //!   when the deadline (less a margin for clock-rate drift and timer lateness) comes
 //!   without a successful renewal. The deadline timer does not wait for a renewal in
 //!   flight, so a hanging server cannot delay the signal.
 //!
+//! An entry lives exactly as long as its holding: a loss marks it, it never removes it,
+//! so the holding's release is still sent and the server has the last word. Once a
+//! holding's release starts (or its last guard is dropped), the entry stops renewing at
+//! once, and renewal replies still in flight are ignored: a renewal that finds the key
+//! gone because it was just released is not a loss.
+//!
 //! A failed renewal is logged and retried on the next tick; nothing stops the loop but the
-//! client going away.
+//! client shutting down.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,45 +35,49 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Config;
 use crate::connection::Connection;
+use crate::runtime::Background;
 use crate::scripts::LOCK_RENEW;
 
-/// One held lease, as the watchdog knows it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct LeaseKey {
+struct Entry {
     key: Arc<str>,
     owner: Arc<str>,
-}
-
-struct Entry {
-    /// Distinguishes this holding from an earlier one of the same key and owner.
-    id: u64,
-    /// Guards alive for this key and owner (reentrant acquisitions).
-    guards: usize,
-    /// How many of them asked for renewal; zero means a fixed lease.
-    renewing: usize,
     /// The lease the last command set; it sizes the safety margin.
     lease: Duration,
     deadline: Instant,
     /// When the command that set `deadline` was sent: a reply to an older command must
     /// not move the deadline, because the server applied the newer one last.
     set_at: Instant,
-    /// Created only when a guard asks for the lost signal: most guards never do, and a
+    /// Renewed by the watchdog: watchdog mode, not lost, release not started.
+    renew: bool,
+    /// Set when the holding is known lost; it is never cleared.
+    lost: bool,
+    /// The lost signal, created only when asked for: most holdings never are, and a
     /// process may hold many thousands of locks.
-    lost: Option<CancellationToken>,
+    signal: Option<CancellationToken>,
 }
 
 impl Entry {
-    /// Fires the lost signal of every guard of this holding. The caller removes the entry.
-    fn signal_lost(&self) {
-        if let Some(lost) = &self.lost {
-            lost.cancel();
+    fn fire_at(&self) -> Instant {
+        let margin = safety_margin(self.lease);
+        self.deadline.checked_sub(margin).unwrap_or(self.deadline)
+    }
+
+    fn is_trusted(&self, now: Instant) -> bool {
+        !self.lost && self.fire_at() > now
+    }
+
+    fn mark_lost(&mut self) {
+        self.lost = true;
+        self.renew = false;
+        if let Some(signal) = &self.signal {
+            signal.cancel();
         }
     }
 }
 
 #[derive(Default)]
 struct Registry {
-    entries: HashMap<LeaseKey, Entry>,
+    entries: HashMap<u64, Entry>,
     next_id: u64,
     /// When the scheduler will next wake by itself (`None`: only when told). A new lease
     /// wakes it early only if it needs attention before then, so that acquisitions do not
@@ -79,156 +91,12 @@ struct Shared {
     registry: Mutex<Registry>,
     /// Set while a renewal round is in flight: a hung server must not collect a new
     /// round every tick.
-    renewing_now: std::sync::atomic::AtomicBool,
+    renewing_now: AtomicBool,
     changed: Notify,
     connection: Connection,
     lease: Duration,
     lease_ms: u64,
     batch_size: usize,
-}
-
-/// A guard's stake in a tracked lease. Dropping it (a guard dropped outside a runtime, a
-/// release future dropped on a runtime that shuts down) ends the stake, so no lease is
-/// renewed for a guard that no longer exists.
-pub(crate) struct LeaseTicket {
-    shared: Arc<Shared>,
-    key: LeaseKey,
-    id: u64,
-    renewing: bool,
-    closed: bool,
-}
-
-impl LeaseTicket {
-    /// A token cancelled as soon as the lease can no longer be trusted (already cancelled
-    /// if that has happened).
-    pub(crate) fn lost_token(&self) -> CancellationToken {
-        let mut registry = self.shared.registry();
-        match registry.entries.get_mut(&self.key) {
-            Some(entry) if entry.id == self.id => entry
-                .lost
-                .get_or_insert_with(CancellationToken::new)
-                .clone(),
-            _ => {
-                let lost = CancellationToken::new();
-                lost.cancel();
-                lost
-            }
-        }
-    }
-
-    /// True while this ticket's holding is the one the watchdog tracks: not lost, not
-    /// replaced by a newer holding of the same owner.
-    pub(crate) fn is_current(&self) -> bool {
-        self.shared
-            .registry()
-            .entries
-            .get(&self.key)
-            .is_some_and(|entry| entry.id == self.id)
-    }
-
-    /// True while the holding is current and its deadline (less the safety margin) has
-    /// not come. Checks the clock itself, so it holds even when the watchdog task cannot
-    /// run (its runtime shut down, or is starved).
-    pub(crate) fn is_trusted(&self) -> bool {
-        self.shared
-            .registry()
-            .entries
-            .get(&self.key)
-            .is_some_and(|entry| entry.id == self.id && fire_at(entry) > Instant::now())
-    }
-
-    /// Completes with `true` when the lease is lost (the watchdog said so, or the local
-    /// deadline came), or with `false` when the holding ended without being lost (it was
-    /// released). It watches the clock itself, not only the watchdog, so a watchdog that
-    /// cannot run delays nothing.
-    pub(crate) fn watch(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
-        let shared = Arc::clone(&self.shared);
-        let key = self.key.clone();
-        let id = self.id;
-        let lost = self.lost_token();
-        async move {
-            loop {
-                if lost.is_cancelled() {
-                    return true;
-                }
-                let fire = {
-                    let registry = shared.registry();
-                    match registry.entries.get(&key) {
-                        Some(entry) if entry.id == id => fire_at(entry),
-                        // Gone without the lost signal: released.
-                        _ => return false,
-                    }
-                };
-                if fire <= Instant::now() {
-                    return true;
-                }
-                // A renewal moves the deadline; look again when the old one comes.
-                tokio::select! {
-                    _ = lost.cancelled() => return true,
-                    _ = tokio::time::sleep_until(fire) => {}
-                }
-            }
-        }
-    }
-
-    /// The local deadline of the lease, if the holding is current.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.shared
-            .registry()
-            .entries
-            .get(&self.key)
-            .filter(|entry| entry.id == self.id)
-            .map(|entry| entry.deadline)
-    }
-
-    /// Ends this guard's stake. `owner_released` is true when Redis said the owner no
-    /// longer holds the lock at all; any other guards of that owner have then lost it.
-    pub(crate) fn close(mut self, owner_released: bool) {
-        self.close_inner(owner_released);
-    }
-
-    fn close_inner(&mut self, owner_released: bool) {
-        if std::mem::replace(&mut self.closed, true) {
-            return;
-        }
-        let mut registry = self.shared.registry();
-        let Some(entry) = registry.entries.get_mut(&self.key) else {
-            return;
-        };
-        if entry.id != self.id {
-            return;
-        }
-        entry.guards = entry.guards.saturating_sub(1);
-        if self.renewing {
-            entry.renewing = entry.renewing.saturating_sub(1);
-        }
-        if entry.guards == 0 || owner_released {
-            if entry.guards > 0 {
-                entry.signal_lost();
-            }
-            registry.entries.remove(&self.key);
-        }
-    }
-}
-
-impl Drop for LeaseTicket {
-    fn drop(&mut self) {
-        self.close_inner(false);
-    }
-}
-
-/// What an acquisition reported, for [`Watchdog::track`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Acquired {
-    pub(crate) sent_at: Instant,
-    pub(crate) lease: Duration,
-    pub(crate) holds: u32,
-    pub(crate) renew: bool,
-}
-
-/// The client's renewal scheduler.
-pub(crate) struct Watchdog {
-    shared: Arc<Shared>,
 }
 
 impl Shared {
@@ -241,6 +109,122 @@ impl Shared {
     }
 }
 
+/// A holding's entry in the watchdog. Dropping it ends the entry without a lost signal:
+/// the holding is over.
+pub(crate) struct Lease {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Lease {
+    fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        self.shared.registry().entries.get_mut(&self.id).map(f)
+    }
+
+    /// A new token, cancelled as soon as the lease can no longer be trusted (already
+    /// cancelled if that has happened). Cancelling it affects nobody else.
+    pub(crate) fn lost_token(&self) -> CancellationToken {
+        self.with_entry(|entry| {
+            let signal = entry.signal.get_or_insert_with(|| {
+                let signal = CancellationToken::new();
+                if entry.lost {
+                    signal.cancel();
+                }
+                signal
+            });
+            signal.child_token()
+        })
+        .unwrap_or_else(|| {
+            // The holding is over: a token that never fires.
+            CancellationToken::new()
+        })
+    }
+
+    /// True while the holding is not known lost and its deadline (less the safety
+    /// margin) has not come. Checks the clock itself, so it holds even when the watchdog
+    /// task cannot run.
+    pub(crate) fn is_trusted(&self) -> bool {
+        let now = Instant::now();
+        self.with_entry(|entry| entry.is_trusted(now))
+            .unwrap_or(false)
+    }
+
+    /// The local deadline of the lease, while the holding is trusted.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.with_entry(|entry| entry.is_trusted(now).then_some(entry.deadline))
+            .flatten()
+    }
+
+    /// Completes with `true` when the lease is lost (the watchdog said so, or the local
+    /// deadline came), or with `false` when the holding ended without being lost. It
+    /// watches the clock itself, so a watchdog that cannot run delays nothing, and it
+    /// spawns nothing.
+    pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        let id = self.id;
+        let signal = self.lost_token();
+        async move {
+            loop {
+                if signal.is_cancelled() {
+                    return true;
+                }
+                let fire = {
+                    let registry = shared.registry();
+                    match registry.entries.get(&id) {
+                        Some(entry) if entry.lost => return true,
+                        Some(entry) => entry.fire_at(),
+                        None => return false,
+                    }
+                };
+                if fire <= Instant::now() {
+                    return true;
+                }
+                // A renewal moves the deadline; look again when the old one comes. The
+                // holding ending drops the parent signal, which does not cancel this
+                // child: the look at the deadline then finds the entry gone.
+                tokio::select! {
+                    _ = signal.cancelled() => return true,
+                    _ = tokio::time::sleep_until(fire) => {}
+                }
+            }
+        }
+    }
+
+    /// Stops renewing, at once: the holding's release has started or its last guard is
+    /// gone. Renewal replies still in flight are ignored from now on.
+    pub(crate) fn stop_renewing(&self) {
+        self.with_entry(|entry| entry.renew = false);
+    }
+
+    /// A command sent at `sent_at` set the lease to `lease` again (a partial release).
+    pub(crate) fn extended(&self, sent_at: Instant, lease: Duration) {
+        self.with_entry(|entry| {
+            if sent_at > entry.set_at && !entry.lost {
+                entry.lease = lease;
+                entry.deadline = sent_at + lease;
+                entry.set_at = sent_at;
+            }
+        });
+    }
+
+    /// The server said the owner no longer holds the lock.
+    pub(crate) fn mark_lost(&self) {
+        self.with_entry(Entry::mark_lost);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.shared.registry().entries.remove(&self.id);
+    }
+}
+
+/// The client's renewal scheduler.
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
 /// How long before the computed deadline the lost signal fires: the server's clock may run
 /// a little faster than ours (1 % of the lease, Redlock's drift allowance), and this task
 /// may wake a little late on a busy machine (5 ms; tokio's timer alone rounds to 1 ms).
@@ -250,118 +234,83 @@ pub(crate) fn safety_margin(lease: Duration) -> Duration {
 }
 
 impl Watchdog {
-    pub(crate) fn start(
-        connection: Connection,
-        config: &Config,
-        shutdown: CancellationToken,
-    ) -> Self {
+    pub(crate) fn start(connection: Connection, config: &Config, background: &Background) -> Self {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::default()),
-            renewing_now: std::sync::atomic::AtomicBool::new(false),
+            renewing_now: AtomicBool::new(false),
             changed: Notify::new(),
             connection,
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
             batch_size: config.renew_batch_size,
         });
-        tokio::spawn(run(Arc::clone(&shared), shutdown));
+        background.spawn_service(run(Arc::clone(&shared)));
         Self { shared }
     }
 
-    /// Whether this client tracks a live holding of `key` by `owner` (current, deadline
-    /// not reached): the acquire script re-enters only such a holding, and resets any other
-    /// hold count of the owner.
-    pub(crate) fn holds(&self, key: &Arc<str>, owner: &Arc<str>) -> bool {
-        let lease_key = LeaseKey {
-            key: Arc::clone(key),
-            owner: Arc::clone(owner),
-        };
-        // A holding past its deadline is lost, even before this task gets to remove it.
-        self.shared
-            .registry()
-            .entries
-            .get(&lease_key)
-            .is_some_and(|entry| fire_at(entry) > Instant::now())
-    }
-
-    /// Starts tracking the lease of `key` held by `owner`, or joins the tracked holding for
-    /// a reentrant acquisition. `sent_at` is when the command that set the lease was sent;
-    /// `lease` is what it set; `holds` is the owner's hold count it reported (1 means a new
-    /// holding: any older local holding of the same owner is over). `renew` asks the
-    /// watchdog to keep extending it.
+    /// Starts tracking a new holding of `key` by `owner`. `sent_at` is when the command
+    /// that set the lease was sent; `lease` is what it set; `renew` asks the watchdog to
+    /// keep extending it.
     pub(crate) fn track(
         &self,
         key: &Arc<str>,
         owner: &Arc<str>,
-        acquired: Acquired,
-    ) -> LeaseTicket {
-        let lease_key = LeaseKey {
+        sent_at: Instant,
+        lease: Duration,
+        renew: bool,
+    ) -> Lease {
+        let entry = Entry {
             key: Arc::clone(key),
             owner: Arc::clone(owner),
+            lease,
+            deadline: sent_at + lease,
+            set_at: sent_at,
+            renew,
+            lost: false,
+            signal: None,
         };
-        let deadline = acquired.sent_at + acquired.lease;
+        let fire = entry.fire_at();
         let mut registry = self.shared.registry();
-        let Registry {
-            entries, next_id, ..
-        } = &mut *registry;
-        if acquired.holds == 1 {
-            if let Some(stale) = entries.remove(&lease_key) {
-                // Redis counts one hold: the guards of the older holding hold nothing.
-                stale.signal_lost();
-            }
-        }
-        let entry = entries.entry(lease_key.clone()).or_insert_with(|| {
-            *next_id += 1;
-            Entry {
-                id: *next_id,
-                guards: 0,
-                renewing: 0,
-                lease: acquired.lease,
-                deadline,
-                set_at: acquired.sent_at,
-                lost: None,
-            }
-        });
-        entry.guards += 1;
-        // The command just sent set the lease to exactly `lease`, replacing whatever a
-        // reentrant holder's earlier acquisition or renewal had set.
-        entry.lease = acquired.lease;
-        entry.deadline = deadline;
-        entry.set_at = acquired.sent_at;
-        if acquired.renew {
-            entry.renewing += 1;
-        }
-        let ticket = LeaseTicket {
-            shared: Arc::clone(&self.shared),
-            key: lease_key,
-            id: entry.id,
-            renewing: acquired.renew,
-            closed: false,
-        };
-        let fire = fire_at(entry);
-        let needs_renewal_round = acquired.renew && !registry.renewal_scheduled;
+        registry.next_id += 1;
+        let id = registry.next_id;
+        registry.entries.insert(id, entry);
+        let needs_renewal_round = renew && !registry.renewal_scheduled;
         let needs_earlier_wake = registry.wake_at.is_none_or(|wake_at| fire < wake_at);
         drop(registry);
         if needs_renewal_round || needs_earlier_wake {
             self.shared.changed.notify_one();
         }
-        ticket
+        Lease {
+            shared: Arc::clone(&self.shared),
+            id,
+        }
     }
 
-    /// Leases tracked right now.
+    /// Holdings tracked right now that are still renewed or trusted.
     pub(crate) fn tracked(&self) -> usize {
-        self.shared.registry().entries.len()
+        let now = Instant::now();
+        self.shared
+            .registry()
+            .entries
+            .values()
+            .filter(|entry| entry.renew || entry.is_trusted(now))
+            .count()
     }
 }
 
-async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+async fn run(shared: Arc<Shared>) {
     let interval = shared.lease / 3;
     let mut next_renewal = Instant::now() + interval;
     loop {
         let (renewing, earliest_deadline) = {
             let mut registry = shared.registry();
-            let renewing = registry.entries.values().any(|entry| entry.renewing > 0);
-            let earliest = registry.entries.values().map(fire_at).min();
+            let renewing = registry.entries.values().any(|entry| entry.renew);
+            let earliest = registry
+                .entries
+                .values()
+                .filter(|entry| !entry.lost)
+                .map(Entry::fire_at)
+                .min();
             if !renewing {
                 // Nothing to renew: the first renewal of a new lease comes a full
                 // interval after it was taken.
@@ -379,7 +328,6 @@ async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         };
         let changed = shared.changed.notified();
         tokio::select! {
-            _ = shutdown.cancelled() => return,
             _ = changed => {}
             _ = tokio::time::sleep_until(next_renewal), if renewing => {
                 next_renewal += interval;
@@ -387,7 +335,7 @@ async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 if next_renewal < now {
                     next_renewal = now + interval;
                 }
-                if !shared.renewing_now.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                if !shared.renewing_now.swap(true, Ordering::AcqRel) {
                     tokio::spawn(renew_all(Arc::clone(&shared)));
                 } else {
                     tracing::warn!("previous renewal round still in flight; skipping this tick");
@@ -400,11 +348,6 @@ async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     }
 }
 
-fn fire_at(entry: &Entry) -> Instant {
-    let margin = safety_margin(entry.lease);
-    entry.deadline.checked_sub(margin).unwrap_or(entry.deadline)
-}
-
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -415,42 +358,42 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 fn expire_overdue(shared: &Shared) {
     let now = Instant::now();
     let mut registry = shared.registry();
-    registry.entries.retain(|lease, entry| {
-        if fire_at(entry) > now {
-            return true;
+    for entry in registry.entries.values_mut() {
+        if entry.lost || entry.fire_at() > now {
+            continue;
         }
         tracing::warn!(
-            lock = %lease.key,
-            owner = %lease.owner,
+            lock = %entry.key,
+            owner = %entry.owner,
             "lease deadline passed without a successful renewal; the lock is lost"
         );
-        entry.signal_lost();
-        false
-    });
+        entry.mark_lost();
+    }
 }
 
+/// One lease to renew: the entry's id, its key and its owner.
+type Due = (u64, Arc<str>, Arc<str>);
+
 async fn renew_all(shared: Arc<Shared>) {
-    let batches: Vec<Vec<(LeaseKey, u64)>> = {
+    let batches: Vec<Vec<Due>> = {
         let registry = shared.registry();
-        let due: Vec<(LeaseKey, u64)> = registry
+        let due: Vec<_> = registry
             .entries
             .iter()
-            .filter(|(_, entry)| entry.renewing > 0)
-            .map(|(key, entry)| (key.clone(), entry.id))
+            .filter(|(_, entry)| entry.renew)
+            .map(|(id, entry)| (*id, Arc::clone(&entry.key), Arc::clone(&entry.owner)))
             .collect();
         due.chunks(shared.batch_size).map(<[_]>::to_vec).collect()
     };
     join_all(batches.into_iter().map(|batch| renew_batch(&shared, batch))).await;
-    shared
-        .renewing_now
-        .store(false, std::sync::atomic::Ordering::Release);
+    shared.renewing_now.store(false, Ordering::Release);
 }
 
-async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
+async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     let mut invocation = LOCK_RENEW.prepare_invoke();
     invocation.arg(shared.lease_ms);
-    for (lease, _) in &batch {
-        invocation.key(&*lease.key).arg(&*lease.owner);
+    for (_, key, owner) in &batch {
+        invocation.key(&**key).arg(&**owner);
     }
     let mut connection = shared.connection.clone();
     let sent_at = Instant::now();
@@ -476,11 +419,13 @@ async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
     };
     let deadline = sent_at + shared.lease;
     let mut registry = shared.registry();
-    for ((lease, id), still_held) in batch.into_iter().zip(renewed) {
-        let Some(entry) = registry.entries.get_mut(&lease) else {
+    for ((id, key, owner), still_held) in batch.into_iter().zip(renewed) {
+        let Some(entry) = registry.entries.get_mut(&id) else {
             continue;
         };
-        if entry.id != id {
+        if !entry.renew {
+            // The release started (a renewal that finds the key gone is no loss), or the
+            // holding is already known lost.
             continue;
         }
         if still_held == 1 {
@@ -491,12 +436,11 @@ async fn renew_batch(shared: &Shared, batch: Vec<(LeaseKey, u64)>) {
             }
         } else {
             tracing::warn!(
-                lock = %lease.key,
-                owner = %lease.owner,
+                lock = %key,
+                owner = %owner,
                 "renewal found the lock gone or held by another owner; the lock is lost"
             );
-            entry.signal_lost();
-            registry.entries.remove(&lease);
+            entry.mark_lost();
         }
     }
 }

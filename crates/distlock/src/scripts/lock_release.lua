@@ -1,34 +1,39 @@
--- Releases one hold of a reentrant lock; the last hold deletes it and wakes a waiter.
+-- Gives back one hold of a holding; the last hold frees the lock and wakes a waiter.
 --
 -- KEYS[1]  lock hash
--- KEYS[2]  unlock latch: caches this request's answer, so a retry after an ambiguous
---          failure (the reply was lost, not the command) returns the same answer
--- ARGV[1]  owner, "<client uuid>:<holder id>"
--- ARGV[2]  channel to publish the release on
--- ARGV[3]  release message
--- ARGV[4]  how long the latch is kept, milliseconds
--- ARGV[5]  "1" when this is a retry of the same request (only then can the latch hold an
---          answer, so a first attempt does not read it)
+-- KEYS[2]  release channel (a key, so that on a cluster it is slot-checked with the lock
+--          and a sharded publish routes with it)
+-- KEYS[3]  unlock latch: caches the answer of a final release, so a retry after a lost
+--          reply reads the first answer instead of a false "not held"
+-- ARGV[1]  owner
+-- ARGV[2]  the owner's hold count after this release (0 = free the lock)
+-- ARGV[3]  lease, milliseconds: a partial release re-sets it, as Redisson's does
+-- ARGV[4]  release message
+-- ARGV[5]  how long the latch is kept, milliseconds ("0": write no latch)
+-- ARGV[6]  "1" when this is a retry of the same request
 --
--- Returns the holds the owner still has (0 = the lock is now free),
---         or -1 when the owner does not hold the lock.
--- While holds remain, the lease is left as it is: the remaining guards set it.
-if ARGV[5] == '1' then
-    local cached = redis.call('get', KEYS[2])
+-- Returns the hold count left (0 = the lock is now free), or -1 when the owner does not
+-- hold the lock (nothing is written then).
+--
+-- A partial release sets an absolute count, so repeating it is harmless and needs no
+-- latch. The client deletes the latch once it has read the reply.
+if ARGV[6] == '1' then
+    local cached = redis.call('get', KEYS[3])
     if cached then
         return tonumber(cached)
     end
 end
-local remaining = -1
-local holds = redis.call('hget', KEYS[1], ARGV[1])
-if holds then
-    if tonumber(holds) > 1 then
-        remaining = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-    else
-        remaining = 0
-        redis.call('del', KEYS[1])
-        redis.call('publish', ARGV[2], ARGV[3])
-    end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return -1
 end
-redis.call('set', KEYS[2], remaining, 'px', ARGV[4])
-return remaining
+if ARGV[2] ~= '0' then
+    redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+    redis.call('pexpire', KEYS[1], ARGV[3])
+    return tonumber(ARGV[2])
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[4])
+if ARGV[5] ~= '0' then
+    redis.call('set', KEYS[3], 0, 'px', ARGV[5])
+end
+return 0

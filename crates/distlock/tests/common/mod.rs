@@ -92,3 +92,17 @@ pub async fn until_free(lock: &distlock::Lock) {
     })
     .await;
 }
+
+/// Whether the server still has `guard`'s owner in its lock hash.
+pub async fn holds(
+    conn: &mut redis::aio::MultiplexedConnection,
+    guard: &distlock::LockGuard,
+) -> bool {
+    redis::cmd("HEXISTS")
+        .arg(guard.name())
+        .arg(guard.owner())
+        .query_async::<i64>(conn)
+        .await
+        .expect("HEXISTS")
+        == 1
+}

@@ -1,0 +1,78 @@
+//! Deleting unlock latches once their answer has been read.
+//!
+//! A final release leaves its answer in a short-lived key, so that a retry after a lost
+//! reply reads the first answer. Once the reply is read the key is garbage: it is queued
+//! here and deleted by a task on the client's own runtime, many per command when releases
+//! come fast, off the caller's critical path. A crash loses the queue; the keys then expire
+//! with their TTL.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::connection::Connection;
+use crate::runtime::Background;
+
+/// At most this many keys per UNLINK, so one command never blocks Redis for long.
+const MAX_PER_COMMAND: usize = 500;
+
+pub(crate) struct Latches {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pending: Mutex<Vec<String>>,
+    connection: Connection,
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, Vec<String>> {
+        // A push or a take cannot be left half-done by a panic.
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Latches {
+    pub(crate) fn new(connection: Connection) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pending: Mutex::new(Vec::new()),
+                connection,
+            }),
+        }
+    }
+
+    /// Queues `latch` for deletion. The first key of an empty queue starts a drain; the
+    /// client's shutdown waits for it.
+    pub(crate) fn discard(&self, background: &Background, latch: String) {
+        let first = {
+            let mut pending = self.shared.pending();
+            pending.push(latch);
+            pending.len() == 1
+        };
+        if first {
+            background.spawn(drain(Arc::clone(&self.shared)));
+        }
+    }
+}
+
+async fn drain(shared: Arc<Shared>) {
+    let mut connection = shared.connection.clone();
+    loop {
+        let batch: Vec<String> = {
+            let mut pending = shared.pending();
+            let keep = pending.len().saturating_sub(MAX_PER_COMMAND);
+            pending.split_off(keep)
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let deleted = redis::cmd("UNLINK")
+            .arg(&batch)
+            .query_async::<i64>(&mut connection)
+            .await;
+        if let Err(err) = deleted {
+            tracing::debug!(error = %err, keys = batch.len(), "could not delete unlock latches; they expire by themselves");
+        }
+    }
+}
