@@ -29,6 +29,7 @@ pub struct ClientBuilder {
     /// `None`: the default, stretched to outlive the release's retries.
     unlock_latch_ttl: Option<Duration>,
     renew_batch_size: usize,
+    allow_eviction: bool,
 }
 
 /// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
@@ -73,6 +74,7 @@ impl Default for ClientBuilder {
             response_timeout: Duration::from_millis(1000),
             unlock_latch_ttl: None,
             renew_batch_size: 200,
+            allow_eviction: false,
         }
     }
 }
@@ -107,6 +109,16 @@ impl ClientBuilder {
     /// answer as soon as it has read it, so this only bounds what a crash leaves.
     pub fn unlock_latch_ttl(mut self, ttl: Duration) -> Self {
         self.unlock_latch_ttl = Some(ttl);
+        self
+    }
+
+    /// Connect even if the server may evict keys (a `maxmemory-policy` other than
+    /// `noeviction`). Off by default, because eviction breaks the lock: a `volatile-*`
+    /// policy evicts lock keys first (they are the keys with a TTL), handing the lock to
+    /// another client while the holder still trusts it, and an `allkeys-*` policy can also
+    /// evict the fencing counter, restarting tokens at 1. See docs/safety.md.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 
@@ -199,7 +211,11 @@ impl ClientBuilder {
             })?;
         scripts::preload(&connection)
             .await
-            .map_err(|source| Error::Connect { target, source })?;
+            .map_err(|source| Error::Connect {
+                target: target.clone(),
+                source,
+            })?;
+        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         Ok(Client::start(config, redis_client, connection, background))
     }
 
@@ -221,13 +237,57 @@ impl ClientBuilder {
         let connection =
             background_connection(&background, &redis_client, &config, connection.into())
                 .await
-                .map_err(|source| Error::Connect { target, source })?;
+                .map_err(|source| Error::Connect {
+                    target: target.clone(),
+                    source,
+                })?;
         if let Err(err) = scripts::preload(&connection).await {
             // Not fatal: each script is loaded again on first use.
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
+        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         Ok(Client::start(config, redis_client, connection, background))
     }
+}
+
+/// Refuses a server that may evict keys, unless the caller allowed it. A server that will
+/// not say (CONFIG is often renamed or forbidden on managed Redis and for ACL users) is
+/// accepted with one warning: the check is a seatbelt, not a gate.
+async fn check_eviction_policy(connection: &Connection, target: &str, allowed: bool) -> Result<()> {
+    let mut connection = connection.clone();
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut connection)
+        .await;
+    let policy = match reply {
+        Ok(pair) => match pair.into_iter().nth(1) {
+            Some(policy) => policy,
+            None => {
+                tracing::warn!(%target, "the server did not report its maxmemory-policy; make sure it is noeviction");
+                return Ok(());
+            }
+        },
+        Err(err) => {
+            tracing::warn!(
+                %target,
+                error = %err,
+                "cannot read maxmemory-policy (CONFIG unavailable); make sure it is noeviction"
+            );
+            return Ok(());
+        }
+    };
+    if policy == "noeviction" {
+        return Ok(());
+    }
+    if allowed {
+        tracing::warn!(%target, %policy, "the server may evict lock keys; allowed by allow_eviction(true)");
+        return Ok(());
+    }
+    Err(Error::EvictionPolicy {
+        target: target.to_owned(),
+        policy,
+    })
 }
 
 fn manager_config(config: &Config) -> ConnectionManagerConfig {

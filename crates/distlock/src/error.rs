@@ -74,6 +74,21 @@ pub enum Error {
         detail: String,
     },
 
+    /// The server may evict keys under memory pressure, which breaks locks: an evicted
+    /// lock key hands the lock to another client while its holder still trusts it, and an
+    /// evicted fencing counter restarts tokens. Set `maxmemory-policy noeviction`, or
+    /// accept the risk with [`ClientBuilder::allow_eviction`](crate::ClientBuilder::allow_eviction).
+    #[error(
+        "the Redis at {target} has maxmemory-policy {policy}: evicted lock keys break mutual \
+         exclusion; set it to noeviction, or opt in with ClientBuilder::allow_eviction(true)"
+    )]
+    EvictionPolicy {
+        /// Where the client connected.
+        target: String,
+        /// The server's policy.
+        policy: String,
+    },
+
     /// The lock is not held by the owner that tried to release it: it was never taken,
     /// it was already released, or its lease expired.
     #[error("lock {name:?} is not held by owner {owner}")]

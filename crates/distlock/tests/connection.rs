@@ -119,3 +119,68 @@ async fn a_client_can_wrap_an_existing_connection_manager() {
     })
     .await;
 }
+
+/// A server that may evict keys is refused unless the caller opts in: an evicted lock key
+/// hands the lock to another client while the holder still trusts it.
+#[tokio::test]
+async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
+    for policy in ["volatile-lru", "allkeys-lru", "volatile-ttl"] {
+        let server = RedisServer::start_with_args(&["--maxmemory-policy", policy])
+            .await
+            .unwrap();
+        let err = Client::connect(&server.url()).await.unwrap_err();
+        assert!(
+            matches!(err, Error::EvictionPolicy { policy: ref got, .. } if got == policy),
+            "{policy}: {err}"
+        );
+        assert!(err.to_string().contains("noeviction"), "{err}");
+        let client = Client::builder()
+            .allow_eviction(true)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        client
+            .lock("evictable")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+/// An ACL user that may not run CONFIG cannot be checked; it connects with a warning.
+#[tokio::test]
+async fn a_user_without_config_rights_connects_anyway() {
+    let server = RedisServer::start().await.unwrap();
+    let mut admin = server.connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "app",
+                "on",
+                ">app-pass",
+                "~*",
+                "&*",
+                "+@all",
+                "-config",
+            ][..],
+        )
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://app:app-pass@127.0.0.1:{}/", server.port());
+    let client = Client::connect(&url).await.unwrap();
+    client
+        .lock("no-config")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
