@@ -15,7 +15,7 @@ use crate::engine::latches::Latches;
 use crate::engine::subscriptions::Subscriptions;
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
-use crate::keys::validate_name;
+use crate::keys::{validate_name, FencingCounter};
 use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::runtime::Background;
 use crate::scripts;
@@ -30,6 +30,7 @@ pub struct ClientBuilder {
     unlock_latch_ttl: Option<Duration>,
     renew_batch_size: usize,
     allow_eviction: bool,
+    fencing_counter: FencingCounter,
 }
 
 /// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
@@ -44,6 +45,7 @@ pub(crate) struct Config {
     pub(crate) response_timeout: Duration,
     pub(crate) unlock_latch_ttl_ms: u64,
     pub(crate) renew_batch_size: usize,
+    pub(crate) fencing_counter: FencingCounter,
 }
 
 impl Config {
@@ -75,6 +77,7 @@ impl Default for ClientBuilder {
             unlock_latch_ttl: None,
             renew_batch_size: 200,
             allow_eviction: false,
+            fencing_counter: FencingCounter::PerSlot,
         }
     }
 }
@@ -122,6 +125,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Where fencing tokens come from; see [`FencingCounter`]. Default: one counter per
+    /// hash slot, so the keys left behind stay bounded however many names are locked.
+    pub fn fencing_counter(mut self, counter: FencingCounter) -> Self {
+        self.fencing_counter = counter;
+        self
+    }
+
     /// How many locks one renewal script extends. Default 200; at most 1000.
     pub fn renew_batch_size(mut self, size: usize) -> Self {
         self.renew_batch_size = size;
@@ -161,6 +171,7 @@ impl ClientBuilder {
             response_timeout: self.response_timeout,
             unlock_latch_ttl_ms,
             renew_batch_size: self.renew_batch_size,
+            fencing_counter: self.fencing_counter,
         };
         let window = config.release_window();
         if unlock_latch_ttl <= window {

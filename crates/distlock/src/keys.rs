@@ -5,6 +5,11 @@
 //! lock lands in the same Redis Cluster slot and one script may touch them all. A name that
 //! already contains `{` is used as is (`prefix:name`): its own tag then decides the slot.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use redis::cluster_routing::Slot;
+
 use crate::error::{Error, Result};
 
 /// Redis keys may be up to 512 MB; a lock name that large is a bug, and it would be copied
@@ -37,10 +42,57 @@ pub(crate) fn tagged(prefix: &str, name: &str) -> String {
     }
 }
 
+/// Where a lock's fencing tokens come from.
+///
+/// Tokens must strictly increase per lock name. A counter per name does that, but leaves
+/// one key behind for every name ever locked: per-request lock names then grow Redis
+/// forever. A counter per Redis Cluster hash slot does it too (a name's tokens come from
+/// one counter that only goes up), with at most 16,384 keys whatever the number of names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FencingCounter {
+    /// One counter per hash slot, `distlock_fence:{<tag>}`, where `<tag>` is a short string
+    /// in the same slot as the lock name (so scripts stay single-slot on a cluster).
+    /// Tokens of names that share a slot interleave, with gaps per name. The default.
+    #[default]
+    PerSlot,
+    /// One counter per lock name, `redisson_lock_token:{<name>}`, as Redisson's
+    /// `RFencedLock`. Choose it to share tokens with Redisson; every name locked leaves
+    /// its counter behind.
+    PerName,
+}
+
 /// The fencing-token counter of the lock `name`: never expired, so tokens keep increasing
 /// across holders.
-pub(crate) fn token_key(name: &str) -> String {
-    tagged("redisson_lock_token", name)
+pub(crate) fn token_key(counter: FencingCounter, name: &str) -> String {
+    match counter {
+        FencingCounter::PerName => tagged("redisson_lock_token", name),
+        FencingCounter::PerSlot => format!("distlock_fence:{{{}}}", slot_tag(name)),
+    }
+}
+
+/// For every hash slot, the smallest decimal number whose text hashes to it. Built once,
+/// on first use, by hashing numbers until every slot has one (about 180,000 hashes, a few
+/// milliseconds); redis-rs's own slot function, so it agrees with the cluster client.
+static SLOT_TAGS: LazyLock<HashMap<Slot, u32>> = LazyLock::new(|| {
+    const SLOTS: usize = 16_384;
+    let mut tags = HashMap::with_capacity(SLOTS);
+    let mut candidate: u32 = 0;
+    while tags.len() < SLOTS {
+        tags.entry(Slot::for_key(candidate.to_string()))
+            .or_insert(candidate);
+        candidate += 1;
+    }
+    tags
+});
+
+/// A short tag that hashes to the same slot as the key `name`.
+fn slot_tag(name: &str) -> u32 {
+    // Every slot has a tag: the table is filled until it covers all of them.
+    SLOT_TAGS
+        .get(&Slot::for_key(name))
+        .copied()
+        .unwrap_or_default()
 }
 
 /// The channel on which a release of the lock `name` is published.
@@ -59,8 +111,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn per_slot_counters_share_the_lock_names_slot() {
+        for name in ["orders", "coupon:42", "{user:7}:cart", "é", "x"] {
+            let key = token_key(FencingCounter::PerSlot, name);
+            assert_eq!(Slot::for_key(&key), Slot::for_key(name), "{name} -> {key}");
+            assert!(key.len() <= "distlock_fence:{16383}".len() + 10, "{key}");
+        }
+    }
+
+    #[test]
     fn follows_redisson_layout() {
-        assert_eq!(token_key("orders"), "redisson_lock_token:{orders}");
+        assert_eq!(
+            token_key(FencingCounter::PerName, "orders"),
+            "redisson_lock_token:{orders}"
+        );
         assert_eq!(release_channel("orders"), "redisson_lock__channel:{orders}");
         assert_eq!(
             unlock_latch("orders", "r1"),
@@ -71,7 +135,7 @@ mod tests {
     #[test]
     fn keeps_a_users_own_hash_tag() {
         assert_eq!(
-            token_key("{user:7}:cart"),
+            token_key(FencingCounter::PerName, "{user:7}:cart"),
             "redisson_lock_token:{user:7}:cart"
         );
     }

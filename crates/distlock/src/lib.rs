@@ -56,4 +56,5 @@ mod scripts;
 pub use client::{Client, ClientBuilder};
 pub use connection::{Connection, RedisConnection};
 pub use error::{Error, Result};
+pub use keys::FencingCounter;
 pub use lock::{Lock, LockGuard};

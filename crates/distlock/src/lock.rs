@@ -204,7 +204,7 @@ impl Lock {
         Ok(LockAttempt {
             core: Arc::clone(self.client.core()),
             name: Arc::clone(&self.name),
-            token_key: token_key(&self.name).into(),
+            token_key: token_key(self.client.core().config().fencing_counter, &self.name).into(),
             channel: release_channel(&self.name).into(),
             lease,
             lease_ms: to_millis("lease", lease)?,
@@ -360,7 +360,7 @@ impl Holding {
     /// nobody drives) must not be renewed forever.
     fn guard_gone(&self) {
         if self.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.lease_entry.stop_renewing();
+            self.lease_entry.closing();
         }
     }
 

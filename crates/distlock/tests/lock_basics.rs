@@ -201,7 +201,12 @@ async fn introspection_reports_the_servers_view() {
 #[tokio::test]
 async fn data_layout_matches_redisson() {
     let server = server().await;
-    let client = client(&server).await;
+    // Redisson's RFencedLock keeps one counter per name.
+    let client = distlock::Client::builder()
+        .fencing_counter(distlock::FencingCounter::PerName)
+        .connect(&server.url())
+        .await
+        .unwrap();
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let lock = client.lock("layout").unwrap();

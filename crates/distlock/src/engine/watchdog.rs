@@ -49,6 +49,8 @@ struct Entry {
     set_at: Instant,
     /// Renewed by the watchdog: watchdog mode, not lost, release not started.
     renew: bool,
+    /// The holding's last guard is gone: its release is under way.
+    closing: bool,
     /// Set when the holding is known lost; it is never cleared.
     lost: bool,
     /// The lost signal, created only when asked for: most holdings never are, and a
@@ -191,10 +193,14 @@ impl Lease {
         }
     }
 
-    /// Stops renewing, at once: the holding's release has started or its last guard is
-    /// gone. Renewal replies still in flight are ignored from now on.
-    pub(crate) fn stop_renewing(&self) {
-        self.with_entry(|entry| entry.renew = false);
+    /// Stops renewing, at once: the holding's last guard is gone (released or dropped),
+    /// and its release is under way. Renewal replies still in flight are ignored from now
+    /// on.
+    pub(crate) fn closing(&self) {
+        self.with_entry(|entry| {
+            entry.renew = false;
+            entry.closing = true;
+        });
     }
 
     /// A command sent at `sent_at` set the lease to `lease` again (a partial release).
@@ -266,6 +272,7 @@ impl Watchdog {
             deadline: sent_at + lease,
             set_at: sent_at,
             renew,
+            closing: false,
             lost: false,
             signal: None,
         };
@@ -286,14 +293,14 @@ impl Watchdog {
         }
     }
 
-    /// Holdings tracked right now that are still renewed or trusted.
+    /// Holdings tracked right now that have a guard and are renewed or trusted.
     pub(crate) fn tracked(&self) -> usize {
         let now = Instant::now();
         self.shared
             .registry()
             .entries
             .values()
-            .filter(|entry| entry.renew || entry.is_trusted(now))
+            .filter(|entry| !entry.closing && (entry.renew || entry.is_trusted(now)))
             .count()
     }
 }

@@ -106,3 +106,22 @@ pub async fn holds(
         .expect("HEXISTS")
         == 1
 }
+
+/// The values of every per-slot fencing counter on the server.
+pub async fn fencing_counters(conn: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("distlock_fence:*")
+        .query_async(conn)
+        .await
+        .expect("KEYS");
+    let mut values = Vec::new();
+    for key in keys {
+        let value: u64 = redis::cmd("GET")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .expect("GET counter");
+        values.push(value);
+    }
+    values
+}
