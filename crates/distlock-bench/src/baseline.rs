@@ -61,14 +61,17 @@ pub async fn run(
                                 .key(&token)
                                 .arg(30_000)
                                 .arg("bench:1")
-                                .arg("0")
-                                .invoke_async::<Vec<i64>>(&mut connection)
+                                .invoke_async::<i64>(&mut connection)
                                 .await?;
+                            // A final release, as the lock sends it: channel and latch as
+                            // keys; hold count 0, lease, message, latch PX, first attempt.
                             RELEASE
                                 .key(&key)
+                                .key("bench:channel")
                                 .key(format!("{key}:latch:{request}"))
                                 .arg("bench:1")
-                                .arg("bench:channel")
+                                .arg(0)
+                                .arg(30_000)
                                 .arg("0")
                                 .arg(10_000)
                                 .arg("0")
