@@ -390,7 +390,11 @@ impl Holding {
                 } else {
                     0
                 })
-                .arg(if attempt > 1 { "1" } else { "0" })
+                .arg(if attempt > 1 && latch.is_some() {
+                    "1"
+                } else {
+                    "0"
+                })
                 .invoke_async::<i64>(&mut connection)
                 .await;
             match reply {

@@ -196,3 +196,33 @@ async fn a_zero_timeout_still_tries_once() {
     })
     .await;
 }
+
+/// A partial release whose reply is lost is sent again; the repeat must succeed (a partial
+/// release writes no latch, so there is no cached answer to read).
+#[tokio::test]
+async fn a_partial_release_retried_after_a_lost_reply_succeeds() {
+    let server = server().await;
+    // Replies wait 200 ms; a release is sent up to three times, 25 and 50 ms apart.
+    let client = client_with_watchdog(&server, Duration::from_secs(30)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("partial-retry").unwrap();
+        let outer = lock.lock().await.unwrap();
+        let inner = outer.reenter().await.unwrap();
+        server.pause().unwrap();
+        let release = tokio::spawn(inner.release());
+        // Past the first attempt's timeout, inside the retries.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.resume().unwrap();
+        let outcome = release.await.unwrap();
+        assert!(
+            outcome.is_ok(),
+            "a retried partial release said {outcome:?}"
+        );
+        let on_server: i64 = conn.hget("partial-retry", outer.owner()).await.unwrap();
+        assert_eq!(on_server, 1);
+        outer.release().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+    })
+    .await;
+}

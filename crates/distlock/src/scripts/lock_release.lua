@@ -10,14 +10,15 @@
 -- ARGV[3]  lease, milliseconds: a partial release re-sets it, as Redisson's does
 -- ARGV[4]  release message
 -- ARGV[5]  how long the latch is kept, milliseconds ("0": write no latch)
--- ARGV[6]  "1" when this is a retry of the same request
+-- ARGV[6]  "1" when this is a retry of a request that may have written its latch (only a
+--          final release writes one; a partial release has no latch to read)
 --
 -- Returns the hold count left (0 = the lock is now free), or -1 when the owner does not
 -- hold the lock (nothing is written then).
 --
 -- A partial release sets an absolute count, so repeating it is harmless and needs no
 -- latch. The client deletes the latch once it has read the reply.
-if ARGV[6] == '1' then
+if ARGV[6] == '1' and ARGV[5] ~= '0' then
     local cached = redis.call('get', KEYS[3])
     if cached then
         return tonumber(cached)
