@@ -136,21 +136,16 @@ impl Background {
     /// starts the shutdown.
     pub(crate) fn shutdown_blocking(&self, limit: Duration) {
         self.tasks.close();
-        if self.is_current_thread() {
-            let tasks = self.tasks.clone();
-            let stop = self.stop.clone();
-            self.handle.spawn(async move {
-                tasks.wait().await;
-                stop.cancel();
-            });
-            return;
-        }
         let tasks = self.tasks.clone();
         let stop = self.stop.clone();
         self.handle.spawn(async move {
             let _ = tokio::time::timeout(limit, tasks.wait()).await;
             stop.cancel();
         });
+        if self.is_current_thread() {
+            // Waiting here would stop the very thread that has to do the work.
+            return;
+        }
         let finished = self
             .finished
             .lock()

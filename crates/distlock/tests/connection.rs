@@ -139,15 +139,7 @@ async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
             .connect(&server.url())
             .await
             .unwrap();
-        client
-            .lock("evictable")
-            .unwrap()
-            .lock()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        common::lock_once(&client, "evictable").await;
     }
 }
 
@@ -174,13 +166,5 @@ async fn a_user_without_config_rights_connects_anyway() {
         .unwrap();
     let url = format!("redis://app:app-pass@127.0.0.1:{}/", server.port());
     let client = Client::connect(&url).await.unwrap();
-    client
-        .lock("no-config")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    common::lock_once(&client, "no-config").await;
 }

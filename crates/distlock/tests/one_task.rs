@@ -81,11 +81,14 @@ async fn a_second_guard_of_one_task_survives_the_first_ones_release() {
         let lock = client.lock("two-in-flight").unwrap();
         let rival_lock = rival.lock("two-in-flight").unwrap();
         for round in 0..20 {
-            let (first, second) =
-                tokio::join!(lock.lock(), lock.try_lock_for(Duration::from_millis(100)));
-            let first = first.unwrap();
-            match second.unwrap() {
-                Some(second) => {
+            // Both bounded: whichever wins holds until the join ends, so the other must
+            // time out. (An unbounded `lock()` would wait forever if it lost.)
+            let (first, second) = tokio::join!(
+                lock.try_lock_for(Duration::from_millis(300)),
+                lock.try_lock_for(Duration::from_millis(100))
+            );
+            match (first.unwrap(), second.unwrap()) {
+                (Some(first), Some(second)) => {
                     // Only possible if the two shared the lock.
                     first.release().await.unwrap();
                     let stolen = rival_lock.try_lock().await.unwrap();
@@ -98,7 +101,8 @@ async fn a_second_guard_of_one_task_survives_the_first_ones_release() {
                     second.release().await.unwrap();
                     panic!("round {round}: two guards of one lock at once");
                 }
-                None => first.release().await.unwrap(),
+                (Some(winner), None) | (None, Some(winner)) => winner.release().await.unwrap(),
+                (None, None) => panic!("round {round}: a free lock went to neither"),
             }
         }
     })

@@ -125,3 +125,9 @@ pub async fn fencing_counters(conn: &mut redis::aio::MultiplexedConnection) -> V
     }
     values
 }
+
+/// Takes `name` once through `client` and releases it: proof the client works.
+pub async fn lock_once(client: &Client, name: &str) {
+    let guard = client.lock(name).unwrap().lock().await.unwrap();
+    guard.release().await.unwrap();
+}
