@@ -152,20 +152,28 @@ impl Lock {
 
     /// True if anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool> {
-        let mut connection = self.client.connection();
-        Ok(redis::cmd("EXISTS")
-            .arg(&*self.name)
-            .query_async::<i64>(&mut connection)
-            .await?
-            == 1)
+        let exists = redis::cmd("EXISTS").arg(&*self.name).clone();
+        let count: i64 = self
+            .client
+            .core()
+            .request(|mut connection| {
+                let exists = &exists;
+                async move { exists.query_async(&mut connection).await }
+            })
+            .await?;
+        Ok(count == 1)
     }
 
     /// How long the current lease has left on the server, or `None` if the lock is free.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
-        let mut connection = self.client.connection();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&*self.name)
-            .query_async(&mut connection)
+        let pttl = redis::cmd("PTTL").arg(&*self.name).clone();
+        let pttl: i64 = self
+            .client
+            .core()
+            .request(|mut connection| {
+                let pttl = &pttl;
+                async move { pttl.query_async(&mut connection).await }
+            })
             .await?;
         Ok(match pttl {
             -2 => None,
@@ -179,12 +187,15 @@ impl Lock {
     /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
     /// next renewal.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let mut connection = self.client.connection();
-        let deleted: i64 = LOCK_FORCE_UNLOCK
-            .key(&*self.name)
-            .key(release_channel(&self.name))
-            .arg(RELEASE_MESSAGE)
-            .invoke_async(&mut connection)
+        let channel = release_channel(&self.name);
+        let deleted: i64 = self
+            .client
+            .core()
+            .request(|mut connection| {
+                let mut unlock = LOCK_FORCE_UNLOCK.key(&*self.name);
+                unlock.key(&channel).arg(RELEASE_MESSAGE);
+                async move { unlock.invoke_async(&mut connection).await }
+            })
             .await?;
         Ok(deleted == 1)
     }
@@ -401,7 +412,10 @@ impl Holding {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                     tracing::debug!(error = %err, attempt, "release reply lost; asking again");
                     // Give a reconnecting connection a moment; repeats are safe.
-                    tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
+                    self.core
+                        .background()
+                        .pause(RELEASE_RETRY_PAUSE * attempt)
+                        .await;
                     attempt += 1;
                 }
                 other => break (other, sent_at),
@@ -456,7 +470,10 @@ impl Holding {
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                     // The count is absolute: sending it again cannot add a second hold.
-                    tokio::time::sleep(RELEASE_RETRY_PAUSE * attempt).await;
+                    self.core
+                        .background()
+                        .pause(RELEASE_RETRY_PAUSE * attempt)
+                        .await;
                     attempt += 1;
                 }
                 other => break other,
@@ -652,6 +669,7 @@ impl LockGuard {
     pub async fn reenter(&self) -> Result<LockGuard> {
         let holding = Arc::clone(self.hold.holding_arc());
         let core = Arc::clone(&holding.core);
+        core.ensure_open()?;
         let hold = Detached::new(core.background(), holding.add_hold()).await?;
         Ok(LockGuard {
             hold,
@@ -669,6 +687,7 @@ impl LockGuard {
         let holding = hold.take();
         holding.guard_gone();
         let core = Arc::clone(&holding.core);
+        core.ensure_open()?;
         Detached::new(core.background(), holding.give_back()).await
     }
 }

@@ -101,6 +101,14 @@ impl Background {
         }
     }
 
+    /// Sleeps for `duration` on the client's runtime's clock. Code that may finish on this
+    /// runtime after its caller has gone (a cancelled release) must not wait on a timer of
+    /// the caller's runtime: that runtime may be blocked, or never driven again.
+    pub(crate) async fn pause(&self, duration: Duration) {
+        // An error means this runtime is gone: nothing left to wait for.
+        let _ = self.handle.spawn(tokio::time::sleep(duration)).await;
+    }
+
     /// Runs a long-lived service on the client's runtime until shutdown.
     pub(crate) fn spawn_service<F>(&self, service: F)
     where

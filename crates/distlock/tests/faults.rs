@@ -256,3 +256,38 @@ async fn a_release_after_a_deadline_passed_mid_renewal_still_frees_the_lock() {
     })
     .await;
 }
+
+/// After a restart, the first call of each kind works: a connection found dropped is
+/// reopened by that failure, and the call is sent once more instead of failing.
+async fn first_calls_after_a_restart_succeed() {
+    let mut server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("after-restart").unwrap();
+        assert!(!lock.is_locked().await.unwrap());
+        server.restart().await.unwrap();
+        assert!(!lock.is_locked().await.unwrap(), "is_locked");
+        server.restart().await.unwrap();
+        assert_eq!(lock.remaining_ttl().await.unwrap(), None, "remaining_ttl");
+        server.restart().await.unwrap();
+        assert!(!lock.force_unlock().await.unwrap(), "force_unlock");
+        server.restart().await.unwrap();
+        let guard = lock
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("free after a restart");
+        guard.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn first_calls_after_a_restart_succeed_on_a_current_thread_runtime() {
+    first_calls_after_a_restart_succeed().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_calls_after_a_restart_succeed_on_a_multi_thread_runtime() {
+    first_calls_after_a_restart_succeed().await;
+}

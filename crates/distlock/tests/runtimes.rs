@@ -211,3 +211,266 @@ fn main_returning_with_a_guard_leaves_no_lock() {
         assert_eq!(exists, 0, "the lock outlived the process that held it");
     });
 }
+
+/// Watches `name`'s release channel from a thread of its own (so it runs while the test's
+/// runtimes are blocked) and sends the moment of the first release message.
+fn release_watcher(server: &RedisServer, name: &str) -> std::sync::mpsc::Receiver<Instant> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (released_tx, released_rx) = std::sync::mpsc::channel();
+    let client = server.client().unwrap();
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    std::thread::spawn(move || {
+        runtime(false).block_on(async move {
+            let mut pubsub = client.get_async_pubsub().await.unwrap();
+            pubsub.subscribe(channel).await.unwrap();
+            ready_tx.send(()).unwrap();
+            if pubsub.on_message().next().await.is_some() {
+                let _ = released_tx.send(Instant::now());
+            }
+        });
+    });
+    ready_rx.recv_timeout(LIMIT).expect("watcher subscribed");
+    released_rx
+}
+
+/// A synchronous connection, usable from a thread whose runtime is blocked.
+fn sync_connection(server: &RedisServer) -> redis::Connection {
+    server.client().unwrap().get_connection().unwrap()
+}
+
+/// Polls `key` from the calling thread, with no runtime, until `present` says what it
+/// should; true if it did within `limit`.
+fn key_becomes(conn: &mut redis::Connection, key: &str, present: bool, limit: Duration) -> bool {
+    let give_up = Instant::now() + limit;
+    loop {
+        let exists: i64 = redis::cmd("EXISTS").arg(key).query(conn).unwrap();
+        if (exists == 1) == present {
+            return true;
+        }
+        if Instant::now() >= give_up {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Polls `future` exactly once, as a `select!` whose other branch is ready at once does,
+/// and drops it. (On a current-thread runtime a network call cannot finish in one poll;
+/// on a multi-thread one, another worker may rarely answer it within that poll.)
+async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    let _ = futures_util::poll!(future.as_mut());
+}
+
+/// The fencing tokens handed out so far on the server, over all counters.
+fn tokens_issued(conn: &mut redis::Connection) -> u64 {
+    let counters: Vec<String> = redis::cmd("KEYS")
+        .arg("distlock_fence:*")
+        .query(conn)
+        .unwrap();
+    counters
+        .iter()
+        .map(|key| redis::cmd("GET").arg(key).query::<u64>(conn).unwrap())
+        .sum()
+}
+
+/// A release cancelled on a current_thread runtime, which then blocks on synchronous work
+/// (here: waiting for the release itself), still reaches Redis at once: it must not wait
+/// for that runtime to be driven again.
+fn cancelled_release_on_a_blocked_runtime(multi_thread: bool) {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let released = release_watcher(&server, "cancelled-release");
+    runtime(multi_thread).block_on(async {
+        let client = common::client(&server).await;
+        let guard = client
+            .lock("cancelled-release")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let cancelled_at = Instant::now();
+        cancel_after_first_poll(guard.release()).await;
+        // Synchronous work on this runtime's thread.
+        let released_at = released.recv_timeout(Duration::from_secs(3));
+        let after = released_at.map(|at| at.duration_since(cancelled_at));
+        assert!(
+            matches!(after, Ok(after) if after <= RELEASE_TARGET),
+            "release published {after:?} after it was cancelled, target {RELEASE_TARGET:?}"
+        );
+        client.shutdown().await;
+    });
+}
+
+#[test]
+fn a_cancelled_release_completes_while_its_current_thread_runtime_is_blocked() {
+    cancelled_release_on_a_blocked_runtime(false);
+}
+
+/// The same with a multi-thread runtime, one of whose workers blocks.
+#[test]
+fn a_cancelled_release_completes_while_a_multi_thread_worker_is_blocked() {
+    cancelled_release_on_a_blocked_runtime(true);
+}
+
+/// A release cancelled just before the last client handle is dropped: the drop flushes it
+/// quickly, and no lock is left for its lease.
+#[test]
+fn a_cancelled_release_is_flushed_by_dropping_the_last_handle() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let mut conn = sync_connection(&server);
+    runtime(false).block_on(async {
+        let client = common::client(&server).await;
+        let guard = client.lock("flushed").unwrap().lock().await.unwrap();
+        cancel_after_first_poll(guard.release()).await;
+        let dropping = Instant::now();
+        drop(client);
+        let blocked = dropping.elapsed();
+        assert!(
+            blocked < Duration::from_secs(1),
+            "dropping the last handle blocked {blocked:?}"
+        );
+    });
+    assert!(
+        key_becomes(&mut conn, "flushed", false, Duration::ZERO),
+        "the lock outlived its cancelled release and the client"
+    );
+}
+
+/// A `lock()` cancelled after its attempt was sent, on a current_thread runtime that then
+/// blocks: the attempt's outcome is settled on the client's own runtime (it acquired, so
+/// it releases), and another client is not kept waiting by a lock nobody wanted.
+#[test]
+fn a_cancelled_acquisition_is_settled_while_its_runtime_is_blocked() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let mut conn = sync_connection(&server);
+    runtime(false).block_on(async {
+        let client = common::client(&server).await;
+        let lock = client.lock("cancelled-acquire").unwrap();
+        cancel_after_first_poll(lock.lock()).await;
+        // Synchronous work from here on: this runtime is not driven. The attempt takes
+        // the lock (a token is issued), and its guard, which nobody will ever see, must
+        // release it.
+        let give_up = Instant::now() + Duration::from_millis(500);
+        let settled = loop {
+            let acquired = tokens_issued(&mut conn) == 1;
+            if acquired && key_becomes(&mut conn, "cancelled-acquire", false, Duration::ZERO) {
+                break true;
+            }
+            if Instant::now() >= give_up {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(
+            settled,
+            "the cancelled attempt did not run and release while its runtime was blocked \
+             (tokens issued: {}, lock present: {})",
+            tokens_issued(&mut conn),
+            key_becomes(&mut conn, "cancelled-acquire", true, Duration::ZERO)
+        );
+        client.shutdown().await;
+    });
+}
+
+/// `Handle::block_on` on another thread, with the handle of the current_thread runtime
+/// that connected, while that runtime's own thread is blocked: the call completes (tokio
+/// cannot drive that runtime's connections from there; the client must not need it to).
+#[test]
+fn handle_block_on_works_while_the_connecting_runtime_is_blocked() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let home = runtime(false);
+    let client = home.block_on(common::client(&server));
+    let lock = client.lock("handle-block-on").unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    home.block_on(async {
+        let handle = tokio::runtime::Handle::current();
+        std::thread::spawn(move || {
+            let acquired = handle
+                .block_on(lock.try_lock())
+                .map(|guard| guard.is_some());
+            let _ = done_tx.send(acquired);
+        });
+        // This runtime's thread waits synchronously for that thread.
+        let outcome = done_rx.recv_timeout(Duration::from_secs(3));
+        assert!(
+            matches!(outcome, Ok(Ok(true))),
+            "try_lock through the blocked runtime's handle: {outcome:?}"
+        );
+    });
+    home.block_on(client.shutdown());
+}
+
+/// `shutdown()` sends the releases of guards dropped just before it, and re-entries'
+/// partial releases, before it returns.
+#[test]
+fn shutdown_flushes_the_releases_of_dropped_guards() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let mut conn = sync_connection(&server);
+    runtime(false).block_on(async {
+        let client = common::client(&server).await;
+        let mut guards = Vec::new();
+        for n in 0..50 {
+            guards.push(
+                client
+                    .lock(format!("flush-{n}"))
+                    .unwrap()
+                    .lock()
+                    .await
+                    .unwrap(),
+            );
+        }
+        let nested = guards[0].reenter().await.unwrap();
+        drop(guards);
+        drop(nested);
+        bounded(LIMIT, client.shutdown()).await;
+    });
+    let left: Vec<String> = redis::cmd("KEYS").arg("flush-*").query(&mut conn).unwrap();
+    assert!(left.is_empty(), "locks left after shutdown: {left:?}");
+}
+
+/// After `shutdown()`, every call on the client, its locks and its live guards fails with
+/// `Error::Shutdown`, whichever runtime it is made from.
+fn calls_after_shutdown_fail_alike(home_multi_thread: bool) {
+    let server = runtime(true).block_on(common::server());
+    let home = runtime(home_multi_thread);
+    let foreign = runtime(false);
+    let client = home.block_on(common::client(&server));
+    let lock = client.lock("after-shutdown").unwrap();
+    let guards = home.block_on(async {
+        let first = client.lock("held-1").unwrap().lock().await.unwrap();
+        let second = client.lock("held-2").unwrap().lock().await.unwrap();
+        client.shutdown().await;
+        [first, second]
+    });
+    for (runtime, guard) in [&home, &foreign].into_iter().zip(guards) {
+        runtime.block_on(async {
+            let outcomes = [
+                format!("{:?}", lock.try_lock().await.map(|guard| guard.is_some())),
+                format!("{:?}", lock.is_locked().await),
+                format!("{:?}", lock.remaining_ttl().await),
+                format!("{:?}", lock.force_unlock().await),
+                format!("{:?}", guard.reenter().await.map(drop)),
+                format!("{:?}", guard.release().await),
+            ];
+            assert!(
+                outcomes.iter().all(|outcome| outcome.contains("Shutdown")),
+                "calls after shutdown: {outcomes:?}"
+            );
+        });
+    }
+}
+
+#[test]
+fn calls_after_shutdown_fail_alike_from_a_current_thread_home() {
+    calls_after_shutdown_fail_alike(false);
+}
+
+#[test]
+fn calls_after_shutdown_fail_alike_from_a_multi_thread_home() {
+    calls_after_shutdown_fail_alike(true);
+}

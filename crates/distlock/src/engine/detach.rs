@@ -18,6 +18,9 @@ use crate::runtime::Background;
 pub(crate) struct Detached<'a, T: Send + 'static> {
     future: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
     started: bool,
+    /// Set while the future is being polled: still set in `drop` means that poll panicked,
+    /// and a future that panicked must not be resumed.
+    polling: bool,
     runtime: &'a Background,
 }
 
@@ -37,6 +40,7 @@ impl<'a, T: Send + 'static> Detached<'a, T> {
         Self {
             future: Some(future),
             started: false,
+            polling: false,
             runtime,
         }
     }
@@ -46,18 +50,19 @@ impl<T: Send + 'static> Future for Detached<'_, T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        self.started = true;
-        let Some(future) = self.future.as_mut() else {
+        let this = &mut *self;
+        this.started = true;
+        let Some(future) = this.future.as_mut() else {
             // Polled after completion: a caller bug, but not worth a panic in a lock.
             return Poll::Pending;
         };
-        match future.as_mut().poll(cx) {
-            Poll::Ready(output) => {
-                self.future = None;
-                Poll::Ready(output)
-            }
-            Poll::Pending => Poll::Pending,
+        this.polling = true;
+        let poll = future.as_mut().poll(cx);
+        this.polling = false;
+        if poll.is_ready() {
+            this.future = None;
         }
+        poll
     }
 }
 
@@ -68,6 +73,11 @@ impl<T: Send + 'static> Drop for Detached<'_, T> {
         };
         // Never started: nothing was sent, nothing to finish.
         if !self.started {
+            return;
+        }
+        if self.polling {
+            // Dropped while unwinding from a panic in its own poll: its state is unknown.
+            tracing::error!("a lock operation panicked mid-flight; it is not resumed");
             return;
         }
         self.runtime.spawn(async move {
