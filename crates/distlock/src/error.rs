@@ -102,7 +102,22 @@ pub enum Error {
     /// A Redis command failed: the connection broke, a response timed out, or the server
     /// answered with an error (for example a key of the wrong type at the lock name).
     #[error("Redis command failed: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(redis::RedisError),
+
+    /// The Redis user is not allowed a command, key or channel that distlock needs (an
+    /// ACL refused it). The call that was refused changed nothing; docs/safety.md lists
+    /// the minimal ACL.
+    #[error(
+        "the Redis user lacks a permission distlock needs ({detail}); \
+         see the minimal ACL in distlock's docs/safety.md"
+    )]
+    NoPermission {
+        /// What the server refused, in its words.
+        detail: String,
+        /// The server's error.
+        #[source]
+        source: redis::RedisError,
+    },
 
     /// The client was shut down ([`Client::shutdown`](crate::Client::shutdown)): it no
     /// longer acquires, because nothing would renew or release what it took.
@@ -122,6 +137,30 @@ pub enum Error {
         /// What was wrong with the reply.
         detail: String,
     },
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(err: redis::RedisError) -> Self {
+        if is_permission_denied(&err) {
+            let detail = err.detail().unwrap_or("permission denied").to_owned();
+            return Error::NoPermission {
+                detail,
+                source: err,
+            };
+        }
+        Error::Redis(err)
+    }
+}
+
+/// An ACL refusal: NOPERM for a command sent directly, or the error Redis raises inside a
+/// script ("The user executing the script can't ...", with the code ERR).
+pub(crate) fn is_permission_denied(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    ) || err
+        .detail()
+        .is_some_and(|detail| detail.contains("user executing the script can't"))
 }
 
 impl Error {

@@ -10,8 +10,14 @@
 //! waiter, which may end long before the client does). When it breaks, the task reconnects with
 //! backoff, subscribes again to every channel still wanted, and then wakes every waiter,
 //! because messages published while it was away are gone.
+//!
+//! A channel the server refuses (an ACL without the channel) is not a broken connection:
+//! the hub warns once, marks the channel denied, and keeps the connection. Its waiters
+//! then fall back to looking again every 250 ms or when the holder's lease runs out, as
+//! they do while pub/sub is down.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -19,6 +25,8 @@ use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
+
+use crate::error::is_permission_denied;
 
 /// Reconnect backoff bounds: fast enough to catch a restarted server, slow enough not to
 /// spin against a dead one.
@@ -49,6 +57,8 @@ struct Shared {
     nudge: mpsc::UnboundedSender<()>,
     timeout: Duration,
     shutdown: CancellationToken,
+    /// The ACL warning is logged once per client, not once per channel.
+    warned_denied: AtomicBool,
 }
 
 struct ChannelEntry {
@@ -58,8 +68,19 @@ struct ChannelEntry {
 
 struct ChannelState {
     wake: Notify,
-    /// True while the server is known to deliver this channel's messages.
-    live: watch::Sender<bool>,
+    /// Whether the server delivers this channel's messages.
+    delivery: watch::Sender<Delivery>,
+}
+
+/// What the server does with a channel's messages for this client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// Not subscribed yet (or again, after a reconnect).
+    Pending,
+    /// Subscribed: the server delivers every message from now on.
+    Live,
+    /// The server refused the subscription (ACL): no message will come.
+    Denied,
 }
 
 /// One waiter's interest in a channel. Dropping it unsubscribes when it was the last.
@@ -96,6 +117,7 @@ impl Subscriptions {
                 nudge,
                 timeout,
                 shutdown,
+                warned_denied: AtomicBool::new(false),
             }),
             redis,
             runtime,
@@ -118,7 +140,7 @@ impl Subscriptions {
                 .or_insert_with(|| ChannelEntry {
                     state: Arc::new(ChannelState {
                         wake: Notify::new(),
-                        live: watch::Sender::new(false),
+                        delivery: watch::Sender::new(Delivery::Pending),
                     }),
                     refs: 0,
                 });
@@ -134,9 +156,12 @@ impl Subscriptions {
             state,
             joined_a_queue,
         };
-        let mut live = subscription.state.live.subscribe();
-        let confirmed = tokio::time::timeout(self.shared.timeout, live.wait_for(|live| *live));
-        if confirmed.await.is_err() {
+        let mut delivery = subscription.state.delivery.subscribe();
+        let answered = delivery.wait_for(|delivery| *delivery != Delivery::Pending);
+        if tokio::time::timeout(self.shared.timeout, answered)
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 channel,
                 "pub/sub subscription not confirmed in time; waiting falls back to lease expiry"
@@ -184,7 +209,7 @@ impl Subscription {
     /// False while the pub/sub connection is down: a release may then go unannounced, and
     /// waiters must not sleep longer than they can afford to.
     pub(crate) fn is_live(&self) -> bool {
-        *self.state.live.borrow()
+        *self.state.delivery.borrow() == Delivery::Live
     }
 }
 
@@ -238,7 +263,8 @@ async fn run_hub(
         let mut health = tokio::time::interval(HEALTH_CHECK_EVERY);
         health.tick().await;
         let mut on_server = HashSet::new();
-        if reconcile(&shared, &mut sink, &mut on_server).await {
+        let mut denied = HashSet::new();
+        if reconcile(&shared, &mut sink, &mut on_server, &mut denied).await {
             // Anything published while no connection listened is lost: let every
             // waiter look at its lock again.
             wake_everyone(&shared);
@@ -250,7 +276,7 @@ async fn run_hub(
                             return;
                         }
                         while nudges.try_recv().is_ok() {}
-                        if !reconcile(&shared, &mut sink, &mut on_server).await {
+                        if !reconcile(&shared, &mut sink, &mut on_server, &mut denied).await {
                             break;
                         }
                     }
@@ -272,24 +298,28 @@ async fn run_hub(
             backoff = MIN_BACKOFF;
         }
         for entry in shared.channels().values() {
-            entry.state.live.send_replace(false);
+            entry.state.delivery.send_replace(Delivery::Pending);
         }
         wake_everyone(&shared);
     }
 }
 
 /// Subscribes to wanted channels the server does not deliver yet and unsubscribes from
-/// the ones nobody waits on. Returns false when the connection must be rebuilt.
+/// the ones nobody waits on. Channels the server refused stay in `denied` while they are
+/// wanted, and are not asked for again until then. Returns false when the connection must
+/// be rebuilt.
 async fn reconcile(
     shared: &Shared,
     sink: &mut PubSubSink,
     on_server: &mut HashSet<String>,
+    denied: &mut HashSet<String>,
 ) -> bool {
     let (missing, stale): (Vec<String>, Vec<String>) = {
         let channels = shared.channels();
+        denied.retain(|channel| channels.contains_key(channel));
         let missing = channels
             .keys()
-            .filter(|channel| !on_server.contains(*channel))
+            .filter(|channel| !on_server.contains(*channel) && !denied.contains(*channel))
             .cloned()
             .collect();
         let stale = on_server
@@ -299,11 +329,8 @@ async fn reconcile(
             .collect();
         (missing, stale)
     };
-    if !missing.is_empty() {
-        match tokio::time::timeout(shared.timeout, sink.subscribe(&missing)).await {
-            Ok(Ok(())) => on_server.extend(missing),
-            _ => return false,
-        }
+    if !missing.is_empty() && !subscribe(shared, sink, missing, on_server, denied).await {
+        return false;
     }
     if !stale.is_empty() {
         match tokio::time::timeout(shared.timeout, sink.unsubscribe(&stale)).await {
@@ -316,13 +343,62 @@ async fn reconcile(
         }
     }
     // A channel dropped and wanted again between two nudges keeps its server subscription
-    // but has a fresh state: mark every delivered channel live.
+    // but has a fresh state: mark every delivered channel live, every refused one denied.
     for (channel, entry) in shared.channels().iter() {
-        if on_server.contains(channel) {
-            entry
-                .state
-                .live
-                .send_if_modified(|live| !std::mem::replace(live, true));
+        let now = if on_server.contains(channel) {
+            Delivery::Live
+        } else if denied.contains(channel) {
+            Delivery::Denied
+        } else {
+            continue;
+        };
+        entry
+            .state
+            .delivery
+            .send_if_modified(|delivery| std::mem::replace(delivery, now) != now);
+    }
+    true
+}
+
+/// Subscribes to `channels`. The server refuses a whole SUBSCRIBE if one channel is not
+/// allowed, so after a refusal each channel is asked for alone, to find which. Returns
+/// false when the connection failed.
+async fn subscribe(
+    shared: &Shared,
+    sink: &mut PubSubSink,
+    channels: Vec<String>,
+    on_server: &mut HashSet<String>,
+    denied: &mut HashSet<String>,
+) -> bool {
+    match tokio::time::timeout(shared.timeout, sink.subscribe(&channels)).await {
+        Ok(Ok(())) => {
+            on_server.extend(channels);
+            return true;
+        }
+        Ok(Err(err)) if is_permission_denied(&err) => {}
+        _ => return false,
+    }
+    for channel in channels {
+        match tokio::time::timeout(shared.timeout, sink.subscribe(&channel)).await {
+            Ok(Ok(())) => {
+                on_server.insert(channel);
+            }
+            Ok(Err(err)) if is_permission_denied(&err) => {
+                if !shared.warned_denied.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        %channel,
+                        error = %err,
+                        "the Redis user may not subscribe to release channels (ACL): waiters \
+                         are not woken by releases and look again every 250 ms or when the \
+                         holder's lease runs out; grant the channels listed in distlock's \
+                         docs/safety.md"
+                    );
+                } else {
+                    tracing::debug!(%channel, "subscription refused by the server's ACL");
+                }
+                denied.insert(channel);
+            }
+            _ => return false,
         }
     }
     true

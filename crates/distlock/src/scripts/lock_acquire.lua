@@ -13,10 +13,17 @@
 -- An owner is never reused, so its field exists only if this very attempt already ran (a
 -- reply lost, the command sent again): it then holds the lock and gets a fresh token.
 -- A free lock costs four calls, a busy one three.
-if redis.call('exists', KEYS[1]) == 0 then
-    redis.call('hset', KEYS[1], ARGV[2], 1)
-elseif redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+--
+-- The counter is written before the lock: under an ACL that refuses the counter key, the
+-- script fails before it has touched the lock (a refused call aborts a script, but what
+-- it wrote before stays). A token taken that way is only skipped, never reused.
+local free = redis.call('exists', KEYS[1]) == 0
+if not free and redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1 - math.max(redis.call('pttl', KEYS[1]), -1)
 end
+local token = redis.call('incr', KEYS[2])
+if free then
+    redis.call('hset', KEYS[1], ARGV[2], 1)
+end
 redis.call('pexpire', KEYS[1], ARGV[1])
-return redis.call('incr', KEYS[2])
+return token

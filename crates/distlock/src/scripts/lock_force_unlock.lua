@@ -5,8 +5,12 @@
 -- ARGV[1]  release message
 --
 -- Returns 1 when a lock was deleted, 0 when there was none.
-if redis.call('del', KEYS[1]) == 1 then
-    redis.call('publish', KEYS[2], ARGV[1])
-    return 1
+--
+-- Publishes before deleting, so a user whose ACL refuses the channel leaves the lock as it
+-- was (a refused call aborts the script, keeping what it wrote before).
+if redis.call('exists', KEYS[1]) == 0 then
+    return 0
 end
-return 0
+redis.call('publish', KEYS[2], ARGV[1])
+redis.call('del', KEYS[1])
+return 1

@@ -32,9 +32,13 @@ if ARGV[2] ~= '0' then
     redis.call('pexpire', KEYS[1], ARGV[3])
     return tonumber(ARGV[2])
 end
-redis.call('del', KEYS[1])
+-- The lock is deleted last: the publish and the latch are the calls an ACL may refuse
+-- (the lock key itself was written by the acquisition), and a refused call aborts the
+-- script with what it wrote so far kept. Refused, the release leaves the lock as it was.
+-- Waiters woken by the message run their attempts after this script, never between.
 redis.call('publish', KEYS[2], ARGV[4])
 if ARGV[5] ~= '0' then
     redis.call('set', KEYS[3], 0, 'px', ARGV[5])
 end
+redis.call('del', KEYS[1])
 return 0

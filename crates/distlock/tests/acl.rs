@@ -1,0 +1,243 @@
+//! ACL users: the minimal ACL documented in docs/safety.md is enough for every lock
+//! operation, and a user missing part of it gets a typed error from a call that changed
+//! nothing, never a half-done release or a reconnect loop.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{bounded, holds, raw, server, until_subscribers};
+use distlock::{Client, Error};
+use distlock_testkit::RedisServer;
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// The rules of the documented minimal ACL, read from docs/safety.md: the test runs what
+/// the docs promise, not a copy that could drift from them.
+fn documented_acl() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/safety.md");
+    let doc = std::fs::read_to_string(path).expect("read docs/safety.md");
+    let section = doc
+        .split("### The minimal ACL")
+        .nth(1)
+        .expect("docs/safety.md has a minimal ACL section");
+    let block = section
+        .split("```text")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the minimal ACL section has a text block");
+    block
+        .split_whitespace()
+        .map(|rule| rule.replace(">change-me", ">pw"))
+        .collect()
+}
+
+/// Creates `user` with the documented rules minus those in `without`, and returns the
+/// URL a client connects with as that user.
+async fn user(server: &RedisServer, user: &str, without: &[&str]) -> String {
+    let rules: Vec<String> = documented_acl()
+        .into_iter()
+        .filter(|rule| !without.contains(&rule.as_str()))
+        .collect();
+    assert_eq!(
+        rules.len() + without.len(),
+        documented_acl().len(),
+        "every rule left out must be in the documented ACL: {without:?}"
+    );
+    let mut admin = raw(server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg(&rules)
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    format!("redis://{user}:pw@127.0.0.1:{}/", server.port())
+}
+
+/// A client for `url` with a short watchdog, so renewals happen within the test.
+async fn client_as(url: &str) -> Client {
+    Client::builder()
+        .watchdog_timeout(Duration::from_millis(600))
+        .connect(url)
+        .await
+        .expect("connect as the ACL user")
+}
+
+/// How many connections the server has accepted so far.
+async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("total_connections_received in INFO stats")
+}
+
+#[tokio::test]
+async fn the_documented_minimal_acl_runs_every_lock_operation() {
+    let server = server().await;
+    let url = user(&server, "locks", &[]).await;
+    let holder = client_as(&url).await;
+    let rival = client_as(&url).await;
+    let admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = holder.lock("app:ledger").unwrap();
+        let guard = lock.lock().await.unwrap();
+        // Renewed past two watchdog leases.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(!guard.is_lost(), "the watchdog could not renew");
+        assert!(lock.is_locked().await.unwrap());
+        assert!(lock.remaining_ttl().await.unwrap().is_some());
+        let nested = guard.reenter().await.unwrap();
+        nested.release().await.unwrap();
+
+        // A waiter is woken by the release message, which needs the channel rights.
+        let waiting = rival.lock("app:ledger").unwrap();
+        let waiter = tokio::spawn(async move { waiting.lock().await });
+        until_subscribers(&admin, "redisson_lock__channel:{app:ledger}", 1).await;
+        let released_at = Instant::now();
+        guard.release().await.unwrap();
+        let handed = waiter.await.unwrap().unwrap();
+        let handoff = released_at.elapsed();
+        assert!(
+            handoff < Duration::from_millis(200),
+            "handoff took {handoff:?}: the waiter was not woken by the release"
+        );
+        handed.release().await.unwrap();
+
+        let forced = lock.lock().await.unwrap();
+        assert!(lock.force_unlock().await.unwrap());
+        assert!(forced.release().await.is_err(), "force_unlock freed it");
+        common::eventually(Duration::from_secs(5), "latches deleted", || {
+            let mut admin = admin.clone();
+            async move {
+                let left: Vec<String> = redis::cmd("KEYS")
+                    .arg("redisson_unlock_latch:*")
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+                left.is_empty()
+            }
+        })
+        .await;
+    })
+    .await;
+    holder.shutdown().await;
+    rival.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_the_release_channels_gets_a_typed_error_and_keeps_the_lock() {
+    let server = server().await;
+    let url = user(&server, "nochannels", &["&redisson_lock__channel:*"]).await;
+    let holder = client_as(&url).await;
+    let rival = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lease = Duration::from_millis(800);
+        let lock = holder.lock("app:report").unwrap().with_lease(lease);
+        let guard = lock.lock().await.unwrap();
+        let name = guard.name().to_owned();
+        let owner = guard.owner().to_owned();
+        let refused = guard.release().await;
+        assert!(
+            matches!(&refused, Err(Error::NoPermission { detail, .. }) if detail.contains("channel")),
+            "release without channel rights: {refused:?}"
+        );
+        let still_held: i64 = redis::cmd("HEXISTS")
+            .arg(&name)
+            .arg(&owner)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(still_held, 1, "a refused release must leave the lock as it was");
+        let forced = lock.force_unlock().await;
+        assert!(
+            matches!(forced, Err(Error::NoPermission { .. })),
+            "{forced:?}"
+        );
+        assert!(lock.is_locked().await.unwrap(), "a refused force_unlock deleted the lock");
+
+        // A waiter cannot be woken, so it looks again and gets the lock once the lease
+        // has run out; its pub/sub connection is not rebuilt in a loop meanwhile.
+        let before = connections_received(&mut admin).await;
+        let started = Instant::now();
+        let got = rival.lock("app:report").unwrap().lock().await.unwrap();
+        let waited = started.elapsed();
+        let after = connections_received(&mut admin).await;
+        assert!(
+            waited < lease + Duration::from_millis(600),
+            "the waiter took {waited:?} for a lease of {lease:?}"
+        );
+        assert!(
+            after - before <= 1,
+            "{} connections opened while waiting: a reconnect loop",
+            after - before
+        );
+        got.release().await.unwrap_err();
+    })
+    .await;
+    holder.shutdown().await;
+    rival.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_the_latch_keys_gets_a_typed_error_and_keeps_the_lock() {
+    let server = server().await;
+    let url = user(&server, "nolatch", &["~redisson_unlock_latch:*"]).await;
+    let client = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("app:batch").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let nested = guard.reenter().await.unwrap();
+        // A partial release writes no latch: allowed.
+        nested.release().await.unwrap();
+        assert!(holds(&mut admin, &guard).await);
+        let name = guard.name().to_owned();
+        let owner = guard.owner().to_owned();
+        let refused = guard.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        let still_held: i64 = redis::cmd("HEXISTS")
+            .arg(&name)
+            .arg(&owner)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(
+            still_held, 1,
+            "a refused release must leave the lock as it was"
+        );
+    })
+    .await;
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_the_fencing_counters_cannot_lock_and_leaves_nothing() {
+    let server = server().await;
+    let url = user(&server, "nofence", &["~distlock_fence:*"]).await;
+    let client = client_as(&url).await;
+    let lock = client.lock("app:cron").unwrap();
+    let refused = bounded(LIMIT, lock.try_lock()).await;
+    assert!(
+        matches!(refused, Err(Error::NoPermission { .. })),
+        "{refused:?}"
+    );
+    let mut admin = raw(&server).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("app:cron")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "a refused acquisition left a lock behind");
+    client.shutdown().await;
+}
