@@ -3,6 +3,7 @@
 //! with `--json`.
 
 mod baseline;
+mod cost;
 mod report;
 mod scenarios;
 mod stats;
@@ -15,6 +16,10 @@ use distlock::Client;
 use distlock_testkit::RedisServer;
 
 use report::Report;
+
+/// Counts allocations, for the allocations-per-cycle figures.
+#[global_allocator]
+static ALLOCATOR: cost::CountingAllocator = cost::CountingAllocator;
 use scenarios::{BenchResult, Plan};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -97,11 +102,17 @@ async fn run(args: Args) -> BenchResult<()> {
         emit(scenarios::watchdog::run(&server, args.watchdog_locks as usize, hold).await?);
     }
     let peer = Arc::new(rslock::LockManager::new(vec![url.clone()]));
+    // Command counts are read from the private server only: resetting a shared server's
+    // statistics is not ours to do.
+    let stats = match args.url {
+        None => Some(server.connection().await?),
+        Some(_) => None,
+    };
     if wanted(Scenario::Uncontended) {
-        emit(scenarios::uncontended::run(&client, &peer, plan).await?);
+        emit(scenarios::uncontended::run(&client, &peer, stats.clone(), plan).await?);
     }
     if wanted(Scenario::Parallel) {
-        emit(scenarios::parallel::run(&client, plan).await?);
+        emit(scenarios::parallel::run(&client, &peer, plan).await?);
     }
     if wanted(Scenario::Contended) {
         use scenarios::contended::{run, Implementation, NAME};

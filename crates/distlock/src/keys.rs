@@ -102,8 +102,13 @@ pub(crate) fn release_channel(name: &str) -> String {
 
 /// The key caching the answer of one release request, so a retry after an ambiguous
 /// failure reads the first answer instead of a false "not held".
-pub(crate) fn unlock_latch(name: &str, request_id: &str) -> String {
-    format!("{}:{request_id}", tagged("redisson_unlock_latch", name))
+pub(crate) fn unlock_latch(name: &str, request_id: impl std::fmt::Display) -> String {
+    // One allocation: this runs on every final release.
+    if name.contains('{') {
+        format!("redisson_unlock_latch:{name}:{request_id}")
+    } else {
+        format!("redisson_unlock_latch:{{{name}}}:{request_id}")
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::engine::detach::Detached;
 use crate::engine::watchdog::Lease;
 use crate::error::{is_connection_failure, Error, Result};
 use crate::keys::{release_channel, token_key, unlock_latch};
-use crate::scripts::{LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE};
+use crate::scripts::{ScriptCall, LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE};
 
 /// The message Redisson publishes when a lock is freed.
 const RELEASE_MESSAGE: &str = "0";
@@ -75,6 +75,10 @@ pub(crate) const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 pub struct Lock {
     client: Client,
     name: Arc<str>,
+    /// The name's fencing counter and release channel, worked out once per handle rather
+    /// than on every acquisition.
+    token_key: Arc<str>,
+    channel: Arc<str>,
     lease: Option<Duration>,
 }
 
@@ -89,9 +93,13 @@ impl fmt::Debug for Lock {
 
 impl Lock {
     pub(crate) fn new(client: Client, name: String) -> Self {
+        let token_key = token_key(client.core().config().fencing_counter, &name).into();
+        let channel = release_channel(&name).into();
         Self {
             client,
             name: name.into(),
+            token_key,
+            channel,
             lease: None,
         }
     }
@@ -187,14 +195,14 @@ impl Lock {
     /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
     /// next renewal.
     pub async fn force_unlock(&self) -> Result<bool> {
-        let channel = release_channel(&self.name);
+        let channel = &self.channel;
         let deleted: i64 = self
             .client
             .core()
             .request(|mut connection| {
-                let mut unlock = LOCK_FORCE_UNLOCK.key(&*self.name);
-                unlock.key(&channel).arg(RELEASE_MESSAGE);
-                async move { unlock.invoke_async(&mut connection).await }
+                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 1);
+                unlock.arg(RELEASE_MESSAGE);
+                async move { unlock.invoke(&mut connection).await }
             })
             .await?;
         Ok(deleted == 1)
@@ -215,8 +223,8 @@ impl Lock {
         Ok(LockAttempt {
             core: Arc::clone(self.client.core()),
             name: Arc::clone(&self.name),
-            token_key: token_key(self.client.core().config().fencing_counter, &self.name).into(),
-            channel: release_channel(&self.name).into(),
+            token_key: Arc::clone(&self.token_key),
+            channel: Arc::clone(&self.channel),
             lease,
             lease_ms: to_millis("lease", lease)?,
             renew,
@@ -248,12 +256,10 @@ impl Acquire for LockAttempt {
             let owner = core.next_owner();
             let mut connection = core.connection();
             let sent_at = Instant::now();
-            let reply = LOCK_ACQUIRE
-                .key(&*name)
-                .key(&*token_key)
+            let reply = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 2)
                 .arg(lease_ms)
                 .arg(&*owner)
-                .invoke_async::<i64>(&mut connection)
+                .invoke::<i64>(&mut connection)
                 .await;
             let reply = match reply {
                 Ok(reply) => reply,
@@ -309,17 +315,14 @@ fn abandon(core: &Arc<Core>, name: &Arc<str>, channel: &Arc<str>, owner: &Arc<st
     );
     core.background().spawn(async move {
         let mut connection = core_for_task.connection();
-        let outcome = LOCK_RELEASE
-            .key(&*name)
-            .key(&*channel)
-            .key(&*name)
+        let outcome = ScriptCall::new(&LOCK_RELEASE, &[&name, &channel, &name], 6)
             .arg(&*owner)
             .arg(0)
             .arg(1)
             .arg(RELEASE_MESSAGE)
             .arg(0)
             .arg(0)
-            .invoke_async::<i64>(&mut connection)
+            .invoke::<i64>(&mut connection)
             .await;
         match outcome {
             Ok(0..) => tracing::debug!(lock = %name, "gave up a hold whose reply was lost"),
@@ -383,15 +386,13 @@ impl Holding {
             return Err(self.not_held());
         }
         let left = state.holds.saturating_sub(1);
-        let latch = (left == 0).then(|| unlock_latch(&self.name, &self.core.next_request_id()));
+        let latch = (left == 0).then(|| unlock_latch(&self.name, self.core.next_request_id()));
         let mut connection = self.core.connection();
         let mut attempt = 1;
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
-            let reply = LOCK_RELEASE
-                .key(&*self.name)
-                .key(&*self.channel)
-                .key(latch.as_deref().unwrap_or(&self.name))
+            let latch_key = latch.as_deref().unwrap_or(&self.name);
+            let reply = ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 6)
                 .arg(&*self.owner)
                 .arg(left)
                 .arg(self.lease_ms)
@@ -406,7 +407,7 @@ impl Holding {
                 } else {
                     "0"
                 })
-                .invoke_async::<i64>(&mut connection)
+                .invoke::<i64>(&mut connection)
                 .await;
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
@@ -461,11 +462,10 @@ impl Holding {
         let mut connection = self.core.connection();
         let mut attempt = 1;
         let outcome = loop {
-            let reply = LOCK_REENTER
-                .key(&*self.name)
+            let reply = ScriptCall::new(&LOCK_REENTER, &[&self.name], 2)
                 .arg(&*self.owner)
                 .arg(holds)
-                .invoke_async::<i64>(&mut connection)
+                .invoke::<i64>(&mut connection)
                 .await;
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {

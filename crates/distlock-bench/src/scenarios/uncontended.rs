@@ -1,22 +1,32 @@
 //! One task acquires and releases one lock back to back. A cycle is two script calls, so
 //! the best possible rate is half the raw EVALSHA rate on the same connection.
 
-use distlock::Client;
-
 use std::sync::Arc;
+use std::time::Duration;
 
+use distlock::Client;
+use redis::aio::MultiplexedConnection;
 use rslock::LockManager;
 
 use super::{cycle_report, cycles_against_baselines, BenchResult, Plan};
-use crate::report::{figure, Report};
+use crate::cost;
+use crate::report::{checked, figure, Figure, Report};
 
 pub const TARGET: f64 = 0.9;
 
-pub async fn run(client: &Client, peer: &Arc<LockManager>, plan: Plan) -> BenchResult<Report> {
+/// The ceiling on allocations per lock cycle.
+pub const MAX_ALLOCATIONS: f64 = 20.0;
+
+pub async fn run(
+    client: &Client,
+    peer: &Arc<LockManager>,
+    stats: Option<MultiplexedConnection>,
+    plan: Plan,
+) -> BenchResult<Report> {
     let names = vec!["bench:uncontended".to_owned()];
     let loads = cycles_against_baselines(client, plan, &names, Some(peer)).await?;
-    let peer = loads.peer.as_ref().ok_or("no rslock measurement")?;
-    let details = vec![
+    let peer_loads = loads.peer.as_ref().ok_or("no rslock measurement")?;
+    let mut details = vec![
         figure("lock+release p50", loads.lock.latency.micros(0.5), "µs"),
         figure("raw scripts p50", loads.raw.latency.micros(0.5), "µs"),
         figure(
@@ -26,14 +36,76 @@ pub async fn run(client: &Client, peer: &Arc<LockManager>, plan: Plan) -> BenchR
         ),
         figure(
             "rslock 0.10 lock+unlock p50",
-            peer.latency.micros(0.5),
+            peer_loads.latency.micros(0.5),
+            "µs",
+        ),
+        checked(
+            "distlock vs rslock 0.10 (cycles/s)",
+            loads.lock.ratio_to_first / peer_loads.ratio_to_first,
+            "×",
+            ">= 1.0".to_owned(),
+            loads.lock.ratio_to_first / peer_loads.ratio_to_first >= 1.0,
+        ),
+    ];
+    if let Some(mut stats) = stats {
+        details.append(&mut costs(client, peer, &mut stats).await?);
+    }
+    Ok(cycle_report("uncontended", TARGET, &loads, details))
+}
+
+/// Allocations and server time per cycle, distlock next to rslock, with two PINGs (two
+/// round trips and nothing else) as the floor for allocations.
+async fn costs(
+    client: &Client,
+    peer: &Arc<LockManager>,
+    stats: &mut MultiplexedConnection,
+) -> BenchResult<Vec<Figure>> {
+    let lock = client.lock("bench:cost")?;
+    let connection = client.connection();
+    let distlock = cost::per_cycle(stats, &["evalsha", "eval", "unlink"], || async {
+        lock.lock().await?.release().await?;
+        Ok(())
+    })
+    .await?;
+    let rslock = cost::per_cycle(stats, &["set", "evalsha", "eval"], || async {
+        let held = peer
+            .lock("bench:cost:rslock", Duration::from_secs(30))
+            .await?;
+        peer.unlock(&held).await;
+        Ok(())
+    })
+    .await?;
+    let pings = cost::per_cycle(stats, &["ping"], || {
+        let mut connection = connection.clone();
+        async move {
+            for _ in 0..2 {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut connection)
+                    .await?;
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(vec![
+        checked(
+            "allocations per cycle",
+            distlock.allocations,
+            "",
+            format!("<= {MAX_ALLOCATIONS}"),
+            distlock.allocations <= MAX_ALLOCATIONS,
+        ),
+        figure("rslock allocations per cycle", rslock.allocations, ""),
+        figure("two PINGs: allocations", pings.allocations, ""),
+        figure(
+            "server time per cycle (commandstats)",
+            distlock.server_micros,
             "µs",
         ),
         figure(
-            "distlock vs rslock 0.10 (cycles/s)",
-            loads.lock.ratio_to_first / peer.ratio_to_first,
-            "×",
+            "rslock server time per cycle (commandstats)",
+            rslock.server_micros,
+            "µs",
         ),
-    ];
-    Ok(cycle_report("uncontended", TARGET, &loads, details))
+    ])
 }

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Config;
 use crate::connection::Connection;
 use crate::runtime::Background;
-use crate::scripts::LOCK_RENEW;
+use crate::scripts::{ScriptCall, LOCK_RENEW};
 
 struct Entry {
     key: Arc<str>,
@@ -397,14 +397,15 @@ async fn renew_all(shared: Arc<Shared>) {
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
-    let mut invocation = LOCK_RENEW.prepare_invoke();
+    let keys: Vec<&str> = batch.iter().map(|(_, key, _)| &**key).collect();
+    let mut invocation = ScriptCall::new(&LOCK_RENEW, &keys, 1 + batch.len());
     invocation.arg(shared.lease_ms);
-    for (_, key, owner) in &batch {
-        invocation.key(&**key).arg(&**owner);
+    for (_, _, owner) in &batch {
+        invocation.arg(&**owner);
     }
     let mut connection = shared.connection.clone();
     let sent_at = Instant::now();
-    let reply = invocation.invoke_async::<Vec<i64>>(&mut connection).await;
+    let reply = invocation.invoke::<Vec<i64>>(&mut connection).await;
     let renewed = match reply {
         Ok(renewed) if renewed.len() == batch.len() => renewed,
         Ok(renewed) => {
