@@ -595,6 +595,12 @@ impl Core {
         self.connection.clone()
     }
 
+    /// [`Core::request`] for a single command.
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        self.request(|mut connection| async move { cmd.query_async(&mut connection).await })
+            .await
+    }
+
     /// Sends one request for a caller, through `send`, once more if the connection was
     /// found dropped: a server restarted since the connection's last use fails the first
     /// request on it, and that failure is what reopens it. Only for requests that are

@@ -161,28 +161,14 @@ impl Lock {
     /// True if anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool> {
         let exists = redis::cmd("EXISTS").arg(&*self.name).clone();
-        let count: i64 = self
-            .client
-            .core()
-            .request(|mut connection| {
-                let exists = &exists;
-                async move { exists.query_async(&mut connection).await }
-            })
-            .await?;
+        let count: i64 = self.client.core().query(&exists).await?;
         Ok(count == 1)
     }
 
     /// How long the current lease has left on the server, or `None` if the lock is free.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
         let pttl = redis::cmd("PTTL").arg(&*self.name).clone();
-        let pttl: i64 = self
-            .client
-            .core()
-            .request(|mut connection| {
-                let pttl = &pttl;
-                async move { pttl.query_async(&mut connection).await }
-            })
-            .await?;
+        let pttl: i64 = self.client.core().query(&pttl).await?;
         Ok(match pttl {
             -2 => None,
             // A key without expiry: not written by distlock or Redisson.

@@ -78,6 +78,21 @@ async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u
         .expect("total_connections_received in INFO stats")
 }
 
+/// Whether `owner` still has its field in the lock hash `name`.
+async fn owner_holds(
+    admin: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    owner: &str,
+) -> bool {
+    redis::cmd("HEXISTS")
+        .arg(name)
+        .arg(owner)
+        .query_async::<i64>(admin)
+        .await
+        .unwrap()
+        == 1
+}
+
 #[tokio::test]
 async fn the_documented_minimal_acl_runs_every_lock_operation() {
     let server = server().await;
@@ -149,13 +164,10 @@ async fn a_user_without_the_release_channels_gets_a_typed_error_and_keeps_the_lo
             matches!(&refused, Err(Error::NoPermission { detail, .. }) if detail.contains("channel")),
             "release without channel rights: {refused:?}"
         );
-        let still_held: i64 = redis::cmd("HEXISTS")
-            .arg(&name)
-            .arg(&owner)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(still_held, 1, "a refused release must leave the lock as it was");
+        assert!(
+            owner_holds(&mut admin, &name, &owner).await,
+            "a refused release must leave the lock as it was"
+        );
         let forced = lock.force_unlock().await;
         assert!(
             matches!(forced, Err(Error::NoPermission { .. })),
@@ -206,14 +218,8 @@ async fn a_user_without_the_latch_keys_gets_a_typed_error_and_keeps_the_lock() {
             matches!(refused, Err(Error::NoPermission { .. })),
             "{refused:?}"
         );
-        let still_held: i64 = redis::cmd("HEXISTS")
-            .arg(&name)
-            .arg(&owner)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(
-            still_held, 1,
+        assert!(
+            owner_holds(&mut admin, &name, &owner).await,
             "a refused release must leave the lock as it was"
         );
     })
