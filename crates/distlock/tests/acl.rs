@@ -191,7 +191,11 @@ async fn a_user_without_the_release_channels_gets_a_typed_error_and_keeps_the_lo
             "{} connections opened while waiting: a reconnect loop",
             after - before
         );
-        got.release().await.unwrap_err();
+        let refused = got.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "the waiter's release without channel rights: {refused:?}"
+        );
     })
     .await;
     holder.shutdown().await;
@@ -245,5 +249,26 @@ async fn a_user_without_the_fencing_counters_cannot_lock_and_leaves_nothing() {
         .await
         .unwrap();
     assert_eq!(exists, 0, "a refused acquisition left a lock behind");
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_pexpire_cannot_lock_and_leaves_no_lock_without_a_lease() {
+    let server = server().await;
+    let url = user(&server, "nopexpire", &["+pexpire"]).await;
+    let client = client_as(&url).await;
+    let lock = client.lock("app:lease").unwrap();
+    let refused = bounded(LIMIT, lock.try_lock()).await;
+    assert!(
+        matches!(refused, Err(Error::NoPermission { .. })),
+        "{refused:?}"
+    );
+    let mut admin = raw(&server).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("app:lease")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "a refused lease left a lock that never expires");
     client.shutdown().await;
 }

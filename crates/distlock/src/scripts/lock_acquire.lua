@@ -25,5 +25,13 @@ local token = redis.call('incr', KEYS[2])
 if free then
     redis.call('hset', KEYS[1], ARGV[2], 1)
 end
-redis.call('pexpire', KEYS[1], ARGV[1])
+-- A lock without a lease would never be freed: if the lease is refused (an ACL without
+-- PEXPIRE), take the lock back before failing.
+local leased = redis.pcall('pexpire', KEYS[1], ARGV[1])
+if type(leased) == 'table' and leased.err then
+    if free then
+        redis.pcall('del', KEYS[1])
+    end
+    return redis.error_reply(leased.err)
+end
 return token
