@@ -3,12 +3,13 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
+use tokio_util::sync::CancellationToken;
 
 use crate::connection::{Connection, RedisConnection};
 use crate::duration::to_millis;
@@ -490,7 +491,7 @@ struct ClientInner {
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        self.core.closed.store(true, Ordering::Release);
+        self.core.close();
         self.core
             .background
             .shutdown_blocking(self.core.config.release_window());
@@ -511,7 +512,8 @@ pub(crate) struct Core {
     watchdog: Watchdog,
     latches: Latches,
     background: Background,
-    closed: AtomicBool,
+    /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
+    closing: CancellationToken,
 }
 
 /// `"<client id>:r<n>"`, written wherever it is displayed.
@@ -585,10 +587,22 @@ impl Core {
     /// Fails once the client is shut down: its background work no longer runs, so a new
     /// holding would never be renewed.
     pub(crate) fn ensure_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.closing.is_cancelled() {
             return Err(Error::Shutdown);
         }
         Ok(())
+    }
+
+    /// Cancelled once the client starts shutting down.
+    pub(crate) fn closing(&self) -> &CancellationToken {
+        &self.closing
+    }
+
+    /// Starts shutting down: every new call fails with [`Error::Shutdown`], waiters stop
+    /// waiting, and every live holding is marked lost, because nothing will renew it.
+    fn close(&self) {
+        self.closing.cancel();
+        self.watchdog.close();
     }
 
     pub(crate) fn connection(&self) -> Connection {
@@ -686,7 +700,7 @@ impl Client {
                     watchdog,
                     latches,
                     background,
-                    closed: AtomicBool::new(false),
+                    closing: CancellationToken::new(),
                 }),
             }),
         }
@@ -720,20 +734,25 @@ impl Client {
         self.inner.core.watchdog.tracked()
     }
 
-    /// Stops the client: waits for the releases of dropped guards that are still being
-    /// sent, then stops its background work (the watchdog, the pub/sub hub) and its
-    /// runtime. Call it on a graceful exit.
+    /// Stops the client: waits for the releases of dropped guards and the operations
+    /// still in flight, then stops its background work (the watchdog, the pub/sub hub) and
+    /// its runtime. Call it on a graceful exit.
     ///
-    /// Afterwards every acquisition fails with [`Error::Shutdown`]. Guards still alive are
-    /// not released (release or drop them first); they are no longer renewed, so their
-    /// lost signal fires at their lease's deadline.
+    /// From the moment it is called:
+    /// - every call on the client, its locks and its guards fails with
+    ///   [`Error::Shutdown`], and calls waiting for a lock return that error at once;
+    /// - guards still alive are not released (release or drop them first), and nothing
+    ///   renews them any more, so each one's lost signal fires at once
+    ///   ([`LockGuard::lost`](crate::LockGuard::lost), `lost_token`, `is_lost`).
     ///
-    /// Dropping the last handle on a client (every clone, lock and guard) does the same,
-    /// waiting at most a release's retry window (about 3 s by default). A client kept in a
-    /// `static` is never dropped: call this before the program exits.
+    /// It waits at most a release's retry window (about 3 s by default), by the client's
+    /// own clock, so it returns even if the runtime that connected is stalled. Dropping
+    /// the last handle on a client (every clone, lock and guard) does the same. A client
+    /// kept in a `static` is never dropped: call this before the program exits.
     pub async fn shutdown(&self) {
-        self.inner.core.closed.store(true, Ordering::Release);
-        self.inner.core.background.shutdown().await;
+        let core = &self.inner.core;
+        core.close();
+        core.background.shutdown(core.config.release_window()).await;
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {

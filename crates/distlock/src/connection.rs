@@ -89,6 +89,12 @@ impl Connection {
         }
     }
 
+    /// True if a call made here goes over the connection driven by the caller's runtime,
+    /// whose reply then depends on that runtime being driven.
+    pub(crate) fn routes_home(&self) -> bool {
+        matches!(self.route(), Route::Home)
+    }
+
     /// The home link (present whenever `route` says `Home`), or else the background one.
     fn home_link(&mut self) -> &mut Link {
         match &mut self.home {

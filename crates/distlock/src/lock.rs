@@ -374,35 +374,38 @@ impl Holding {
         let left = state.holds.saturating_sub(1);
         let latch = (left == 0).then(|| unlock_latch(&self.name, self.core.next_request_id()));
         let mut connection = self.core.connection();
+        let background = self.core.background();
         let mut attempt = 1;
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
             let latch_key = latch.as_deref().unwrap_or(&self.name);
-            let reply = ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 6)
-                .arg(&*self.owner)
-                .arg(left)
-                .arg(self.lease_ms)
-                .arg(RELEASE_MESSAGE)
-                .arg(if latch.is_some() {
-                    self.core.config().unlock_latch_ttl_ms
-                } else {
-                    0
-                })
-                .arg(if attempt > 1 && latch.is_some() {
-                    "1"
-                } else {
-                    "0"
-                })
-                .invoke::<i64>(&mut connection)
+            let sent_on_home = connection.routes_home();
+            let reply = background
+                .reply_unless_stalled(
+                    sent_on_home,
+                    ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 6)
+                        .arg(&*self.owner)
+                        .arg(left)
+                        .arg(self.lease_ms)
+                        .arg(RELEASE_MESSAGE)
+                        .arg(if latch.is_some() {
+                            self.core.config().unlock_latch_ttl_ms
+                        } else {
+                            0
+                        })
+                        .arg(if attempt > 1 && latch.is_some() {
+                            "1"
+                        } else {
+                            "0"
+                        })
+                        .invoke::<i64>(&mut connection),
+                )
                 .await;
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                     tracing::debug!(error = %err, attempt, "release reply lost; asking again");
                     // Give a reconnecting connection a moment; repeats are safe.
-                    self.core
-                        .background()
-                        .pause(RELEASE_RETRY_PAUSE * attempt)
-                        .await;
+                    background.pause(RELEASE_RETRY_PAUSE * attempt).await;
                     attempt += 1;
                 }
                 other => break (other, sent_at),
@@ -446,20 +449,23 @@ impl Holding {
         }
         let holds = state.holds + 1;
         let mut connection = self.core.connection();
+        let background = self.core.background();
         let mut attempt = 1;
         let outcome = loop {
-            let reply = ScriptCall::new(&LOCK_REENTER, &[&self.name], 2)
-                .arg(&*self.owner)
-                .arg(holds)
-                .invoke::<i64>(&mut connection)
+            let sent_on_home = connection.routes_home();
+            let reply = background
+                .reply_unless_stalled(
+                    sent_on_home,
+                    ScriptCall::new(&LOCK_REENTER, &[&self.name], 2)
+                        .arg(&*self.owner)
+                        .arg(holds)
+                        .invoke::<i64>(&mut connection),
+                )
                 .await;
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                     // The count is absolute: sending it again cannot add a second hold.
-                    self.core
-                        .background()
-                        .pause(RELEASE_RETRY_PAUSE * attempt)
-                        .await;
+                    background.pause(RELEASE_RETRY_PAUSE * attempt).await;
                     attempt += 1;
                 }
                 other => break other,

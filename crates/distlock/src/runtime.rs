@@ -18,8 +18,10 @@ use std::thread::ThreadId;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::error::{Error, Result};
 
@@ -88,25 +90,76 @@ impl Background {
         std::thread::current().id() == self.thread
     }
 
-    /// Runs `work` on the client's runtime; shutdown waits for it.
+    /// Runs `work` on the client's runtime; shutdown waits for it (work spawned while a
+    /// shutdown is draining is waited for too).
     pub(crate) fn spawn<F>(&self, work: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if self.tasks.is_closed() {
-            // Shutting down: finish it all the same, but nobody waits for it any more.
-            self.handle.spawn(work);
-        } else {
-            self.tasks.spawn_on(work, &self.handle);
-        }
+        self.tasks.spawn_on(work, &self.handle);
+    }
+
+    /// Counts as started background work until dropped: shutdown waits for operations in
+    /// flight in a caller's task (an acquisition whose reply is on its way must be able to
+    /// give the lock back before the client stops).
+    pub(crate) fn in_flight(&self) -> TaskTrackerToken {
+        self.tasks.token()
     }
 
     /// Sleeps for `duration` on the client's runtime's clock. Code that may finish on this
     /// runtime after its caller has gone (a cancelled release) must not wait on a timer of
     /// the caller's runtime: that runtime may be blocked, or never driven again.
     pub(crate) async fn pause(&self, duration: Duration) {
-        // An error means this runtime is gone: nothing left to wait for.
-        let _ = self.handle.spawn(tokio::time::sleep(duration)).await;
+        sleep_until_on(&self.handle, Instant::now() + duration).await;
+    }
+
+    /// Sleeps until `deadline` on the client's runtime's clock; see [`sleep_until_on`].
+    pub(crate) async fn sleep_until(&self, deadline: Instant) {
+        sleep_until_on(&self.handle, deadline).await;
+    }
+
+    /// Sleeps until `deadline`, if there is one; otherwise never completes.
+    pub(crate) async fn sleep_until_some(&self, deadline: Option<Instant>) {
+        match deadline {
+            Some(deadline) => self.sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Awaits a reply to a command that was sent on the connection driven by the caller's
+    /// runtime (`sent_on_home`). While the caller's task polls it, it waits as long as the
+    /// command's own response timeout allows. Once the caller has gone and the rest of the
+    /// operation runs here, the reply still depends on the caller's runtime, which may be
+    /// stalled (every worker busy, or blocked waiting for this very client): it then gets
+    /// [`STALLED_HOME_GRACE`] on this runtime's clock and fails as a timeout, so that the
+    /// operation sends its idempotent retry on this runtime's own connection.
+    pub(crate) async fn reply_unless_stalled<T>(
+        &self,
+        sent_on_home: bool,
+        reply: impl Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        if !sent_on_home {
+            return reply.await;
+        }
+        let mut reply = std::pin::pin!(reply);
+        let handed_over = std::future::poll_fn(|cx| match reply.as_mut().poll(cx) {
+            std::task::Poll::Ready(outcome) => std::task::Poll::Ready(Some(outcome)),
+            // Polled on this thread: the caller is gone; stop waiting on its runtime alone.
+            std::task::Poll::Pending if self.is_current_thread() => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        })
+        .await;
+        if let Some(outcome) = handed_over {
+            return outcome;
+        }
+        // Created here, on this runtime: the timer is this runtime's.
+        match tokio::time::timeout(STALLED_HOME_GRACE, reply).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no reply on the caller's runtime's connection after the caller went away",
+            ))),
+        }
     }
 
     /// Runs a long-lived service on the client's runtime until shutdown.
@@ -128,13 +181,18 @@ impl Background {
         &self.stop
     }
 
-    /// Waits for started background work, then stops the services and the thread.
-    pub(crate) async fn shutdown(&self) {
+    /// Waits for started background work, at most `limit`, then stops the services and
+    /// the thread.
+    pub(crate) async fn shutdown(&self, limit: Duration) {
         self.tasks.close();
         let tasks = self.tasks.clone();
-        // Waited for on the background runtime itself: the caller's runtime may be a
-        // different one, and the tracked tasks run there.
-        let drained = self.handle.spawn(async move { tasks.wait().await });
+        let stop = self.stop.clone();
+        // Waited for on the background runtime itself, by its clock: the caller's runtime
+        // may be a different one, or stalled, and the tracked tasks run here.
+        let drained = self.handle.spawn(async move {
+            let _ = tokio::time::timeout(limit, tasks.wait()).await;
+            stop.cancel();
+        });
         let _ = drained.await;
         self.stop.cancel();
     }
@@ -164,6 +222,27 @@ impl Background {
             let _ = finished.recv_timeout(limit + Duration::from_millis(200));
         }
     }
+}
+
+/// How long the rest of an operation handed over by a departed caller waits for a reply
+/// on the caller's runtime's connection before retrying on the client's own. A reply on a
+/// healthy loopback connection takes well under a millisecond; the retry is idempotent.
+pub(crate) const STALLED_HOME_GRACE: Duration = Duration::from_millis(20);
+
+/// Sleeps until `deadline` by the clock of the runtime behind `handle`, not the caller's.
+///
+/// The engine's waits and timeouts use this: a caller may be polled where its own
+/// runtime's timers never fire (`Handle::block_on` of a current-thread runtime whose
+/// thread is busy elsewhere). The sleep is a task on that runtime, aborted if the caller
+/// stops waiting. If that runtime has stopped, it returns at once: callers check whether
+/// the client is shut down before they wait again.
+pub(crate) async fn sleep_until_on(handle: &Handle, deadline: Instant) {
+    // The timer is made inside the task: `sleep_until` binds to the timer of the runtime
+    // it is called on.
+    let sleeping = AbortOnDropHandle::new(handle.spawn(async move {
+        tokio::time::sleep_until(deadline).await;
+    }));
+    let _ = sleeping.await;
 }
 
 impl Drop for Background {

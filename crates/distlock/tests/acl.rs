@@ -272,3 +272,128 @@ async fn a_user_without_pexpire_cannot_lock_and_leaves_no_lock_without_a_lease()
     assert_eq!(exists, 0, "a refused lease left a lock that never expires");
     client.shutdown().await;
 }
+
+/// Waits for the next message on `pubsub`, and returns its payload.
+async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
+    use futures_util::StreamExt;
+    let message = bounded(LIMIT, pubsub.on_message().next())
+        .await
+        .expect("pub/sub stream open");
+    message.get_payload().unwrap()
+}
+
+#[tokio::test]
+async fn a_user_without_del_gets_a_typed_error_and_wakes_nobody() {
+    let server = server().await;
+    let url = user(&server, "nodel", &["+del"]).await;
+    let client = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    let channel = "redisson_lock__channel:{app:refused}";
+    let mut pubsub = server.client().unwrap().get_async_pubsub().await.unwrap();
+    pubsub.subscribe(channel).await.unwrap();
+    bounded(LIMIT, async {
+        let guard = client.lock("app:refused").unwrap().lock().await.unwrap();
+        let (name, owner) = (guard.name().to_owned(), guard.owner().to_owned());
+        let refused = guard.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        assert!(
+            owner_holds(&mut admin, &name, &owner).await,
+            "a refused release must leave the lock as it was"
+        );
+        // A refused release announces nothing: the first message on the channel is the
+        // marker published after it.
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg("marker")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let first = next_message(&mut pubsub).await;
+        assert_eq!(
+            first, "marker",
+            "a refused release woke waiters for nothing"
+        );
+    })
+    .await;
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_pexpire_or_del_cannot_lock_and_leaves_nothing() {
+    let server = server().await;
+    let url = user(&server, "nolease", &["+pexpire", "+del"]).await;
+    let client = client_as(&url).await;
+    let refused = bounded(LIMIT, client.lock("app:nolease").unwrap().try_lock()).await;
+    assert!(
+        matches!(refused, Err(Error::NoPermission { .. })),
+        "{refused:?}"
+    );
+    let mut admin = raw(&server).await;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "a refused acquisition left keys: {left:?}");
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_who_may_not_renew_is_told_its_lease_is_lost_at_the_first_renewal() {
+    let server = server().await;
+    let url = user(&server, "norenew", &["+type"]).await;
+    // Watchdog 600 ms: the first renewal is due at 200 ms, the deadline at 600 ms.
+    let client = client_as(&url).await;
+    bounded(LIMIT, async {
+        let acquired = Instant::now();
+        let guard = client.lock("app:norenew").unwrap().lock().await.unwrap();
+        guard.lost().await;
+        let after = acquired.elapsed();
+        assert!(
+            after < Duration::from_millis(450),
+            "the lost signal fired {after:?} after acquiring: it waited for the deadline \
+             instead of reporting the refused renewal"
+        );
+    })
+    .await;
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_without_unsubscribe_keeps_its_pubsub_connection() {
+    let server = server().await;
+    let url = user(&server, "nounsub", &["+unsubscribe"]).await;
+    let holder = client_as(&url).await;
+    let waiter = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let before = connections_received(&mut admin).await;
+        for round in 0..3 {
+            let name = format!("app:unsub-{round}");
+            let guard = holder.lock(name.as_str()).unwrap().lock().await.unwrap();
+            let lock = waiter.lock(name.as_str()).unwrap();
+            let waiting = tokio::spawn(async move { lock.lock().await });
+            until_subscribers(&admin, &format!("redisson_lock__channel:{{{name}}}"), 1).await;
+            let released_at = Instant::now();
+            guard.release().await.unwrap();
+            let handed = waiting.await.unwrap().unwrap();
+            let handoff = released_at.elapsed();
+            assert!(
+                handoff < Duration::from_millis(200),
+                "round {round}: handoff took {handoff:?}"
+            );
+            handed.release().await.unwrap();
+        }
+        let opened = connections_received(&mut admin).await - before;
+        assert!(
+            opened <= 1,
+            "{opened} connections opened: a refused UNSUBSCRIBE was taken for a broken connection"
+        );
+    })
+    .await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}

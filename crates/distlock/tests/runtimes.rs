@@ -474,3 +474,88 @@ fn calls_after_shutdown_fail_alike_from_a_current_thread_home() {
 fn calls_after_shutdown_fail_alike_from_a_multi_thread_home() {
     calls_after_shutdown_fail_alike(true);
 }
+
+/// A release cancelled on a multi-thread runtime every worker of which is stuck in
+/// synchronous work: the connection it was sent on is driven by those workers, and the
+/// release must not wait for them.
+#[test]
+fn a_cancelled_release_completes_while_every_multi_thread_worker_is_blocked() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let released = release_watcher(&server, "every-worker");
+    let home = runtime(true);
+    let client = home.block_on(common::client(&server));
+    let guard = home.block_on(async { client.lock("every-worker").unwrap().lock().await.unwrap() });
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let started = started_tx.clone();
+        home.spawn(async move {
+            let _ = started.send(());
+            std::thread::sleep(Duration::from_secs(2));
+        });
+    }
+    for _ in 0..2 {
+        started_rx.recv_timeout(LIMIT).unwrap();
+    }
+    let cancelled_at = Instant::now();
+    home.block_on(cancel_after_first_poll(guard.release()));
+    let after = released
+        .recv_timeout(Duration::from_secs(3))
+        .map(|at| at.duration_since(cancelled_at));
+    assert!(
+        matches!(after, Ok(after) if after <= Duration::from_millis(250)),
+        "release published {after:?} after it was cancelled, while the workers were blocked"
+    );
+    home.block_on(client.shutdown());
+}
+
+/// A waiting call through `Handle::block_on` on another thread, while the current_thread
+/// runtime that connected is blocked: its waits must run on a clock that is driven.
+fn waiting_through_the_handle_of_a_blocked_runtime(bounded_wait: bool) {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let home = runtime(false);
+    let client = home.block_on(common::client(&server));
+    let holder = main.block_on(common::client(&server));
+    let _held = main.block_on(async {
+        holder
+            .lock("handle-wait")
+            .unwrap()
+            .with_lease(Duration::from_millis(300))
+            .lock()
+            .await
+            .unwrap()
+    });
+    let lock = client.lock("handle-wait").unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    home.block_on(async {
+        let handle = tokio::runtime::Handle::current();
+        std::thread::spawn(move || {
+            let outcome = if bounded_wait {
+                handle
+                    .block_on(lock.try_lock_for(Duration::from_millis(100)))
+                    .map(|guard| guard.is_none())
+            } else {
+                handle.block_on(lock.lock()).map(|_| true)
+            };
+            let _ = done_tx.send(outcome);
+        });
+        let outcome = done_rx.recv_timeout(Duration::from_secs(3));
+        assert!(
+            matches!(outcome, Ok(Ok(true))),
+            "waiting through the blocked runtime's handle: {outcome:?}"
+        );
+    });
+    home.block_on(client.shutdown());
+    main.block_on(holder.shutdown());
+}
+
+#[test]
+fn try_lock_for_through_the_handle_of_a_blocked_runtime_times_out() {
+    waiting_through_the_handle_of_a_blocked_runtime(true);
+}
+
+#[test]
+fn lock_through_the_handle_of_a_blocked_runtime_gets_the_lock_when_the_lease_ends() {
+    waiting_through_the_handle_of_a_blocked_runtime(false);
+}

@@ -115,12 +115,19 @@ const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Acquires `primitive`, waiting as `patience` allows. `Ok(None)` means the wait ended
 /// without the primitive.
+///
+/// Every wait runs on the client's clock, not the caller's (see
+/// [`Background::sleep_until`](crate::runtime::Background::sleep_until)), and ends with
+/// [`Error::Shutdown`] the moment the client starts shutting down.
 pub(crate) async fn acquire<A: Acquire>(
     core: &Core,
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
     core.ensure_open()?;
+    // Shutdown waits for this call to return, so a lock taken as it starts is given back
+    // before the client stops.
+    let _in_flight = core.background().in_flight();
     let subscriptions = core.subscriptions();
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
@@ -134,19 +141,17 @@ pub(crate) async fn acquire<A: Acquire>(
     } else {
         let acquired = last_chance(core, primitive).await?;
         if acquired.is_some() || !waiting_patiently {
-            return Ok(acquired);
+            return settle(core, acquired);
         }
     }
-    let subscription = match deadline {
-        Some(deadline) => {
-            match tokio::time::timeout_at(deadline, subscriptions.subscribe(primitive.channel()))
-                .await
-            {
-                Ok(subscription) => subscription,
-                Err(_) => return last_chance(core, primitive).await,
-            }
+    let subscribing = subscriptions.subscribe(primitive.channel());
+    let subscription = tokio::select! {
+        subscription = subscribing => subscription,
+        _ = core.background().sleep_until_some(deadline) => {
+            let acquired = last_chance(core, primitive).await?;
+            return settle(core, acquired);
         }
-        None => subscriptions.subscribe(primitive.channel()).await,
+        _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
     let mut backoff = MIN_ERROR_BACKOFF;
     let mut my_turn = !subscription.joined_a_queue();
@@ -164,14 +169,11 @@ pub(crate) async fn acquire<A: Acquire>(
             let wake_at = deadline.map_or(Instant::now() + fallback, |deadline| {
                 deadline.min(Instant::now() + fallback)
             });
-            tokio::select! {
-                _ = released => {}
-                _ = tokio::time::sleep_until(wake_at) => {}
-            }
+            wait(core, released, wake_at).await?;
             continue;
         }
         let retry_after = match run_attempt(core, primitive).await {
-            Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
+            Ok(Attempt::Acquired(guard)) => return settle(core, Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
                 backoff = MIN_ERROR_BACKOFF;
                 retry_after.unwrap_or(NO_HINT_RETRY)
@@ -196,11 +198,32 @@ pub(crate) async fn acquire<A: Acquire>(
             }
             wake_at = wake_at.min(deadline);
         }
-        tokio::select! {
-            _ = released => {}
-            _ = tokio::time::sleep_until(wake_at) => {}
-        }
+        wait(core, released, wake_at).await?;
     }
+}
+
+/// Waits for a release message or `wake_at`, by the client's clock; fails if the client
+/// starts shutting down meanwhile.
+async fn wait(
+    core: &Core,
+    released: Pin<&mut tokio::sync::futures::Notified<'_>>,
+    wake_at: Instant,
+) -> Result<()> {
+    tokio::select! {
+        _ = released => Ok(()),
+        _ = core.background().sleep_until(wake_at) => core.ensure_open(),
+        _ = core.closing().cancelled() => Err(Error::Shutdown),
+    }
+}
+
+/// Hands an acquisition to the caller, unless the client started shutting down while it
+/// was in flight: a holding nothing would renew is given back instead (the guard's drop
+/// releases it, and shutdown waits for that).
+fn settle<G>(core: &Core, acquired: Option<G>) -> Result<Option<G>> {
+    if acquired.is_some() {
+        core.ensure_open()?;
+    }
+    Ok(acquired)
 }
 
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.

@@ -6,11 +6,14 @@
 //! it runs in the caller's task at no extra cost; if the caller drops it after it started,
 //! the rest of it is handed to a task on the client's own runtime (never the caller's,
 //! which may be ending), and whatever it yields is dropped there (a guard dropped that way
-//! releases its lock).
+//! releases its lock). Until it completes, it counts as background work the client's
+//! shutdown waits for.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::runtime::Background;
 
@@ -22,6 +25,8 @@ pub(crate) struct Detached<'a, T: Send + 'static> {
     /// and a future that panicked must not be resumed.
     polling: bool,
     runtime: &'a Background,
+    /// The client's shutdown waits for this operation, even while its caller polls it.
+    _in_flight: TaskTrackerToken,
 }
 
 impl<'a, T: Send + 'static> Detached<'a, T> {
@@ -41,6 +46,7 @@ impl<'a, T: Send + 'static> Detached<'a, T> {
             future: Some(future),
             started: false,
             polling: false,
+            _in_flight: runtime.in_flight(),
             runtime,
         }
     }

@@ -24,9 +24,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::is_permission_denied;
+use crate::runtime::sleep_until_on;
 
 /// Reconnect backoff bounds: fast enough to catch a restarted server, slow enough not to
 /// spin against a dead one.
@@ -59,6 +61,8 @@ struct Shared {
     shutdown: CancellationToken,
     /// The ACL warning is logged once per client, not once per channel.
     warned_denied: AtomicBool,
+    /// Likewise for a refused UNSUBSCRIBE.
+    warned_unsubscribe: AtomicBool,
 }
 
 struct ChannelEntry {
@@ -118,6 +122,7 @@ impl Subscriptions {
                 timeout,
                 shutdown,
                 warned_denied: AtomicBool::new(false),
+                warned_unsubscribe: AtomicBool::new(false),
             }),
             redis,
             runtime,
@@ -158,10 +163,14 @@ impl Subscriptions {
         };
         let mut delivery = subscription.state.delivery.subscribe();
         let answered = delivery.wait_for(|delivery| *delivery != Delivery::Pending);
-        if tokio::time::timeout(self.shared.timeout, answered)
-            .await
-            .is_err()
-        {
+        // Timed by the client's clock: the caller's may not be driven (see
+        // `sleep_until_on`).
+        let give_up = sleep_until_on(&self.runtime, Instant::now() + self.shared.timeout);
+        let confirmed = tokio::select! {
+            _ = answered => true,
+            _ = give_up => false,
+        };
+        if !confirmed {
             tracing::warn!(
                 channel,
                 "pub/sub subscription not confirmed in time; waiting falls back to lease expiry"
@@ -289,6 +298,14 @@ async fn run_hub(
                         if !matches!(ping.await, Ok(Ok(_))) {
                             break;
                         }
+                        // A right granted since a refusal takes effect without a restart:
+                        // ask for the refused channels again.
+                        if !denied.is_empty() {
+                            denied.clear();
+                            if !reconcile(&shared, &mut sink, &mut on_server, &mut denied).await {
+                                break;
+                            }
+                        }
                     }
                 }
             }
@@ -334,12 +351,22 @@ async fn reconcile(
     }
     if !stale.is_empty() {
         match tokio::time::timeout(shared.timeout, sink.unsubscribe(&stale)).await {
-            Ok(Ok(())) => {
-                for channel in &stale {
-                    on_server.remove(channel);
+            Ok(Ok(())) => {}
+            Ok(Err(err)) if is_permission_denied(&err) => {
+                // The connection is fine; the server just keeps sending these channels'
+                // messages, which nobody is woken by. Rebuilding it would not help.
+                if !shared.warned_unsubscribe.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %err,
+                        "the Redis user may not unsubscribe (ACL): channels nobody waits on \
+                         stay subscribed until the connection ends; grant +unsubscribe"
+                    );
                 }
             }
             _ => return false,
+        }
+        for channel in &stale {
+            on_server.remove(channel);
         }
     }
     // A channel dropped and wanted again between two nudges keeps its server subscription

@@ -20,7 +20,9 @@
 //! gone because it was just released is not a loss.
 //!
 //! A failed renewal is logged and retried on the next tick; nothing stops the loop but the
-//! client shutting down.
+//! client shutting down. Two things end trust early: a renewal the server's ACL refuses
+//! (every later one would be refused too), and the client shutting down (nothing renews a
+//! lease after that), which marks every holding lost at once.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Config;
 use crate::connection::Connection;
+use crate::error::is_permission_denied;
 use crate::runtime::Background;
 use crate::scripts::{ScriptCall, LOCK_RENEW};
 
@@ -94,6 +97,10 @@ struct Shared {
     /// Set while a renewal round is in flight: a hung server must not collect a new
     /// round every tick.
     renewing_now: AtomicBool,
+    /// The client is shutting down: nothing is renewed any more, so nothing is trusted.
+    closed: AtomicBool,
+    /// A refused renewal (ACL) is logged as an error once per client, not every round.
+    warned_refused: AtomicBool,
     changed: Notify,
     connection: Connection,
     lease: Duration,
@@ -244,6 +251,8 @@ impl Watchdog {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::default()),
             renewing_now: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            warned_refused: AtomicBool::new(false),
             changed: Notify::new(),
             connection,
             lease: config.watchdog_timeout,
@@ -265,7 +274,7 @@ impl Watchdog {
         lease: Duration,
         renew: bool,
     ) -> Lease {
-        let entry = Entry {
+        let mut entry = Entry {
             key: Arc::clone(key),
             owner: Arc::clone(owner),
             lease,
@@ -278,6 +287,11 @@ impl Watchdog {
         };
         let fire = entry.fire_at();
         let mut registry = self.shared.registry();
+        // Read under the registry lock `close` marks entries under: a lease tracked during
+        // a shutdown is either marked by it or sees the flag.
+        if self.shared.closed.load(Ordering::Acquire) {
+            entry.mark_lost();
+        }
         registry.next_id += 1;
         let id = registry.next_id;
         registry.entries.insert(id, entry);
@@ -290,6 +304,17 @@ impl Watchdog {
         Lease {
             shared: Arc::clone(&self.shared),
             id,
+        }
+    }
+
+    /// The client is shutting down and nothing will renew a lease again: every holding is
+    /// lost from now on, and so is any tracked later (an acquisition that was in flight).
+    pub(crate) fn close(&self) {
+        let mut registry = self.shared.registry();
+        self.shared.closed.store(true, Ordering::Release);
+        // A holding whose release is under way is not lost: its release decides.
+        for entry in registry.entries.values_mut().filter(|entry| !entry.closing) {
+            entry.mark_lost();
         }
     }
 
@@ -414,6 +439,24 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                 got = renewed.len(),
                 "renewal script answered with the wrong number of results; retrying next tick"
             );
+            return;
+        }
+        Err(err) if is_permission_denied(&err) => {
+            // The ACL will refuse every later round too: waiting for the deadline would
+            // only hide the cause. These leases can no longer be kept.
+            if !shared.warned_refused.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    error = %err,
+                    "the Redis user may not renew leases (ACL); held locks are reported lost \
+                     now; grant the rights listed in distlock's docs/safety.md"
+                );
+            }
+            let mut registry = shared.registry();
+            for (id, _, _) in &batch {
+                if let Some(entry) = registry.entries.get_mut(id).filter(|entry| entry.renew) {
+                    entry.mark_lost();
+                }
+            }
             return;
         }
         Err(err) => {

@@ -9,17 +9,29 @@
 --   >= 1  the owner holds the lock now; the value is its fencing token
 --      0  another owner holds it, with no expiry
 --   <= -1 another owner holds it; its lease has (-value - 1) ms left
+-- or fails with a NOPERM error, having written nothing, when the user's ACL refuses one
+-- of the writes of an acquisition.
 --
 -- An owner is never reused, so its field exists only if this very attempt already ran (a
 -- reply lost, the command sent again): it then holds the lock and gets a fresh token.
 -- A free lock costs four calls, a busy one three.
 --
--- The counter is written before the lock: under an ACL that refuses the counter key, the
--- script fails before it has touched the lock (a refused call aborts a script, but what
--- it wrote before stays). A token taken that way is only skipped, never reused.
+-- A refused call aborts a script but keeps what it wrote before, so every write is
+-- checked against the user's ACL before the first one (Redis >= 7.0 has acl_check_cmd).
+-- On an older server the order does the same job as far as it can: the counter before the
+-- lock, and a lock whose lease is refused taken back.
 local free = redis.call('exists', KEYS[1]) == 0
 if not free and redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1 - math.max(redis.call('pttl', KEYS[1]), -1)
+end
+if redis.acl_check_cmd then
+    if not redis.acl_check_cmd('incr', KEYS[2]) then
+        return redis.error_reply('NOPERM this user may not INCR the fencing counter ' .. KEYS[2])
+    end
+    if not (redis.acl_check_cmd('hset', KEYS[1], ARGV[2], '1')
+            and redis.acl_check_cmd('pexpire', KEYS[1], ARGV[1])) then
+        return redis.error_reply('NOPERM this user may not HSET and PEXPIRE the lock ' .. KEYS[1])
+    end
 end
 local token = redis.call('incr', KEYS[2])
 if free then

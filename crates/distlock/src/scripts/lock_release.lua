@@ -14,7 +14,8 @@
 --          final release writes one; a partial release has no latch to read)
 --
 -- Returns the hold count left (0 = the lock is now free), or -1 when the owner does not
--- hold the lock (nothing is written then).
+-- hold the lock (nothing is written then). Fails with a NOPERM error, having written
+-- nothing, when the user's ACL refuses one of the final release's writes.
 --
 -- A partial release sets an absolute count, so repeating it is harmless and needs no
 -- latch. The client deletes the latch once it has read the reply.
@@ -32,10 +33,21 @@ if ARGV[2] ~= '0' then
     redis.call('pexpire', KEYS[1], ARGV[3])
     return tonumber(ARGV[2])
 end
--- The lock is deleted last: the publish and the latch are the calls an ACL may refuse
--- (the lock key itself was written by the acquisition), and a refused call aborts the
--- script with what it wrote so far kept. Refused, the release leaves the lock as it was.
--- Waiters woken by the message run their attempts after this script, never between.
+-- A refused call aborts a script but keeps what it wrote before, so the three writes are
+-- checked against the user's ACL first (Redis >= 7.0): refused, the release changes
+-- nothing and wakes nobody. On an older server the order limits the damage: the lock is
+-- deleted last. Waiters woken by the message run their attempts after this script.
+if redis.acl_check_cmd then
+    if not redis.acl_check_cmd('publish', KEYS[2], ARGV[4]) then
+        return redis.error_reply('NOPERM this user may not PUBLISH to the release channel ' .. KEYS[2])
+    end
+    if ARGV[5] ~= '0' and not redis.acl_check_cmd('set', KEYS[3], '0', 'px', ARGV[5]) then
+        return redis.error_reply('NOPERM this user may not SET the unlock latch ' .. KEYS[3])
+    end
+    if not redis.acl_check_cmd('del', KEYS[1]) then
+        return redis.error_reply('NOPERM this user may not DEL the lock ' .. KEYS[1])
+    end
+end
 redis.call('publish', KEYS[2], ARGV[4])
 if ARGV[5] ~= '0' then
     redis.call('set', KEYS[3], 0, 'px', ARGV[5])

@@ -1,0 +1,241 @@
+//! `Client::shutdown` and the last handle's drop end everything the client started, in
+//! bounded time, whatever state the caller's runtime is in: guards still alive are told
+//! their lease is lost, waiters stop waiting, and a release cancelled on a runtime that
+//! then stalls still reaches Redis.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bounded, raw, until_subscribers};
+use distlock::Error;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn runtime(multi_thread: bool, workers: usize) -> tokio::runtime::Runtime {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Polls `future` exactly once and drops it, as a `select!` whose other branch is ready.
+async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    let _ = futures_util::poll!(future.as_mut());
+}
+
+/// Polls `key` from the calling thread, with no runtime, until it is gone; how long that
+/// took, if within `limit`.
+fn key_gone_within(
+    server: &distlock_testkit::RedisServer,
+    key: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let mut conn = server.client().unwrap().get_connection().unwrap();
+    let started = Instant::now();
+    loop {
+        let exists: i64 = redis::cmd("EXISTS").arg(key).query(&mut conn).unwrap();
+        if exists == 0 {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Occupies every worker of a multi-thread runtime with synchronous work for `busy`, and
+/// returns once all of them are inside it.
+fn block_every_worker(runtime: &tokio::runtime::Runtime, workers: usize, busy: Duration) {
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    for _ in 0..workers {
+        let started = started_tx.clone();
+        runtime.spawn(async move {
+            let _ = started.send(());
+            std::thread::sleep(busy);
+        });
+    }
+    for _ in 0..workers {
+        started_rx
+            .recv_timeout(LIMIT)
+            .expect("a worker started its synchronous work");
+    }
+}
+
+/// After `shutdown()` nothing renews a live guard, so no guard is trusted any more: its
+/// lost signal fires at once, through every form of it, taken before or after.
+fn shutdown_fires_the_lost_signal(multi_thread: bool) {
+    let server = runtime(true, 2).block_on(common::server());
+    runtime(multi_thread, 2).block_on(async {
+        let client = common::client(&server).await;
+        let guard = client
+            .lock("live-at-shutdown")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let token_before = guard.lost_token();
+        let lost_before = guard.lost();
+        client.shutdown().await;
+        let token_after = guard.lost_token();
+        assert!(guard.is_lost(), "a guard is still trusted after shutdown");
+        assert!(
+            token_before.is_cancelled(),
+            "a lost token taken before shutdown did not fire"
+        );
+        assert!(
+            token_after.is_cancelled(),
+            "a lost token taken after shutdown did not fire"
+        );
+        bounded(Duration::from_secs(1), lost_before).await;
+        bounded(Duration::from_secs(1), guard.lost()).await;
+    });
+}
+
+#[test]
+fn shutdown_fires_the_lost_signal_of_live_guards_on_a_current_thread_runtime() {
+    shutdown_fires_the_lost_signal(false);
+}
+
+#[test]
+fn shutdown_fires_the_lost_signal_of_live_guards_on_a_multi_thread_runtime() {
+    shutdown_fires_the_lost_signal(true);
+}
+
+/// A `lock()` waiting when its client shuts down fails with `Error::Shutdown` at once,
+/// and never takes the lock afterwards.
+fn shutdown_ends_waiters(multi_thread: bool) {
+    let server = runtime(true, 2).block_on(common::server());
+    runtime(multi_thread, 2).block_on(async {
+        let holder = common::client(&server).await;
+        let held = holder.lock("awaited").unwrap().lock().await.unwrap();
+        let client = common::client(&server).await;
+        let lock = client.lock("awaited").unwrap();
+        let waiter =
+            tokio::spawn(async move { lock.lock().await.map(|guard| guard.fencing_token()) });
+        let admin = raw(&server).await;
+        until_subscribers(&admin, "redisson_lock__channel:{awaited}", 1).await;
+        let shutting_down = Instant::now();
+        bounded(LIMIT, client.shutdown()).await;
+        let outcome = bounded(Duration::from_secs(2), waiter).await.unwrap();
+        let took = shutting_down.elapsed();
+        assert!(
+            matches!(outcome, Err(Error::Shutdown)),
+            "the waiter got {outcome:?}"
+        );
+        assert!(
+            took < Duration::from_millis(500),
+            "the waiter ended {took:?} after shutdown"
+        );
+        // The holder's release must free the lock for good: the shut-down client's waiter
+        // is gone, and takes nothing.
+        held.release().await.unwrap();
+        let mut admin = admin.clone();
+        let tokens: Vec<u64> = {
+            let counters: Vec<String> = redis::cmd("KEYS")
+                .arg("distlock_fence:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let mut tokens = Vec::new();
+            for counter in counters {
+                tokens.push(
+                    redis::cmd("GET")
+                        .arg(counter)
+                        .query_async(&mut admin)
+                        .await
+                        .unwrap(),
+                );
+            }
+            tokens
+        };
+        assert_eq!(
+            tokens.iter().sum::<u64>(),
+            1,
+            "a token was issued after shutdown"
+        );
+        holder.shutdown().await;
+    });
+}
+
+#[test]
+fn shutdown_ends_waiters_on_a_current_thread_runtime() {
+    shutdown_ends_waiters(false);
+}
+
+#[test]
+fn shutdown_ends_waiters_on_a_multi_thread_runtime() {
+    shutdown_ends_waiters(true);
+}
+
+/// A release cancelled in a task of a one-worker runtime, then the last handle dropped in
+/// that same task: the drop blocks the only worker, which drives the connection the
+/// release was sent on. The release must not wait for it.
+#[test]
+fn dropping_the_last_handle_on_a_one_worker_runtime_flushes_a_cancelled_release() {
+    let server = runtime(true, 2).block_on(common::server());
+    let url = server.url();
+    let blocked = runtime(true, 1).block_on(async move {
+        tokio::spawn(async move {
+            let client = distlock::Client::connect(&url).await.unwrap();
+            let guard = client.lock("one-worker").unwrap().lock().await.unwrap();
+            cancel_after_first_poll(guard.release()).await;
+            let dropping = Instant::now();
+            drop(client);
+            dropping.elapsed()
+        })
+        .await
+        .unwrap()
+    });
+    assert!(
+        blocked < Duration::from_secs(1),
+        "dropping the last handle blocked {blocked:?}"
+    );
+    let gone = key_gone_within(&server, "one-worker", Duration::ZERO);
+    assert!(
+        gone.is_some(),
+        "the lock outlived its cancelled release and the client"
+    );
+}
+
+/// `shutdown()` from another thread while every worker of the runtime that connected is
+/// stuck in synchronous work, with a release cancelled there: it returns in bounded time
+/// and the lock is freed.
+#[test]
+fn shutdown_is_bounded_while_the_connecting_runtime_is_stalled() {
+    let server = runtime(true, 2).block_on(common::server());
+    let home = runtime(true, 1);
+    let client = home.block_on(common::client(&server));
+    let guard = home.block_on(async { client.lock("stalled-home").unwrap().lock().await.unwrap() });
+    block_every_worker(&home, 1, Duration::from_secs(4));
+    home.block_on(cancel_after_first_poll(guard.release()));
+    let shutting_down = Instant::now();
+    let stopper = client.clone();
+    let returned = std::thread::spawn(move || {
+        runtime(false, 1).block_on(async {
+            tokio::time::timeout(Duration::from_secs(3), stopper.shutdown())
+                .await
+                .is_ok()
+        })
+    })
+    .join()
+    .unwrap();
+    let took = shutting_down.elapsed();
+    assert!(
+        returned && took < Duration::from_secs(1),
+        "shutdown returned: {returned}, after {took:?}"
+    );
+    assert!(
+        key_gone_within(&server, "stalled-home", Duration::ZERO).is_some(),
+        "the cancelled release did not reach Redis by the end of shutdown"
+    );
+    home.shutdown_background();
+}
