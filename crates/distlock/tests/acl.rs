@@ -397,3 +397,53 @@ async fn a_user_without_unsubscribe_keeps_its_pubsub_connection() {
     holder.shutdown().await;
     waiter.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_channel_right_granted_while_waiting_takes_effect_without_a_restart() {
+    let server = server().await;
+    let url = user(&server, "latergrant", &["&redisson_lock__channel:*"]).await;
+    let waiter = client_as(&url).await;
+    let holder = common::client(&server).await;
+    let mut admin = raw(&server).await;
+    let channel = "redisson_lock__channel:{app:granted}";
+    bounded(LIMIT, async {
+        let guard = holder.lock("app:granted").unwrap().lock().await.unwrap();
+        let lock = waiter.lock("app:granted").unwrap();
+        let waiting = tokio::spawn(async move { lock.lock().await });
+        // The waiter's subscription is refused (the server logs the refusal).
+        common::eventually(Duration::from_secs(5), "a refused subscription", || {
+            let mut admin = admin.clone();
+            async move {
+                let log: redis::Value = redis::cmd("ACL")
+                    .arg("LOG")
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+                format!("{log:?}").contains("redisson_lock__channel:{app:granted}")
+            }
+        })
+        .await;
+        assert_eq!(common::subscribers(&mut admin, channel).await, 0);
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("latergrant")
+            .arg("&redisson_lock__channel:*")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        // The hub asks again by itself; then the release wakes the waiter at once.
+        until_subscribers(&admin, channel, 1).await;
+        let released_at = Instant::now();
+        guard.release().await.unwrap();
+        let handed = waiting.await.unwrap().unwrap();
+        let handoff = released_at.elapsed();
+        assert!(
+            handoff < Duration::from_millis(200),
+            "handoff took {handoff:?}: the granted channel was not subscribed"
+        );
+        handed.release().await.unwrap();
+    })
+    .await;
+    waiter.shutdown().await;
+    holder.shutdown().await;
+}

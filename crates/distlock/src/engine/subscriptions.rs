@@ -14,7 +14,9 @@
 //! A channel the server refuses (an ACL without the channel) is not a broken connection:
 //! the hub warns once, marks the channel denied, and keeps the connection. Its waiters
 //! then fall back to looking again every 250 ms or when the holder's lease runs out, as
-//! they do while pub/sub is down.
+//! they do while pub/sub is down; the channel is asked for again at each health check, so
+//! a right granted later takes effect. A refused UNSUBSCRIBE is warned about once and
+//! otherwise ignored.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -323,8 +325,8 @@ async fn run_hub(
 
 /// Subscribes to wanted channels the server does not deliver yet and unsubscribes from
 /// the ones nobody waits on. Channels the server refused stay in `denied` while they are
-/// wanted, and are not asked for again until then. Returns false when the connection must
-/// be rebuilt.
+/// wanted, and are not asked for again until the hub clears `denied` (at each health
+/// check). Returns false when the connection must be rebuilt.
 async fn reconcile(
     shared: &Shared,
     sink: &mut PubSubSink,
