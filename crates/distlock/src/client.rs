@@ -348,7 +348,12 @@ async fn background_connection(
         )))
     })??;
     let home = home_runtime().zip(home);
-    Ok(Connection::new(home, own, background.handle().clone()))
+    Ok(Connection::new(
+        home,
+        own,
+        background.handle().clone(),
+        background.stopping().clone(),
+    ))
 }
 
 /// The runtime a client may keep a fast connection on: the caller's, if it is a
@@ -723,7 +728,9 @@ impl Client {
 
     /// A clone of the command connection, for callers that want to run their own commands
     /// on the same server (a fenced write, say). It works from any runtime, like the
-    /// client.
+    /// client, and fails once the client has shut down. Like any redis-rs connection
+    /// manager, it reconnects after a failure, but the first command after the server
+    /// restarted may fail with a broken pipe: send it again.
     pub fn connection(&self) -> Connection {
         self.inner.core.connection()
     }

@@ -19,6 +19,7 @@
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::runtime::{Handle, Id};
+use tokio_util::sync::CancellationToken;
 
 /// A redis-rs connection: one the client opened, or one the caller brought to
 /// [`ClientBuilder::with_connection`](crate::ClientBuilder::with_connection).
@@ -61,6 +62,9 @@ pub struct Connection {
     /// Driven on the client's own runtime.
     background: Link,
     background_runtime: Handle,
+    /// Cancelled once the client has stopped: every route then fails alike, instead of
+    /// the home link answering and the others failing with an opaque error.
+    stopped: CancellationToken,
 }
 
 impl Connection {
@@ -68,11 +72,13 @@ impl Connection {
         home: Option<(Id, Link)>,
         background: Link,
         background_runtime: Handle,
+        stopped: CancellationToken,
     ) -> Self {
         Self {
             home,
             background,
             background_runtime,
+            stopped,
         }
     }
 
@@ -110,6 +116,13 @@ enum Route {
     Foreign,
 }
 
+fn client_stopped() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the distlock client was shut down",
+    ))
+}
+
 fn handed_over_failed(err: tokio::task::JoinError) -> RedisError {
     RedisError::from(std::io::Error::other(format!(
         "the client's runtime did not run the command (was the client shut down?): {err}"
@@ -118,6 +131,9 @@ fn handed_over_failed(err: tokio::task::JoinError) -> RedisError {
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if self.stopped.is_cancelled() {
+            return Box::pin(std::future::ready(Err(client_stopped())));
+        }
         match self.route() {
             Route::Home => return self.home_link().as_dyn().req_packed_command(cmd),
             Route::Background => return self.background.as_dyn().req_packed_command(cmd),
@@ -140,6 +156,9 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        if self.stopped.is_cancelled() {
+            return Box::pin(std::future::ready(Err(client_stopped())));
+        }
         match self.route() {
             Route::Home => {
                 return self

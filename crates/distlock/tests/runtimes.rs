@@ -461,6 +461,14 @@ fn calls_after_shutdown_fail_alike(home_multi_thread: bool) {
                 outcomes.iter().all(|outcome| outcome.contains("Shutdown")),
                 "calls after shutdown: {outcomes:?}"
             );
+            let mut connection = client.connection();
+            let ping = redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await;
+            assert!(
+                matches!(&ping, Err(err) if err.to_string().contains("shut down")),
+                "the client's connection after shutdown: {ping:?}"
+            );
         });
     }
 }
