@@ -229,14 +229,29 @@ impl Background {
 /// healthy loopback connection takes well under a millisecond; the retry is idempotent.
 pub(crate) const STALLED_HOME_GRACE: Duration = Duration::from_millis(20);
 
-/// Sleeps until `deadline` by the clock of the runtime behind `handle`, not the caller's.
+/// Sleeps until `deadline` on a clock that is sure to be driven while the caller waits.
 ///
 /// The engine's waits and timeouts use this: a caller may be polled where its own
-/// runtime's timers never fire (`Handle::block_on` of a current-thread runtime whose
-/// thread is busy elsewhere). The sleep is a task on that runtime, aborted if the caller
-/// stops waiting. If that runtime has stopped, it returns at once: callers check whether
-/// the client is shut down before they wait again.
+/// runtime's timers never fire. `Handle::block_on` of a current-thread runtime, from
+/// another thread while that runtime's own thread is busy elsewhere, polls the future but
+/// drives no timer; outside any runtime there is no timer at all. In those cases the
+/// sleep is a task on the runtime behind `handle` (the client's), aborted if the caller
+/// stops waiting; if that runtime has stopped, it returns at once, and callers check
+/// whether the client is shut down before they wait again.
+///
+/// Inside a task (of any runtime) and on the client's own runtime, the caller's timer is
+/// used: whatever polls a task also drives its runtime's timers (a worker that runs out of
+/// work parks on the driver; a current-thread runtime runs tasks only from `block_on`),
+/// and a sleep task on the client's runtime costs a wake-up of its thread on every wait,
+/// which slowed the contended bench's handoffs. A future polled by `block_on` itself is
+/// not a task, and gets the client's clock.
 pub(crate) async fn sleep_until_on(handle: &Handle, deadline: Instant) {
+    let local_timer_is_driven = Handle::try_current()
+        .is_ok_and(|current| current.id() == handle.id() || tokio::task::try_id().is_some());
+    if local_timer_is_driven {
+        tokio::time::sleep_until(deadline).await;
+        return;
+    }
     // The timer is made inside the task: `sleep_until` binds to the timer of the runtime
     // it is called on.
     let sleeping = AbortOnDropHandle::new(handle.spawn(async move {
