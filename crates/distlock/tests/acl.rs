@@ -93,6 +93,21 @@ async fn owner_holds(
         == 1
 }
 
+/// Releases `guard` while `waiting` waits for the same lock; returns how long after the
+/// release the waiter got it, and releases the waiter's guard. A waiter woken by the
+/// release message gets it within a few round trips.
+async fn handoff(
+    guard: distlock::LockGuard,
+    waiting: tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>>,
+) -> Duration {
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let handoff = released_at.elapsed();
+    handed.release().await.unwrap();
+    handoff
+}
+
 #[tokio::test]
 async fn the_documented_minimal_acl_runs_every_lock_operation() {
     let server = server().await;
@@ -115,15 +130,11 @@ async fn the_documented_minimal_acl_runs_every_lock_operation() {
         let waiting = rival.lock("app:ledger").unwrap();
         let waiter = tokio::spawn(async move { waiting.lock().await });
         until_subscribers(&admin, "redisson_lock__channel:{app:ledger}", 1).await;
-        let released_at = Instant::now();
-        guard.release().await.unwrap();
-        let handed = waiter.await.unwrap().unwrap();
-        let handoff = released_at.elapsed();
+        let handoff = handoff(guard, waiter).await;
         assert!(
             handoff < Duration::from_millis(200),
             "handoff took {handoff:?}: the waiter was not woken by the release"
         );
-        handed.release().await.unwrap();
 
         let forced = lock.lock().await.unwrap();
         assert!(lock.force_unlock().await.unwrap());
@@ -377,15 +388,11 @@ async fn a_user_without_unsubscribe_keeps_its_pubsub_connection() {
             let lock = waiter.lock(name.as_str()).unwrap();
             let waiting = tokio::spawn(async move { lock.lock().await });
             until_subscribers(&admin, &format!("redisson_lock__channel:{{{name}}}"), 1).await;
-            let released_at = Instant::now();
-            guard.release().await.unwrap();
-            let handed = waiting.await.unwrap().unwrap();
-            let handoff = released_at.elapsed();
+            let handoff = handoff(guard, waiting).await;
             assert!(
                 handoff < Duration::from_millis(200),
                 "round {round}: handoff took {handoff:?}"
             );
-            handed.release().await.unwrap();
         }
         let opened = connections_received(&mut admin).await - before;
         assert!(
@@ -433,15 +440,11 @@ async fn a_channel_right_granted_while_waiting_takes_effect_without_a_restart() 
             .unwrap();
         // The hub asks again by itself; then the release wakes the waiter at once.
         until_subscribers(&admin, channel, 1).await;
-        let released_at = Instant::now();
-        guard.release().await.unwrap();
-        let handed = waiting.await.unwrap().unwrap();
-        let handoff = released_at.elapsed();
+        let handoff = handoff(guard, waiting).await;
         assert!(
             handoff < Duration::from_millis(200),
             "handoff took {handoff:?}: the granted channel was not subscribed"
         );
-        handed.release().await.unwrap();
     })
     .await;
     waiter.shutdown().await;

@@ -8,7 +8,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::bounded;
+use common::{bounded, cancel_after_first_poll, key_becomes, sync_connection};
 use distlock_testkit::RedisServer;
 use futures_util::StreamExt;
 
@@ -18,12 +18,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 const RELEASE_TARGET: Duration = Duration::from_millis(100);
 
 fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
-    let mut builder = if multi_thread {
-        tokio::runtime::Builder::new_multi_thread()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-    };
-    builder.worker_threads(2).enable_all().build().unwrap()
+    common::runtime_with(multi_thread, 2)
 }
 
 /// A pub/sub connection that has confirmed its subscription to `name`'s release channel.
@@ -231,35 +226,6 @@ fn release_watcher(server: &RedisServer, name: &str) -> std::sync::mpsc::Receive
     });
     ready_rx.recv_timeout(LIMIT).expect("watcher subscribed");
     released_rx
-}
-
-/// A synchronous connection, usable from a thread whose runtime is blocked.
-fn sync_connection(server: &RedisServer) -> redis::Connection {
-    server.client().unwrap().get_connection().unwrap()
-}
-
-/// Polls `key` from the calling thread, with no runtime, until `present` says what it
-/// should; true if it did within `limit`.
-fn key_becomes(conn: &mut redis::Connection, key: &str, present: bool, limit: Duration) -> bool {
-    let give_up = Instant::now() + limit;
-    loop {
-        let exists: i64 = redis::cmd("EXISTS").arg(key).query(conn).unwrap();
-        if (exists == 1) == present {
-            return true;
-        }
-        if Instant::now() >= give_up {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Polls `future` exactly once, as a `select!` whose other branch is ready at once does,
-/// and drops it. (On a current-thread runtime a network call cannot finish in one poll;
-/// on a multi-thread one, another worker may rarely answer it within that poll.)
-async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
-    let mut future = std::pin::pin!(future);
-    let _ = futures_util::poll!(future.as_mut());
 }
 
 /// The fencing tokens handed out so far on the server, over all counters.
@@ -494,17 +460,7 @@ fn a_cancelled_release_completes_while_every_multi_thread_worker_is_blocked() {
     let home = runtime(true);
     let client = home.block_on(common::client(&server));
     let guard = home.block_on(async { client.lock("every-worker").unwrap().lock().await.unwrap() });
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    for _ in 0..2 {
-        let started = started_tx.clone();
-        home.spawn(async move {
-            let _ = started.send(());
-            std::thread::sleep(Duration::from_secs(2));
-        });
-    }
-    for _ in 0..2 {
-        started_rx.recv_timeout(LIMIT).unwrap();
-    }
+    common::block_every_worker(&home, 2, Duration::from_secs(2));
     let cancelled_at = Instant::now();
     home.block_on(cancel_after_first_poll(guard.release()));
     let after = released

@@ -7,68 +7,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{bounded, raw, until_subscribers};
+use common::{
+    block_every_worker, bounded, cancel_after_first_poll, key_becomes, raw,
+    runtime_with as runtime, sync_connection, until_subscribers,
+};
 use distlock::Error;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn runtime(multi_thread: bool, workers: usize) -> tokio::runtime::Runtime {
-    let mut builder = if multi_thread {
-        tokio::runtime::Builder::new_multi_thread()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-    };
-    builder
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Polls `future` exactly once and drops it, as a `select!` whose other branch is ready.
-async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
-    let mut future = std::pin::pin!(future);
-    let _ = futures_util::poll!(future.as_mut());
-}
-
-/// Polls `key` from the calling thread, with no runtime, until it is gone; how long that
-/// took, if within `limit`.
-fn key_gone_within(
-    server: &distlock_testkit::RedisServer,
-    key: &str,
-    limit: Duration,
-) -> Option<Duration> {
-    let mut conn = server.client().unwrap().get_connection().unwrap();
-    let started = Instant::now();
-    loop {
-        let exists: i64 = redis::cmd("EXISTS").arg(key).query(&mut conn).unwrap();
-        if exists == 0 {
-            return Some(started.elapsed());
-        }
-        if started.elapsed() >= limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Occupies every worker of a multi-thread runtime with synchronous work for `busy`, and
-/// returns once all of them are inside it.
-fn block_every_worker(runtime: &tokio::runtime::Runtime, workers: usize, busy: Duration) {
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    for _ in 0..workers {
-        let started = started_tx.clone();
-        runtime.spawn(async move {
-            let _ = started.send(());
-            std::thread::sleep(busy);
-        });
-    }
-    for _ in 0..workers {
-        started_rx
-            .recv_timeout(LIMIT)
-            .expect("a worker started its synchronous work");
-    }
-}
 
 /// After `shutdown()` nothing renews a live guard, so no guard is trusted any more: its
 /// lost signal fires at once, through every form of it, taken before or after.
@@ -199,9 +144,14 @@ fn dropping_the_last_handle_on_a_one_worker_runtime_flushes_a_cancelled_release(
         blocked < Duration::from_secs(1),
         "dropping the last handle blocked {blocked:?}"
     );
-    let gone = key_gone_within(&server, "one-worker", Duration::ZERO);
+    let gone = key_becomes(
+        &mut sync_connection(&server),
+        "one-worker",
+        false,
+        Duration::ZERO,
+    );
     assert!(
-        gone.is_some(),
+        gone,
         "the lock outlived its cancelled release and the client"
     );
 }
@@ -234,7 +184,12 @@ fn shutdown_is_bounded_while_the_connecting_runtime_is_stalled() {
         "shutdown returned: {returned}, after {took:?}"
     );
     assert!(
-        key_gone_within(&server, "stalled-home", Duration::ZERO).is_some(),
+        key_becomes(
+            &mut sync_connection(&server),
+            "stalled-home",
+            false,
+            Duration::ZERO
+        ),
         "the cancelled release did not reach Redis by the end of shutdown"
     );
     home.shutdown_background();

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock::Client;
 use distlock_testkit::RedisServer;
@@ -130,4 +130,70 @@ pub async fn fencing_counters(conn: &mut redis::aio::MultiplexedConnection) -> V
 pub async fn lock_once(client: &Client, name: &str) {
     let guard = client.lock(name).unwrap().lock().await.unwrap();
     guard.release().await.unwrap();
+}
+
+/// A runtime of the given flavour; `workers` applies to a multi-thread one.
+pub fn runtime_with(multi_thread: bool, workers: usize) -> tokio::runtime::Runtime {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A synchronous connection, usable from a thread whose runtime is blocked.
+pub fn sync_connection(server: &RedisServer) -> redis::Connection {
+    server.client().unwrap().get_connection().unwrap()
+}
+
+/// Polls `key` from the calling thread, with no runtime, until `present` says what it
+/// should; true if it did within `limit`.
+pub fn key_becomes(
+    conn: &mut redis::Connection,
+    key: &str,
+    present: bool,
+    limit: Duration,
+) -> bool {
+    let give_up = Instant::now() + limit;
+    loop {
+        let exists: i64 = redis::cmd("EXISTS").arg(key).query(conn).unwrap();
+        if (exists == 1) == present {
+            return true;
+        }
+        if Instant::now() >= give_up {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Polls `future` exactly once, as a `select!` whose other branch is ready at once does,
+/// and drops it. (On a current-thread runtime a network call cannot finish in one poll;
+/// on a multi-thread one, another worker may rarely answer it within that poll.)
+pub async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    let _ = futures_util::poll!(future.as_mut());
+}
+
+/// Occupies every worker of a multi-thread runtime with synchronous work for `busy`, and
+/// returns once all of them are inside it.
+pub fn block_every_worker(runtime: &tokio::runtime::Runtime, workers: usize, busy: Duration) {
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    for _ in 0..workers {
+        let started = started_tx.clone();
+        runtime.spawn(async move {
+            let _ = started.send(());
+            std::thread::sleep(busy);
+        });
+    }
+    for _ in 0..workers {
+        started_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a worker started its synchronous work");
+    }
 }
