@@ -348,12 +348,7 @@ async fn background_connection(
         )))
     })??;
     let home = home_runtime().zip(home);
-    Ok(Connection::new(
-        home,
-        own,
-        background.handle().clone(),
-        background.stopping().clone(),
-    ))
+    Ok(Connection::new(home, own, background.handle().clone()))
 }
 
 /// The runtime a client may keep a fast connection on: the caller's, if it is a
@@ -732,7 +727,8 @@ impl Client {
     /// manager, it reconnects after a failure, but the first command after the server
     /// restarted may fail with a broken pipe: send it again.
     pub fn connection(&self) -> Connection {
-        self.inner.core.connection()
+        let core = &self.inner.core;
+        core.connection.refusing_after(&core.closing)
     }
 
     /// How many leases this client's watchdog tracks right now: one per holding that is

@@ -5,12 +5,14 @@
 //! client used from several runtimes would therefore depend on each of them. This type
 //! keeps two connections and routes every call:
 //!
-//! - calls made on the *home* runtime (the one that called `connect`) use the home
-//!   connection, driven right there: the fastest path, one local hop each way;
-//! - every other call (the client's own background work, and callers on any other
-//!   runtime) goes to the *background* connection, which lives on the client's own
-//!   runtime and never depends on the caller's. A call from a foreign runtime is handed
-//!   over as a task, so even a reconnect happens on the client's runtime.
+//! - calls made in a task of the *home* runtime (the multi-thread runtime that called
+//!   `connect`) use the home connection, driven right there: the fastest path, one local
+//!   hop each way;
+//! - every other call (the client's own background work, callers on any other runtime,
+//!   and futures polled by a `block_on` of the home runtime, which its workers do not
+//!   poll) goes to the *background* connection, which lives on the client's own runtime
+//!   and never depends on the caller's. A call from elsewhere is handed over as a task,
+//!   so even a reconnect happens on the client's runtime.
 //!
 //! Measured on the 2-core test VM: a PING from a worker thread over a connection driven on
 //! the same runtime took 28 µs (p50); over one driven on a separate thread, 46 µs. Hence
@@ -62,9 +64,10 @@ pub struct Connection {
     /// Driven on the client's own runtime.
     background: Link,
     background_runtime: Handle,
-    /// Cancelled once the client has stopped: every route then fails alike, instead of
-    /// the home link answering and the others failing with an opaque error.
-    stopped: CancellationToken,
+    /// For the clones handed to users: once this is cancelled (the client shut down),
+    /// every route fails alike. The client's own clone never refuses, because giving a
+    /// lock back must work even after a shutdown.
+    refuse_after: Option<CancellationToken>,
 }
 
 impl Connection {
@@ -72,14 +75,27 @@ impl Connection {
         home: Option<(Id, Link)>,
         background: Link,
         background_runtime: Handle,
-        stopped: CancellationToken,
     ) -> Self {
         Self {
             home,
             background,
             background_runtime,
-            stopped,
+            refuse_after: None,
         }
+    }
+
+    /// A clone that fails every call once `closing` is cancelled.
+    pub(crate) fn refusing_after(&self, closing: &CancellationToken) -> Self {
+        Self {
+            refuse_after: Some(closing.clone()),
+            ..self.clone()
+        }
+    }
+
+    fn refused(&self) -> bool {
+        self.refuse_after
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Where a call from the current context should go.
@@ -89,7 +105,11 @@ impl Connection {
         };
         let current = current.id();
         match &self.home {
-            Some((home, _)) if *home == current => Route::Home,
+            // Only from a task: a task is polled by the home runtime's workers, which also
+            // drive the home link. A future polled by `block_on` (a thread outside the
+            // pool, `spawn_blocking` included) could wait forever on a link nothing
+            // drives while every worker is busy.
+            Some((home, _)) if *home == current && tokio::task::try_id().is_some() => Route::Home,
             _ if current == self.background_runtime.id() => Route::Background,
             _ => Route::Foreign,
         }
@@ -131,7 +151,7 @@ fn handed_over_failed(err: tokio::task::JoinError) -> RedisError {
 
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        if self.stopped.is_cancelled() {
+        if self.refused() {
             return Box::pin(std::future::ready(Err(client_stopped())));
         }
         match self.route() {
@@ -156,7 +176,7 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        if self.stopped.is_cancelled() {
+        if self.refused() {
             return Box::pin(std::future::ready(Err(client_stopped())));
         }
         match self.route() {

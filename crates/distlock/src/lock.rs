@@ -661,8 +661,10 @@ impl LockGuard {
     pub async fn reenter(&self) -> Result<LockGuard> {
         let holding = Arc::clone(self.hold.holding_arc());
         let core = Arc::clone(&holding.core);
+        // Counted as work in flight before the check, so a shutdown cannot slip between.
+        let reentering = Detached::new(core.background(), holding.add_hold());
         core.ensure_open()?;
-        let hold = Detached::new(core.background(), holding.add_hold()).await?;
+        let hold = reentering.await?;
         Ok(LockGuard {
             hold,
             _client: self._client.clone(),
@@ -673,13 +675,13 @@ impl LockGuard {
     /// waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
     ///
     /// Cancel-safe: once started, the release completes even if this future is dropped.
+    /// It works after [`Client::shutdown`] too: giving a lock back is always allowed.
     pub async fn release(self) -> Result<()> {
         // The client handle lives until the release is done.
         let LockGuard { hold, _client } = self;
         let holding = hold.take();
         holding.guard_gone();
         let core = Arc::clone(&holding.core);
-        core.ensure_open()?;
         Detached::new(core.background(), holding.give_back()).await
     }
 }

@@ -5,15 +5,18 @@
 //! Why a thread of its own rather than whatever runtime is current: a guard is dropped
 //! wherever the user's code happens to be, often as a runtime ends (the end of
 //! `#[tokio::main]`, a job run in `block_on`) or in a runtime nobody drives any more. Work
-//! spawned there never runs. Work spawned here always does, until the client shuts down.
+//! spawned there never runs. Work spawned here always does.
 //!
-//! Shutting down waits for the background releases already started (they are tracked),
-//! then stops the services and lets the thread end. The last handle on a client does this
-//! when it is dropped, waiting a bounded time, so a program that returns from `main` with
-//! a guard still alive has released it before the process exits.
+//! Shutting down waits (a bounded time) for the background work already started (it is
+//! tracked), then stops the services. The thread itself lives as long as anything of the
+//! client does (a guard, an operation still in flight somewhere), so that giving a lock
+//! back always has somewhere to run, even after a shutdown; it ends when the client's
+//! last part is dropped. The last handle on a client shuts it down when it is dropped, so
+//! a program that returns from `main` with a guard still alive has released it before the
+//! process exits.
 
 use std::future::Future;
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -28,12 +31,12 @@ use crate::error::{Error, Result};
 pub(crate) struct Background {
     handle: Handle,
     thread: ThreadId,
-    /// Background releases and other work that must finish before the client stops.
+    /// Background releases and other work that shutdown waits for.
     tasks: TaskTracker,
-    /// Cancelled to stop the long-lived services (watchdog, hub) and end the thread.
+    /// Cancelled at shutdown: stops the long-lived services (watchdog, hub).
+    services: CancellationToken,
+    /// Cancelled when this is dropped (the client's last part is gone): ends the thread.
     stop: CancellationToken,
-    /// Receives once the thread has ended.
-    finished: Mutex<Option<mpsc::Receiver<()>>>,
 }
 
 impl Background {
@@ -41,7 +44,6 @@ impl Background {
     pub(crate) fn start() -> Result<Self> {
         let stop = CancellationToken::new();
         let (handle_tx, handle_rx) = mpsc::channel();
-        let (finished_tx, finished_rx) = mpsc::channel();
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("distlock".into())
@@ -59,8 +61,6 @@ impl Background {
                 let _ = handle_tx.send(Ok(runtime.handle().clone()));
                 runtime.block_on(thread_stop.cancelled());
                 // Dropping the runtime drops whatever is left (idle services).
-                drop(runtime);
-                let _ = finished_tx.send(());
             })
             .map_err(Error::Runtime)?;
         let handle = match handle_rx.recv() {
@@ -76,8 +76,8 @@ impl Background {
             handle,
             thread: thread.thread().id(),
             tasks: TaskTracker::new(),
+            services: CancellationToken::new(),
             stop,
-            finished: Mutex::new(Some(finished_rx)),
         })
     }
 
@@ -167,60 +167,68 @@ impl Background {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let stop = self.stop.clone();
+        let services = self.services.clone();
         self.handle.spawn(async move {
             tokio::select! {
-                _ = stop.cancelled() => {}
+                _ = services.cancelled() => {}
                 _ = service => {}
             }
         });
     }
 
-    /// Cancelled when the client shuts down.
+    /// Cancelled when the client's services stop (at shutdown).
     pub(crate) fn stopping(&self) -> &CancellationToken {
-        &self.stop
+        &self.services
     }
 
-    /// Waits for started background work, at most `limit`, then stops the services and
-    /// the thread.
+    /// Waits for started background work, at most `limit`, by the client's clock (the
+    /// caller's runtime may be a different one, or stalled), then stops the services.
     pub(crate) async fn shutdown(&self, limit: Duration) {
-        self.tasks.close();
-        let tasks = self.tasks.clone();
-        let stop = self.stop.clone();
-        // Waited for on the background runtime itself, by its clock: the caller's runtime
-        // may be a different one, or stalled, and the tracked tasks run here.
-        let drained = self.handle.spawn(async move {
-            let _ = tokio::time::timeout(limit, tasks.wait()).await;
-            stop.cancel();
-        });
-        let _ = drained.await;
-        self.stop.cancel();
+        let _ = self.drain(limit).await;
     }
 
     /// [`Background::shutdown`] for a synchronous caller (the last handle's `Drop`),
     /// waiting at most `limit`. From the background thread itself it cannot wait: it only
     /// starts the shutdown.
     pub(crate) fn shutdown_blocking(&self, limit: Duration) {
-        self.tasks.close();
-        let tasks = self.tasks.clone();
-        let stop = self.stop.clone();
+        let (drained_tx, drained_rx) = mpsc::channel();
+        let drain = self.drain(limit);
         self.handle.spawn(async move {
-            let _ = tokio::time::timeout(limit, tasks.wait()).await;
-            stop.cancel();
+            let _ = drain.await;
+            let _ = drained_tx.send(());
         });
         if self.is_current_thread() {
             // Waiting here would stop the very thread that has to do the work.
             return;
         }
-        let finished = self
-            .finished
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(finished) = finished {
-            // The margin covers the runtime's own teardown after the wait above.
-            let _ = finished.recv_timeout(limit + Duration::from_millis(200));
+        // The margin covers the hop back from the client's thread.
+        let wait = move || {
+            let _ = drained_rx.recv_timeout(limit + Duration::from_millis(200));
+        };
+        match Handle::try_current() {
+            // In a task of a multi-thread runtime: that runtime may drive the connection
+            // the work waited for was sent on, with this worker its only one. Let the
+            // runtime hand this worker's other tasks to another thread while it waits.
+            Ok(current)
+                if current.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                    && tokio::task::try_id().is_some() =>
+            {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
         }
+    }
+
+    /// Closes the tracker, and returns the task that waits for it and then stops the
+    /// services: spawned on the client's runtime, so it runs whatever the caller does.
+    fn drain(&self, limit: Duration) -> tokio::task::JoinHandle<()> {
+        self.tasks.close();
+        let tasks = self.tasks.clone();
+        let services = self.services.clone();
+        self.handle.spawn(async move {
+            let _ = tokio::time::timeout(limit, tasks.wait()).await;
+            services.cancel();
+        })
     }
 }
 
@@ -257,13 +265,22 @@ pub(crate) async fn sleep_until_on(handle: &Handle, deadline: Instant) {
     let sleeping = AbortOnDropHandle::new(handle.spawn(async move {
         tokio::time::sleep_until(deadline).await;
     }));
-    let _ = sleeping.await;
+    if sleeping.await.is_err() {
+        // The client's runtime is gone (the client was dropped while this was pending):
+        // fall back on the caller's timer if it has one, rather than return early and
+        // have the caller spin.
+        if Handle::try_current().is_ok() {
+            tokio::time::sleep_until(deadline).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        // A client that failed halfway through connecting never shut down: let the thread
-        // end instead of parking forever.
+        // The client's last part is gone: nothing can hand the thread work any more.
+        self.services.cancel();
         self.stop.cancel();
     }
 }

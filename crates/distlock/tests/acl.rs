@@ -450,3 +450,92 @@ async fn a_channel_right_granted_while_waiting_takes_effect_without_a_restart() 
     waiter.shutdown().await;
     holder.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_key_revoked_while_held_loses_only_its_own_lock() {
+    let server = server().await;
+    let mut rules = documented_acl();
+    rules.push("~other:*".into());
+    let mut admin = raw(&server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("revoked")
+        .arg(&rules)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://revoked:pw@127.0.0.1:{}/", server.port());
+    // Watchdog 600 ms: renewals every 200 ms.
+    let client = client_as(&url).await;
+    bounded(LIMIT, async {
+        let kept = client.lock("app:kept").unwrap().lock().await.unwrap();
+        let revoked = client.lock("other:revoked").unwrap().lock().await.unwrap();
+        let keep_rules: Vec<String> = rules
+            .iter()
+            .filter(|rule| rule.starts_with('~') && *rule != "~other:*")
+            .cloned()
+            .collect();
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("revoked")
+            .arg("resetkeys")
+            .arg(&keep_rules)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        revoked.lost().await;
+        // Two more renewal rounds: the lock the user may still renew stays held.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            !kept.is_lost(),
+            "a lock the user may renew was reported lost"
+        );
+        assert!(
+            holds(&mut admin, &kept).await,
+            "a lock the user may renew expired"
+        );
+    })
+    .await;
+    client.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refused_partial_release_keeps_the_hold_count() {
+    let server = server().await;
+    let url = user(&server, "partial", &[]).await;
+    let client = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let guard = client.lock("app:partial").unwrap().lock().await.unwrap();
+        let nested = guard.reenter().await.unwrap();
+        let count = |admin: redis::aio::MultiplexedConnection, owner: String| async move {
+            let mut admin = admin;
+            redis::cmd("HGET")
+                .arg("app:partial")
+                .arg(owner)
+                .query_async::<i64>(&mut admin)
+                .await
+                .unwrap()
+        };
+        assert_eq!(count(admin.clone(), guard.owner().to_owned()).await, 2);
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("partial")
+            .arg("-pexpire")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let refused = nested.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(
+            count(admin.clone(), guard.owner().to_owned()).await,
+            2,
+            "a refused partial release wrote its hold count"
+        );
+    })
+    .await;
+    client.shutdown().await;
+}

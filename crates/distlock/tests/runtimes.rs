@@ -421,11 +421,18 @@ fn calls_after_shutdown_fail_alike(home_multi_thread: bool) {
                 format!("{:?}", lock.remaining_ttl().await),
                 format!("{:?}", lock.force_unlock().await),
                 format!("{:?}", guard.reenter().await.map(drop)),
-                format!("{:?}", guard.release().await),
             ];
             assert!(
                 outcomes.iter().all(|outcome| outcome.contains("Shutdown")),
                 "calls after shutdown: {outcomes:?}"
+            );
+            // Giving back is always allowed: the lock is freed.
+            let name = guard.name().to_owned();
+            let released = guard.release().await;
+            assert!(released.is_ok(), "release after shutdown: {released:?}");
+            assert!(
+                key_becomes(&mut sync_connection(&server), &name, false, Duration::ZERO),
+                "{name} is still held after its release"
             );
             let mut connection = client.connection();
             let ping = redis::cmd("PING")
@@ -460,9 +467,15 @@ fn a_cancelled_release_completes_while_every_multi_thread_worker_is_blocked() {
     let home = runtime(true);
     let client = home.block_on(common::client(&server));
     let guard = home.block_on(async { client.lock("every-worker").unwrap().lock().await.unwrap() });
-    common::block_every_worker(&home, 2, Duration::from_secs(2));
-    let cancelled_at = Instant::now();
-    home.block_on(cancel_after_first_poll(guard.release()));
+    // One worker is stuck; the task that cancels the release then blocks the other one.
+    common::block_every_worker(&home, 1, Duration::from_secs(2));
+    let (cancelled_tx, cancelled_rx) = std::sync::mpsc::channel();
+    home.spawn(async move {
+        cancel_after_first_poll(guard.release()).await;
+        let _ = cancelled_tx.send(Instant::now());
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let cancelled_at = cancelled_rx.recv_timeout(LIMIT).unwrap();
     let after = released
         .recv_timeout(Duration::from_secs(3))
         .map(|at| at.duration_since(cancelled_at));
@@ -522,4 +535,97 @@ fn try_lock_for_through_the_handle_of_a_blocked_runtime_times_out() {
 #[test]
 fn lock_through_the_handle_of_a_blocked_runtime_gets_the_lock_when_the_lease_ends() {
     waiting_through_the_handle_of_a_blocked_runtime(false);
+}
+
+/// `Handle::block_on` from a thread of its own while the only worker of the multi-thread
+/// runtime that connected is busy: the call must not go over that runtime's connection,
+/// which nothing drives until the worker is free. (From a `spawn_blocking` task it still
+/// does: see docs/safety.md.)
+#[test]
+fn handle_block_on_from_another_thread_works_while_every_worker_is_busy() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let home = common::runtime_with(true, 1);
+    let client = home.block_on(common::client(&server));
+    let holder = main.block_on(common::client(&server));
+    let _held = main.block_on(async { holder.lock("busy-workers").unwrap().lock().await.unwrap() });
+    let busy = client.lock("busy-workers").unwrap();
+    let free = client.lock("free-while-busy").unwrap();
+    common::block_every_worker(&home, 1, Duration::from_secs(3));
+    let handle = home.handle().clone();
+    let (waited, took, taken, total) = std::thread::spawn(move || {
+        let started = Instant::now();
+        let waited = handle
+            .block_on(busy.try_lock_for(Duration::from_millis(200)))
+            .map(|guard| guard.is_none());
+        let took = started.elapsed();
+        let taken = handle
+            .block_on(free.try_lock())
+            .map(|guard| guard.is_some());
+        (waited, took, taken, started.elapsed())
+    })
+    .join()
+    .unwrap();
+    assert!(
+        matches!(waited, Ok(true)) && took < Duration::from_secs(1),
+        "try_lock_for(200 ms) on a held lock: {waited:?} after {took:?}"
+    );
+    assert!(
+        matches!(taken, Ok(true)) && total < Duration::from_secs(1),
+        "try_lock on a free lock: {taken:?}, {total:?} in all"
+    );
+    home.block_on(client.shutdown());
+    main.block_on(holder.shutdown());
+}
+
+/// Polls `future` to completion on the calling thread, with no tokio runtime: another
+/// executor, as a library user might bring.
+fn block_on_without_tokio<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut context = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+/// Every call works from an executor that is not tokio, the lost signal included: it
+/// fires when a fixed lease runs out.
+#[test]
+fn a_guard_and_its_lost_signal_work_outside_tokio() {
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let client = main.block_on(common::client(&server));
+    let lock = client
+        .lock("outside-tokio")
+        .unwrap()
+        .with_lease(Duration::from_millis(300));
+    let outcome = std::thread::spawn(move || {
+        let guard = block_on_without_tokio(lock.lock()).unwrap();
+        let started = Instant::now();
+        block_on_without_tokio(guard.lost());
+        (started.elapsed(), block_on_without_tokio(guard.release()))
+    })
+    .join();
+    let (fired_after, released) = outcome.expect("the thread without tokio panicked");
+    // It fires a safety margin (8 ms here) before the deadline, never after it.
+    assert!(
+        fired_after >= Duration::from_millis(250) && fired_after < Duration::from_millis(300),
+        "lost() fired {fired_after:?} into a 300 ms lease"
+    );
+    // The server may still have the lease's last milliseconds: either answer is right.
+    assert!(
+        matches!(released, Ok(()) | Err(distlock::Error::NotHeld { .. })),
+        "{released:?}"
+    );
+    main.block_on(client.shutdown());
 }

@@ -194,3 +194,164 @@ fn shutdown_is_bounded_while_the_connecting_runtime_is_stalled() {
     );
     home.shutdown_background();
 }
+
+/// A `lock()` cancelled after its command reached a paused server, then the last handle
+/// dropped in a task of a one-worker runtime: that drop must not keep the only worker
+/// from reading the reply (the attempt took the lock, and must give it back), nor block.
+#[test]
+fn a_cancelled_lock_then_the_last_handle_dropped_on_a_one_worker_runtime_leaves_no_lock() {
+    let server = std::sync::Arc::new(runtime(true, 2).block_on(common::server()));
+    let paused = std::sync::Arc::clone(&server);
+    let url = server.url();
+    let blocked = runtime(true, 1).block_on(async move {
+        tokio::spawn(async move {
+            let client = distlock::Client::connect(&url).await.unwrap();
+            let lock = client.lock("cancelled-lock").unwrap();
+            paused.pause().unwrap();
+            {
+                let mut acquiring = std::pin::pin!(lock.lock());
+                assert!(futures_util::poll!(acquiring.as_mut()).is_pending());
+                // Let the connection write the command to the (paused) server.
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            let resumer = std::sync::Arc::clone(&paused);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                resumer.resume().unwrap();
+            });
+            let dropping = Instant::now();
+            drop(lock);
+            drop(client);
+            dropping.elapsed()
+        })
+        .await
+        .unwrap()
+    });
+    assert!(
+        blocked < Duration::from_secs(1),
+        "dropping the last handle blocked {blocked:?}"
+    );
+    assert!(
+        key_becomes(
+            &mut sync_connection(&server),
+            "cancelled-lock",
+            false,
+            Duration::from_secs(1)
+        ),
+        "the cancelled acquisition took the lock and nobody gave it back"
+    );
+}
+
+/// A `lock()` future alive but parked (pinned outside a `select!` loop, not polled while
+/// the loop shuts down) holds nothing in flight: shutdown must not wait for it.
+#[test]
+fn shutdown_does_not_wait_for_a_parked_waiter() {
+    let server = runtime(true, 2).block_on(common::server());
+    for multi_thread in [false, true] {
+        let took = runtime(multi_thread, 2).block_on(async {
+            let holder = common::client(&server).await;
+            let _held = holder.lock("parked").unwrap().lock().await.unwrap();
+            let client = common::client(&server).await;
+            let lock = client.lock("parked").unwrap();
+            let admin = raw(&server).await;
+            let waiter = lock.lock();
+            tokio::pin!(waiter);
+            let subscribed = until_subscribers(&admin, "redisson_lock__channel:{parked}", 1);
+            tokio::pin!(subscribed);
+            // The `lock()` future stays alive, parked, while this branch shuts down.
+            tokio::select! {
+                _ = &mut waiter => unreachable!("the lock is held by another client"),
+                _ = &mut subscribed => {}
+            }
+            let shutting_down = Instant::now();
+            bounded(LIMIT, client.shutdown()).await;
+            let took = shutting_down.elapsed();
+            holder.shutdown().await;
+            took
+        });
+        assert!(
+            took < Duration::from_millis(500),
+            "multi_thread={multi_thread}: shutdown waited {took:?} for a parked waiter"
+        );
+    }
+}
+
+/// An acquisition still in flight when shutdown's time bound runs out (the server and
+/// every worker of the caller's runtime stalled) takes the lock after shutdown returned:
+/// it is given back all the same.
+#[test]
+fn an_acquisition_that_completes_after_shutdown_gave_up_is_given_back() {
+    let server = runtime(true, 2).block_on(common::server());
+    let home = runtime(true, 2);
+    let client = home
+        .block_on(
+            distlock::Client::builder()
+                .response_timeout(Duration::from_millis(300))
+                .connect(&server.url()),
+        )
+        .unwrap();
+    let lock = client.lock("late").unwrap();
+    server.pause().unwrap();
+    let attempt = home.spawn(async move { lock.try_lock().await.map(|guard| guard.is_some()) });
+    std::thread::sleep(Duration::from_millis(100));
+    block_every_worker(&home, 2, Duration::from_secs(3));
+    let stopper = client.clone();
+    let took = std::thread::spawn(move || {
+        let shutting_down = Instant::now();
+        runtime(false, 1).block_on(stopper.shutdown());
+        shutting_down.elapsed()
+    })
+    .join()
+    .unwrap();
+    server.resume().unwrap();
+    let outcome = home.block_on(async { bounded(LIMIT, attempt).await.unwrap() });
+    assert!(
+        matches!(outcome, Err(Error::Shutdown) | Err(Error::Redis(_))),
+        "an acquisition that completed after shutdown was handed out: {outcome:?} (shutdown took {took:?})"
+    );
+    assert!(
+        key_becomes(
+            &mut sync_connection(&server),
+            "late",
+            false,
+            Duration::from_secs(2)
+        ),
+        "the late acquisition's lock was left on the server"
+    );
+    home.shutdown_background();
+}
+
+/// Giving back is always allowed: a re-entry released as shutdown starts, and its outer
+/// guard dropped during the drain, free the lock; so does a release after shutdown.
+#[test]
+fn releases_still_free_their_locks_during_and_after_shutdown() {
+    let server = runtime(true, 2).block_on(common::server());
+    runtime(true, 2).block_on(async {
+        let client = common::client(&server).await;
+        let outer = client
+            .lock("nested-at-shutdown")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let nested = outer.reenter().await.unwrap();
+        let after = client.lock("released-after").unwrap().lock().await.unwrap();
+        let (_, nested_release) = tokio::join!(client.shutdown(), async {
+            let released = nested.release().await;
+            drop(outer);
+            released
+        });
+        assert!(nested_release.is_ok(), "{nested_release:?}");
+        let released_after = after.release().await;
+        assert!(released_after.is_ok(), "{released_after:?}");
+        let mut conn = sync_connection(&server);
+        for name in ["nested-at-shutdown", "released-after"] {
+            assert!(
+                key_becomes(&mut conn, name, false, Duration::from_secs(1)),
+                "{name} is still held after its guards were released"
+            );
+        }
+    });
+}

@@ -125,9 +125,6 @@ pub(crate) async fn acquire<A: Acquire>(
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
     core.ensure_open()?;
-    // Shutdown waits for this call to return, so a lock taken as it starts is given back
-    // before the client stops.
-    let _in_flight = core.background().in_flight();
     let subscriptions = core.subscriptions();
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
@@ -141,15 +138,14 @@ pub(crate) async fn acquire<A: Acquire>(
     } else {
         let acquired = last_chance(core, primitive).await?;
         if acquired.is_some() || !waiting_patiently {
-            return settle(core, acquired);
+            return Ok(acquired);
         }
     }
     let subscribing = subscriptions.subscribe(primitive.channel());
     let subscription = tokio::select! {
         subscription = subscribing => subscription,
         _ = core.background().sleep_until_some(deadline) => {
-            let acquired = last_chance(core, primitive).await?;
-            return settle(core, acquired);
+            return last_chance(core, primitive).await;
         }
         _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
@@ -172,8 +168,8 @@ pub(crate) async fn acquire<A: Acquire>(
             wait(core, released, wake_at).await?;
             continue;
         }
-        let retry_after = match run_attempt(core, primitive).await {
-            Ok(Attempt::Acquired(guard)) => return settle(core, Some(guard)),
+        let retry_after = match attempt(core, primitive).await {
+            Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
                 backoff = MIN_ERROR_BACKOFF;
                 retry_after.unwrap_or(NO_HINT_RETRY)
@@ -216,35 +212,39 @@ async fn wait(
     }
 }
 
-/// Hands an acquisition to the caller, unless the client started shutting down while it
-/// was in flight: a holding nothing would renew is given back instead (the guard's drop
-/// releases it, and shutdown waits for that).
-fn settle<G>(core: &Core, acquired: Option<G>) -> Result<Option<G>> {
-    if acquired.is_some() {
-        core.ensure_open()?;
-    }
-    Ok(acquired)
-}
-
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.
 ///
 /// A connection found dropped (a server restarted since this connection's last use) is
 /// reopened by that failure; one more attempt, as a new owner, then tells whether the
 /// server is really gone. The first attempt's owner gives itself up.
 async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A::Guard>> {
-    let attempt = match run_attempt(core, primitive).await {
+    let outcome = match attempt(core, primitive).await {
         Err(Error::Redis(err)) if err.is_connection_dropped() => {
             tracing::debug!(error = %err, "connection was dropped; trying once more");
-            run_attempt(core, primitive).await
+            attempt(core, primitive).await
         }
         other => other,
     };
-    Ok(match attempt? {
+    Ok(match outcome? {
         Attempt::Acquired(guard) => Some(guard),
         Attempt::Busy { .. } => None,
     })
 }
 
-async fn run_attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Guard>> {
-    Detached::from_boxed(core.background(), primitive.attempt()).await
+/// One attempt, finished even if the caller goes away ([`Detached`]).
+///
+/// From before it checks that the client is open until its outcome is settled, it counts
+/// as work in flight, which shutdown waits for; an attempt that acquired after the client
+/// started shutting down gives the primitive back (its guard is dropped here) and fails.
+/// Only attempts count: a caller parked between attempts holds nothing on the server, and
+/// shutdown does not wait for it.
+async fn attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Guard>> {
+    let _in_flight = core.background().in_flight();
+    core.ensure_open()?;
+    let outcome = Detached::from_boxed(core.background(), primitive.attempt()).await?;
+    if matches!(outcome, Attempt::Acquired(_)) && core.ensure_open().is_err() {
+        drop(outcome);
+        return Err(Error::Shutdown);
+    }
+    Ok(outcome)
 }

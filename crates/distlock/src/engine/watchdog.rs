@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Config;
 use crate::connection::Connection;
 use crate::error::is_permission_denied;
-use crate::runtime::Background;
+use crate::runtime::{sleep_until_on, Background};
 use crate::scripts::{ScriptCall, LOCK_RENEW};
 
 struct Entry {
@@ -102,6 +102,8 @@ struct Shared {
     /// A refused renewal (ACL) is logged as an error once per client, not every round.
     warned_refused: AtomicBool,
     changed: Notify,
+    /// The client's runtime, whose clock `Lease::watch` falls back on.
+    runtime: tokio::runtime::Handle,
     connection: Connection,
     lease: Duration,
     lease_ms: u64,
@@ -192,9 +194,11 @@ impl Lease {
                 // A renewal moves the deadline; look again when the old one comes. The
                 // holding ending drops the parent signal, which does not cancel this
                 // child: the look at the deadline then finds the entry gone.
+                // Timed on a clock that is driven wherever this is polled (another
+                // executor, a `block_on` of a busy runtime): see `sleep_until_on`.
                 tokio::select! {
                     _ = signal.cancelled() => return true,
-                    _ = tokio::time::sleep_until(fire) => {}
+                    _ = sleep_until_on(&shared.runtime, fire) => {}
                 }
             }
         }
@@ -254,6 +258,7 @@ impl Watchdog {
             closed: AtomicBool::new(false),
             warned_refused: AtomicBool::new(false),
             changed: Notify::new(),
+            runtime: background.handle().clone(),
             connection,
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
@@ -406,6 +411,25 @@ fn expire_overdue(shared: &Shared) {
 /// One lease to renew: the entry's id, its key and its owner.
 type Due = (u64, Arc<str>, Arc<str>);
 
+/// Sends one renewal script for `batch`: one result per lock, 1 if still held.
+async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
+    let keys: Vec<&str> = batch.iter().map(|(_, key, _)| &**key).collect();
+    let mut invocation = ScriptCall::new(&LOCK_RENEW, &keys, 1 + batch.len());
+    invocation.arg(shared.lease_ms);
+    for (_, _, owner) in batch {
+        invocation.arg(&**owner);
+    }
+    let mut connection = shared.connection.clone();
+    let renewed: Vec<i64> = invocation.invoke(&mut connection).await?;
+    if renewed.len() != batch.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "renewal script answered with the wrong number of results",
+        )));
+    }
+    Ok(renewed)
+}
+
 async fn renew_all(shared: Arc<Shared>) {
     let batches: Vec<Vec<Due>> = {
         let registry = shared.registry();
@@ -422,32 +446,24 @@ async fn renew_all(shared: Arc<Shared>) {
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
-    let keys: Vec<&str> = batch.iter().map(|(_, key, _)| &**key).collect();
-    let mut invocation = ScriptCall::new(&LOCK_RENEW, &keys, 1 + batch.len());
-    invocation.arg(shared.lease_ms);
-    for (_, _, owner) in &batch {
-        invocation.arg(&**owner);
-    }
-    let mut connection = shared.connection.clone();
     let sent_at = Instant::now();
-    let reply = invocation.invoke::<Vec<i64>>(&mut connection).await;
-    let renewed = match reply {
-        Ok(renewed) if renewed.len() == batch.len() => renewed,
-        Ok(renewed) => {
-            tracing::error!(
-                expected = batch.len(),
-                got = renewed.len(),
-                "renewal script answered with the wrong number of results; retrying next tick"
-            );
+    let renewed = match renew(shared, &batch).await {
+        Ok(renewed) => renewed,
+        Err(err) if is_permission_denied(&err) && batch.len() > 1 => {
+            // The server refuses a script when it may not touch one of its keys, so one
+            // lock whose key the user lost refuses the whole batch. Find which, one by one.
+            for due in batch {
+                Box::pin(renew_batch(shared, vec![due])).await;
+            }
             return;
         }
         Err(err) if is_permission_denied(&err) => {
             // The ACL will refuse every later round too: waiting for the deadline would
-            // only hide the cause. These leases can no longer be kept.
+            // only hide the cause. This lease can no longer be kept.
             if !shared.warned_refused.swap(true, Ordering::Relaxed) {
                 tracing::error!(
                     error = %err,
-                    "the Redis user may not renew leases (ACL); held locks are reported lost \
+                    "the Redis user may not renew a lease (ACL); the lock is reported lost \
                      now; grant the rights listed in distlock's docs/safety.md"
                 );
             }

@@ -15,7 +15,7 @@
 --
 -- Returns the hold count left (0 = the lock is now free), or -1 when the owner does not
 -- hold the lock (nothing is written then). Fails with a NOPERM error, having written
--- nothing, when the user's ACL refuses one of the final release's writes.
+-- nothing, when the user's ACL refuses one of the release's writes.
 --
 -- A partial release sets an absolute count, so repeating it is harmless and needs no
 -- latch. The client deletes the latch once it has read the reply.
@@ -29,6 +29,11 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1
 end
 if ARGV[2] ~= '0' then
+    -- Checked first, as below: a refused PEXPIRE must not leave a new count behind.
+    if redis.acl_check_cmd and not (redis.acl_check_cmd('hset', KEYS[1], ARGV[1], ARGV[2])
+            and redis.acl_check_cmd('pexpire', KEYS[1], ARGV[3])) then
+        return redis.error_reply('NOPERM this user may not HSET and PEXPIRE the lock ' .. KEYS[1])
+    end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
     redis.call('pexpire', KEYS[1], ARGV[3])
     return tonumber(ARGV[2])
