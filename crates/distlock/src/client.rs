@@ -737,21 +737,24 @@ impl Client {
         self.inner.core.watchdog.tracked()
     }
 
-    /// Stops the client: waits for the releases of dropped guards and the operations
-    /// still in flight, then stops its background work (the watchdog, the pub/sub hub) and
-    /// its runtime. Call it on a graceful exit.
+    /// Stops the client: waits for the releases of dropped guards and the lock operations
+    /// in flight, then stops its background work (the watchdog, the pub/sub hub). Call it
+    /// on a graceful exit.
     ///
     /// From the moment it is called:
-    /// - every call on the client, its locks and its guards fails with
-    ///   [`Error::Shutdown`], and calls waiting for a lock return that error at once;
-    /// - guards still alive are not released (release or drop them first), and nothing
-    ///   renews them any more, so each one's lost signal fires at once
-    ///   ([`LockGuard::lost`](crate::LockGuard::lost), `lost_token`, `is_lost`).
+    /// - acquisitions, re-entries and queries fail with [`Error::Shutdown`], and calls
+    ///   waiting for a lock return that error at once;
+    /// - nothing renews a live guard any more, so each one's lost signal fires at once
+    ///   ([`LockGuard::lost`](crate::LockGuard::lost), `lost_token`, `is_lost`);
+    /// - giving back still works: releasing or dropping a guard frees its lock, during
+    ///   and after the shutdown, and an acquisition that completes after it gives its lock
+    ///   back. A guard kept alive keeps its lock until its lease runs out.
     ///
     /// It waits at most a release's retry window (about 3 s by default), by the client's
     /// own clock, so it returns even if the runtime that connected is stalled. Dropping
     /// the last handle on a client (every clone, lock and guard) does the same. A client
-    /// kept in a `static` is never dropped: call this before the program exits.
+    /// kept in a `static` is never dropped: call this before the program exits. The
+    /// client's thread ends once nothing of the client is left.
     pub async fn shutdown(&self) {
         let core = &self.inner.core;
         core.close();
