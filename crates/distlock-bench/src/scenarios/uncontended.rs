@@ -48,7 +48,26 @@ pub async fn run(
         ),
     ];
     if let Some(mut stats) = stats {
-        details.append(&mut costs(client, peer, &mut stats).await?);
+        // Measured in a task, like the cycles above and like a server's request handlers:
+        // a task of the runtime that connected uses the client's fast link, where a future
+        // polled by `block_on` (this function's caller) is handed to the client's thread.
+        let (client_in_task, peer) = (client.clone(), Arc::clone(peer));
+        let mut stats_in_task = stats.clone();
+        let measured =
+            tokio::spawn(async move { costs(&client_in_task, &peer, &mut stats_in_task).await });
+        details.append(&mut measured.await??);
+        // The same cycle from here, outside any task: what a `#[tokio::main]` body pays.
+        let lock = client.lock("bench:cost:block_on")?;
+        let outside = cost::per_cycle(&mut stats, &["evalsha", "eval", "unlink"], || async {
+            lock.lock().await?.release().await?;
+            Ok(())
+        })
+        .await?;
+        details.push(figure(
+            "allocations per cycle from a block_on future (no fast link)",
+            outside.allocations,
+            "",
+        ));
     }
     Ok(cycle_report("uncontended", TARGET, &loads, details))
 }
