@@ -206,14 +206,16 @@ impl Background {
             let _ = drained_rx.recv_timeout(limit + Duration::from_millis(200));
         };
         match Handle::try_current() {
-            // In a task of a multi-thread runtime: that runtime may drive the connection
-            // the work waited for was sent on, with this worker its only one. Let the
-            // runtime hand this worker's other tasks to another thread while it waits.
+            // In a task of a multi-thread runtime, blocking this worker could stall the
+            // very work being waited for: that runtime may drive the connection it was
+            // sent on, with this worker its only one. The wait moves to the runtime's
+            // blocking pool instead, which the runtime's shutdown waits for, so a program
+            // still does not exit before its releases are sent.
             Ok(current)
                 if current.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
                     && tokio::task::try_id().is_some() =>
             {
-                tokio::task::block_in_place(wait)
+                drop(current.spawn_blocking(wait));
             }
             _ => wait(),
         }
