@@ -665,6 +665,9 @@ impl LockGuard {
         let reentering = Detached::new(core.background(), holding.add_hold());
         core.ensure_open()?;
         let hold = reentering.await?;
+        // A shutdown that started while the hold was being taken: give it back (dropping
+        // it does) rather than hand out a hold nothing will renew.
+        core.ensure_open()?;
         Ok(LockGuard {
             hold,
             _client: self._client.clone(),

@@ -109,8 +109,12 @@ impl Background {
     /// Sleeps for `duration` on the client's runtime's clock. Code that may finish on this
     /// runtime after its caller has gone (a cancelled release) must not wait on a timer of
     /// the caller's runtime: that runtime may be blocked, or never driven again.
+    ///
+    /// Always this runtime's timer, even when the caller's would do: a pause inside a
+    /// cancellable operation may be taken over by this runtime halfway, and a timer of the
+    /// caller's runtime, polled here after that runtime is gone, panics.
     pub(crate) async fn pause(&self, duration: Duration) {
-        sleep_until_on(&self.handle, Instant::now() + duration).await;
+        sleep_on_client_clock(&self.handle, Instant::now() + duration).await;
     }
 
     /// Sleeps until `deadline` on the client's runtime's clock; see [`sleep_until_on`].
@@ -259,6 +263,16 @@ pub(crate) async fn sleep_until_on(handle: &Handle, deadline: Instant) {
     let local_timer_is_driven = Handle::try_current()
         .is_ok_and(|current| current.id() == handle.id() || tokio::task::try_id().is_some());
     if local_timer_is_driven {
+        tokio::time::sleep_until(deadline).await;
+        return;
+    }
+    sleep_on_client_clock(handle, deadline).await;
+}
+
+/// Sleeps until `deadline` on the timer of the runtime behind `handle`: directly when
+/// called there, otherwise as a task there, aborted if the caller stops waiting.
+async fn sleep_on_client_clock(handle: &Handle, deadline: Instant) {
+    if Handle::try_current().is_ok_and(|current| current.id() == handle.id()) {
         tokio::time::sleep_until(deadline).await;
         return;
     }

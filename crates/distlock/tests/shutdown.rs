@@ -356,3 +356,175 @@ fn releases_still_free_their_locks_during_and_after_shutdown() {
         }
     });
 }
+
+/// A release whose first attempt finds its connection killed pauses before asking again;
+/// its caller gives up during that pause, and then blocks (or drops) its runtime. The
+/// release is finished on the client's thread, whose pause must not wait on the caller's
+/// timer (blocked: never fires; dropped: panics when polled).
+fn release_cancelled_during_its_retry_pause(drop_the_callers_runtime: bool) {
+    let server = runtime(true, 2).block_on(common::server());
+    let mut caller = Some(runtime(false, 1));
+    let name = if drop_the_callers_runtime {
+        "pause-dropped"
+    } else {
+        "pause-blocked"
+    };
+    let (client, guard) = caller.as_ref().unwrap().block_on(async {
+        let client = common::client(&server).await;
+        let guard = client.lock(name).unwrap().lock().await.unwrap();
+        (client, guard)
+    });
+    let mut admin = sync_connection(&server);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query(&mut admin)
+        .unwrap();
+    caller.as_ref().unwrap().block_on(async {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_millis(10), guard.release()).await;
+        })
+        .await
+        .unwrap();
+    });
+    if drop_the_callers_runtime {
+        drop(caller.take());
+    }
+    // Synchronous from here: the caller's runtime (if any) is not driven.
+    assert!(
+        key_becomes(&mut admin, name, false, Duration::from_secs(1)),
+        "the release taken over during its pause did not complete"
+    );
+    drop(caller);
+    runtime(false, 1).block_on(client.shutdown());
+}
+
+#[test]
+fn a_release_cancelled_during_its_retry_pause_completes_while_the_callers_runtime_is_blocked() {
+    release_cancelled_during_its_retry_pause(false);
+}
+
+#[test]
+fn a_release_cancelled_during_its_retry_pause_completes_after_the_callers_runtime_is_dropped() {
+    release_cancelled_during_its_retry_pause(true);
+}
+
+/// The last handle dropped in a `LocalSet` task on a multi-thread runtime: polled by the
+/// `block_on` thread, not a worker. No panic, and the lock of the guard dropped with it
+/// is freed.
+#[test]
+fn the_last_handle_dropped_in_a_local_set_task_releases_and_does_not_panic() {
+    let server = runtime(true, 2).block_on(common::server());
+    let url = server.url();
+    let local = tokio::task::LocalSet::new();
+    let outcome = local.block_on(&runtime(true, 2), async move {
+        let client = distlock::Client::connect(&url).await.unwrap();
+        let guard = client.lock("local-set").unwrap().lock().await.unwrap();
+        tokio::task::spawn_local(async move {
+            drop(guard);
+            drop(client);
+        })
+        .await
+    });
+    assert!(
+        outcome.is_ok(),
+        "dropping the last handle panicked: {outcome:?}"
+    );
+    assert!(
+        key_becomes(
+            &mut sync_connection(&server),
+            "local-set",
+            false,
+            Duration::from_secs(1)
+        ),
+        "the dropped guard's lock was not freed"
+    );
+}
+
+/// A `lost()` future kept after everything else of the client is gone (a spawned watcher
+/// whose guard was released normally never completes) must not keep the client's
+/// connections open.
+#[test]
+fn a_kept_lost_future_does_not_keep_the_clients_connections() {
+    let server = runtime(true, 2).block_on(common::server());
+    let mut admin = sync_connection(&server);
+    let connected = |admin: &mut redis::Connection| -> i64 {
+        let info: String = redis::cmd("INFO").arg("clients").query(admin).unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("connected_clients:"))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap()
+    };
+    let before = connected(&mut admin);
+    // The runtime that connected stays up, as a service's does.
+    let home = runtime(true, 2);
+    let kept = home.block_on(async {
+        let client = common::client(&server).await;
+        let guard = client.lock("watched").unwrap().lock().await.unwrap();
+        let lost = guard.lost();
+        guard.release().await.unwrap();
+        client.shutdown().await;
+        // Kept, not awaited: a watcher whose guard was released normally.
+        Some(lost)
+    });
+    let give_up = Instant::now() + Duration::from_secs(2);
+    while connected(&mut admin) > before && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let left = connected(&mut admin) - before;
+    drop(kept);
+    drop(home);
+    assert_eq!(
+        left, 0,
+        "connections still open while only a lost() future is kept"
+    );
+}
+
+/// A re-entry in flight when shutdown starts fails with `Error::Shutdown` and gives its
+/// hold back, as acquisitions do.
+#[test]
+fn a_reentry_in_flight_at_shutdown_fails_and_gives_its_hold_back() {
+    let server = runtime(true, 2).block_on(common::server());
+    let home = runtime(true, 2);
+    let client = home.block_on(common::client(&server));
+    let guard = home.block_on(async {
+        client
+            .lock("reentry-at-shutdown")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+    });
+    let owner = guard.owner().to_owned();
+    server.pause().unwrap();
+    let reentering = home.spawn(async move {
+        let nested = guard.reenter().await.map(drop);
+        (nested, guard)
+    });
+    // The re-entry is sent (to the paused server) before shutdown starts.
+    std::thread::sleep(Duration::from_millis(50));
+    let stopper = client.clone();
+    let stopping = std::thread::spawn(move || runtime(false, 1).block_on(stopper.shutdown()));
+    std::thread::sleep(Duration::from_millis(50));
+    server.resume().unwrap();
+    let (nested, guard) = home.block_on(reentering).unwrap();
+    stopping.join().unwrap();
+    assert!(
+        matches!(nested, Err(Error::Shutdown)),
+        "a re-entry across shutdown: {nested:?}"
+    );
+    let mut admin = sync_connection(&server);
+    let give_up = Instant::now() + Duration::from_secs(1);
+    let holds = loop {
+        let holds: i64 = redis::cmd("HGET")
+            .arg("reentry-at-shutdown")
+            .arg(&owner)
+            .query(&mut admin)
+            .unwrap();
+        if holds == 1 || Instant::now() >= give_up {
+            break holds;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(holds, 1, "the refused re-entry's hold was not given back");
+    drop(guard);
+}

@@ -93,7 +93,9 @@ struct Registry {
 }
 
 struct Shared {
-    registry: Mutex<Registry>,
+    /// Shared on its own with the futures of `Lease::watch`, which may outlive everything
+    /// else of the client and must not keep its connections open.
+    registry: Arc<Mutex<Registry>>,
     /// Set while a renewal round is in flight: a hung server must not collect a new
     /// round every tick.
     renewing_now: AtomicBool,
@@ -112,12 +114,16 @@ struct Shared {
 
 impl Shared {
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        // Critical sections only insert, remove or update single entries, so a poisoned
-        // lock still guards a consistent map.
-        self.registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_registry(&self.registry)
     }
+}
+
+/// Critical sections only insert, remove or update single entries, so a poisoned lock
+/// still guards a consistent map.
+fn lock_registry(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    registry
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A holding's entry in the watchdog. Dropping it ends the entry without a lost signal:
@@ -172,7 +178,8 @@ impl Lease {
     /// watches the clock itself, so a watchdog that cannot run delays nothing, and it
     /// spawns nothing.
     pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
-        let shared = Arc::clone(&self.shared);
+        let registry = Arc::clone(&self.shared.registry);
+        let runtime = self.shared.runtime.clone();
         let id = self.id;
         let signal = self.lost_token();
         async move {
@@ -181,7 +188,7 @@ impl Lease {
                     return true;
                 }
                 let fire = {
-                    let registry = shared.registry();
+                    let registry = lock_registry(&registry);
                     match registry.entries.get(&id) {
                         Some(entry) if entry.lost => return true,
                         Some(entry) => entry.fire_at(),
@@ -198,7 +205,7 @@ impl Lease {
                 // executor, a `block_on` of a busy runtime): see `sleep_until_on`.
                 tokio::select! {
                     _ = signal.cancelled() => return true,
-                    _ = sleep_until_on(&shared.runtime, fire) => {}
+                    _ = sleep_until_on(&runtime, fire) => {}
                 }
             }
         }
@@ -253,7 +260,7 @@ pub(crate) fn safety_margin(lease: Duration) -> Duration {
 impl Watchdog {
     pub(crate) fn start(connection: Connection, config: &Config, background: &Background) -> Self {
         let shared = Arc::new(Shared {
-            registry: Mutex::new(Registry::default()),
+            registry: Arc::new(Mutex::new(Registry::default())),
             renewing_now: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             warned_refused: AtomicBool::new(false),
