@@ -90,6 +90,10 @@ struct Registry {
     wake_at: Option<Instant>,
     /// Whether the scheduler's next wake-up includes a renewal round.
     renewal_scheduled: bool,
+    /// The client's runtime, whose clock `Lease::watch` may sleep on. Cleared when the
+    /// client is gone: a runtime handle keeps the runtime's driver (and its file
+    /// descriptors) alive, and a kept `lost()` future must not.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 struct Shared {
@@ -104,8 +108,6 @@ struct Shared {
     /// A refused renewal (ACL) is logged as an error once per client, not every round.
     warned_refused: AtomicBool,
     changed: Notify,
-    /// The client's runtime, whose clock `Lease::watch` falls back on.
-    runtime: tokio::runtime::Handle,
     connection: Connection,
     lease: Duration,
     lease_ms: u64,
@@ -179,7 +181,6 @@ impl Lease {
     /// spawns nothing.
     pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
         let registry = Arc::clone(&self.shared.registry);
-        let runtime = self.shared.runtime.clone();
         let id = self.id;
         let signal = self.lost_token();
         async move {
@@ -187,12 +188,13 @@ impl Lease {
                 if signal.is_cancelled() {
                     return true;
                 }
-                let fire = {
+                let (fire, runtime) = {
                     let registry = lock_registry(&registry);
-                    match registry.entries.get(&id) {
-                        Some(entry) if entry.lost => return true,
-                        Some(entry) => entry.fire_at(),
-                        None => return false,
+                    match (registry.entries.get(&id), &registry.runtime) {
+                        (Some(entry), _) if entry.lost => return true,
+                        (Some(entry), Some(runtime)) => (entry.fire_at(), runtime.clone()),
+                        // The holding is over (or the client with it).
+                        _ => return false,
                     }
                 };
                 if fire <= Instant::now() {
@@ -257,15 +259,24 @@ pub(crate) fn safety_margin(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(5)
 }
 
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // The client is gone: `lost()` futures kept by the user must not keep its runtime.
+        self.shared.registry().runtime = None;
+    }
+}
+
 impl Watchdog {
     pub(crate) fn start(connection: Connection, config: &Config, background: &Background) -> Self {
         let shared = Arc::new(Shared {
-            registry: Arc::new(Mutex::new(Registry::default())),
+            registry: Arc::new(Mutex::new(Registry {
+                runtime: Some(background.handle().clone()),
+                ..Registry::default()
+            })),
             renewing_now: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             warned_refused: AtomicBool::new(false),
             changed: Notify::new(),
-            runtime: background.handle().clone(),
             connection,
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
