@@ -166,8 +166,15 @@ fn shutdown_is_bounded_while_the_connecting_runtime_is_stalled() {
     let home = runtime(true, 1);
     let client = home.block_on(common::client(&server));
     let guard = home.block_on(async { client.lock("stalled-home").unwrap().lock().await.unwrap() });
-    block_every_worker(&home, 1, Duration::from_secs(4));
-    home.block_on(cancel_after_first_poll(guard.release()));
+    // A task cancels the release (sent on the runtime's own connection), then keeps the
+    // only worker busy, so nothing drives that connection.
+    let (cancelled_tx, cancelled_rx) = std::sync::mpsc::channel();
+    home.spawn(async move {
+        cancel_after_first_poll(guard.release()).await;
+        let _ = cancelled_tx.send(());
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    cancelled_rx.recv_timeout(LIMIT).unwrap();
     let shutting_down = Instant::now();
     let stopper = client.clone();
     let returned = std::thread::spawn(move || {
