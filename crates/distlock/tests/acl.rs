@@ -242,46 +242,43 @@ async fn a_user_without_the_latch_keys_gets_a_typed_error_and_keeps_the_lock() {
     client.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_user_without_the_fencing_counters_cannot_lock_and_leaves_nothing() {
+/// A user without `rules` tries to lock: the acquisition is refused with a typed error,
+/// and leaves no key at all behind (no lock, no lock without a lease, no token taken).
+async fn refused_acquisition_leaves_nothing(name: &str, without: &[&str]) {
     let server = server().await;
-    let url = user(&server, "nofence", &["~distlock_fence:*"]).await;
+    let url = user(&server, name, without).await;
     let client = client_as(&url).await;
-    let lock = client.lock("app:cron").unwrap();
-    let refused = bounded(LIMIT, lock.try_lock()).await;
+    let refused = bounded(LIMIT, client.lock("app:refused").unwrap().try_lock()).await;
     assert!(
         matches!(refused, Err(Error::NoPermission { .. })),
-        "{refused:?}"
+        "without {without:?}: {refused:?}"
     );
     let mut admin = raw(&server).await;
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg("app:cron")
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
         .query_async(&mut admin)
         .await
         .unwrap();
-    assert_eq!(exists, 0, "a refused acquisition left a lock behind");
+    assert!(
+        left.is_empty(),
+        "without {without:?}, a refused acquisition left keys: {left:?}"
+    );
     client.shutdown().await;
 }
 
 #[tokio::test]
+async fn a_user_without_the_fencing_counters_cannot_lock_and_leaves_nothing() {
+    refused_acquisition_leaves_nothing("nofence", &["~distlock_fence:*"]).await;
+}
+
+#[tokio::test]
 async fn a_user_without_pexpire_cannot_lock_and_leaves_no_lock_without_a_lease() {
-    let server = server().await;
-    let url = user(&server, "nopexpire", &["+pexpire"]).await;
-    let client = client_as(&url).await;
-    let lock = client.lock("app:lease").unwrap();
-    let refused = bounded(LIMIT, lock.try_lock()).await;
-    assert!(
-        matches!(refused, Err(Error::NoPermission { .. })),
-        "{refused:?}"
-    );
-    let mut admin = raw(&server).await;
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg("app:lease")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert_eq!(exists, 0, "a refused lease left a lock that never expires");
-    client.shutdown().await;
+    refused_acquisition_leaves_nothing("nopexpire", &["+pexpire"]).await;
+}
+
+#[tokio::test]
+async fn a_user_without_pexpire_or_del_cannot_lock_and_leaves_nothing() {
+    refused_acquisition_leaves_nothing("nolease", &["+pexpire", "+del"]).await;
 }
 
 /// Waits for the next message on `pubsub`, and returns its payload.
@@ -329,26 +326,6 @@ async fn a_user_without_del_gets_a_typed_error_and_wakes_nobody() {
         );
     })
     .await;
-    client.shutdown().await;
-}
-
-#[tokio::test]
-async fn a_user_without_pexpire_or_del_cannot_lock_and_leaves_nothing() {
-    let server = server().await;
-    let url = user(&server, "nolease", &["+pexpire", "+del"]).await;
-    let client = client_as(&url).await;
-    let refused = bounded(LIMIT, client.lock("app:nolease").unwrap().try_lock()).await;
-    assert!(
-        matches!(refused, Err(Error::NoPermission { .. })),
-        "{refused:?}"
-    );
-    let mut admin = raw(&server).await;
-    let left: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "a refused acquisition left keys: {left:?}");
     client.shutdown().await;
 }
 
