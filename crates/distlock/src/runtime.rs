@@ -117,7 +117,8 @@ impl Background {
         sleep_on_client_clock(&self.handle, Instant::now() + duration).await;
     }
 
-    /// Sleeps until `deadline` on the client's runtime's clock; see [`sleep_until_on`].
+    /// Sleeps until `deadline` on a clock that is driven where the caller is polled; see
+    /// [`sleep_until_on`].
     pub(crate) async fn sleep_until(&self, deadline: Instant) {
         sleep_until_on(&self.handle, deadline).await;
     }

@@ -116,8 +116,8 @@ const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 /// Acquires `primitive`, waiting as `patience` allows. `Ok(None)` means the wait ended
 /// without the primitive.
 ///
-/// Every wait runs on the client's clock, not the caller's (see
-/// [`Background::sleep_until`](crate::runtime::Background::sleep_until)), and ends with
+/// Every wait runs on a clock that is driven wherever the caller is polled (see
+/// [`sleep_until_on`](crate::runtime::sleep_until_on)), and ends with
 /// [`Error::Shutdown`] the moment the client starts shutting down.
 pub(crate) async fn acquire<A: Acquire>(
     core: &Core,
@@ -198,8 +198,8 @@ pub(crate) async fn acquire<A: Acquire>(
     }
 }
 
-/// Waits for a release message or `wake_at`, by the client's clock; fails if the client
-/// starts shutting down meanwhile.
+/// Waits for a release message or `wake_at`; fails if the client starts shutting down
+/// meanwhile.
 async fn wait(
     core: &Core,
     released: Pin<&mut tokio::sync::futures::Notified<'_>>,

@@ -165,8 +165,7 @@ impl Subscriptions {
         };
         let mut delivery = subscription.state.delivery.subscribe();
         let answered = delivery.wait_for(|delivery| *delivery != Delivery::Pending);
-        // Timed by the client's clock: the caller's may not be driven (see
-        // `sleep_until_on`).
+        // Timed on a clock that is driven where the caller is polled (`sleep_until_on`).
         let give_up = sleep_until_on(&self.runtime, Instant::now() + self.shared.timeout);
         let confirmed = tokio::select! {
             _ = answered => true,
