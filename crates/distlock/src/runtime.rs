@@ -251,8 +251,7 @@ pub(crate) const STALLED_HOME_GRACE: Duration = Duration::from_millis(20);
 /// another thread while that runtime's own thread is busy elsewhere, polls the future but
 /// drives no timer; outside any runtime there is no timer at all. In those cases the
 /// sleep is a task on the runtime behind `handle` (the client's), aborted if the caller
-/// stops waiting; if that runtime has stopped, it returns at once, and callers check
-/// whether the client is shut down before they wait again.
+/// stops waiting.
 ///
 /// Inside a task (of any runtime) and on the client's own runtime, the caller's timer is
 /// used: whatever polls a task also drives its runtime's timers (a worker that runs out of
