@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `POST /api/coupons` | 201 the coupon, with its `id` |
 //! | `GET /api/coupons/{id}` | the coupon and its remaining stock |
-//! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}`; 409 `sold_out` / `already_purchased`; 403 `sale_not_started` / `sale_ended` |
+//! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}`; 409 `sold_out` / `already_purchased`; 403 `sale_not_started` / `sale_ended`; 400 `duplicate_user_id` for two X-User-Id headers |
 //! | `GET /api/coupons/{id}/stats` | stock, sold, remaining, orders stored and queued |
 //! | `GET /api/users/{id}/orders` | the user's stored orders |
 //! | `GET /healthz`, `GET /ping`, `GET /metrics` | health, one Redis PING, Prometheus |
@@ -89,9 +89,17 @@ fn path_id(path: Result<Path<String>, PathRejection>, code: &'static str) -> Res
 }
 
 fn user_id(headers: &HeaderMap) -> Result<i64, ApiError> {
-    let value = headers.get(USER_HEADER).ok_or_else(|| {
+    let mut values = headers.get_all(USER_HEADER).iter();
+    let value = values.next().ok_or_else(|| {
         ApiError::bad_request("missing_user_id", "the X-User-Id header is required")
     })?;
+    if values.next().is_some() {
+        // Which one a proxy or a client meant is unknowable: refuse rather than pick.
+        return Err(ApiError::bad_request(
+            "duplicate_user_id",
+            "send exactly one X-User-Id header",
+        ));
+    }
     value.to_str().ok().and_then(parse_id).ok_or_else(|| {
         ApiError::bad_request("invalid_user_id", "X-User-Id must be a positive integer")
     })
@@ -148,6 +156,11 @@ async fn create_coupon(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "send the coupon as JSON with Content-Type: application/json",
+        ),
+        too_large if too_large.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            too_large.body_text(),
         ),
         other => ApiError::bad_request("invalid_body", other.body_text()),
     })?;

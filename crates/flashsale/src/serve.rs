@@ -35,11 +35,21 @@ pub struct ServeArgs {
     /// Run no order worker in this instance (another instance must).
     #[arg(long)]
     pub no_worker: bool,
+    /// Serve `--strategy unsafe` anyway. It oversells by design (a GET, then a DECR): it
+    /// exists to show what the other strategies prevent, not to take real orders.
+    #[arg(long)]
+    pub allow_unsafe: bool,
 }
 
 impl ServeArgs {
     /// The service configuration these flags describe.
     pub fn config(&self) -> Result<ServiceConfig, ConfigError> {
+        if self.strategy == Strategy::Unsafe && !self.allow_unsafe {
+            return Err(ConfigError::invalid(
+                "--strategy",
+                "unsafe oversells by design; pass --allow-unsafe to serve it anyway",
+            ));
+        }
         if self.reclaim_idle_ms < 100 {
             return Err(ConfigError::invalid(
                 "--reclaim-idle-ms",
@@ -71,7 +81,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
         "flashsale: {} (strategy {}, redis {}, database {database})",
         service.base_url(),
         args.strategy,
-        service.redis_url()
+        crate::db::mask_password(service.redis_url())
     );
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::select! {

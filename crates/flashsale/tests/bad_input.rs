@@ -60,6 +60,18 @@ async fn bad_requests_get_typed_errors_and_write_nothing() {
 
         let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
             ("no X-User-Id", buy(open.to_string(), None), 400, "missing_user_id"),
+            (
+                "two X-User-Id headers",
+                buy(open.to_string(), Some("1")).header("x-user-id", "2"),
+                400,
+                "duplicate_user_id",
+            ),
+            (
+                "a 3 MB body",
+                with("title", json!("x".repeat(3 << 20))),
+                413,
+                "body_too_large",
+            ),
             ("non-numeric user", buy(open.to_string(), Some("alice")), 400, "invalid_user_id"),
             ("zero user", buy(open.to_string(), Some("0")), 400, "invalid_user_id"),
             ("negative user", buy(open.to_string(), Some("-7")), 400, "invalid_user_id"),

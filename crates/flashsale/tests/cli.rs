@@ -88,6 +88,12 @@ async fn bad_configuration_is_reported_plainly() {
             "invalid value 'yolo'",
         ),
         (
+            "the unsafe strategy without opting in",
+            vec!["serve", "--strategy", "unsafe"],
+            vec![],
+            "--allow-unsafe",
+        ),
+        (
             "zero concurrency",
             vec!["load", "--concurrency", "0"],
             vec![],
@@ -113,6 +119,50 @@ async fn bad_configuration_is_reported_plainly() {
         );
         assert!(!stderr.contains("panicked"), "{name}: panicked:\n{stderr}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_startup_line_masks_the_redis_password() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let mut admin = redis.connection().await.expect("admin");
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "shop", "on", ">hunter2", "~*", "&*", "+@all"])
+            .query_async(&mut admin)
+            .await
+            .expect("ACL SETUSER");
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env(
+                "REDIS_URL",
+                format!("redis://shop:hunter2@127.0.0.1:{}/", redis.port()),
+            )
+            .env("DATABASE_URL", &database)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let mut seen = Vec::new();
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let announced = line.starts_with("flashsale: http://");
+            seen.push(line);
+            if announced {
+                break;
+            }
+        }
+        let seen = seen.join("\n");
+        assert!(
+            seen.contains("flashsale: http://"),
+            "no startup line:\n{seen}"
+        );
+        assert!(!seen.contains("hunter2"), "password printed:\n{seen}");
+        assert!(seen.contains("redis://shop:***@"), "{seen}");
+        let _ = child.kill().await;
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
