@@ -80,7 +80,13 @@ pub struct ServiceConfig {
     pub strategy: StrategySettings,
     /// The order worker's settings; `None` runs no worker in this instance.
     pub worker: Option<WorkerSettings>,
+    /// How long a graceful shutdown lets requests in flight finish before it cuts their
+    /// connections (a client that stops sending must not keep the service up).
+    pub shutdown_timeout: Duration,
 }
+
+/// How long a graceful shutdown waits for requests in flight by default.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServiceConfig {
     /// Defaults: loopback on a free port, private Redis, `flashsale.db`, the given
@@ -93,6 +99,7 @@ impl ServiceConfig {
             sqlite_path: PathBuf::from("flashsale.db"),
             strategy: StrategySettings::new(strategy),
             worker: Some(WorkerSettings::new()),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
     }
 

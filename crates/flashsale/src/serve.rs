@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Run no order worker in this instance (another instance must).
     #[arg(long)]
     pub no_worker: bool,
+    /// Seconds a graceful shutdown (SIGTERM, Ctrl-C) lets requests in flight finish before
+    /// it cuts their connections; the order worker then still stores what was sold.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_timeout: u64,
     /// Serve `--strategy unsafe` anyway. It oversells by design (a GET, then a DECR): it
     /// exists to show what the other strategies prevent, not to take real orders.
     #[arg(long)]
@@ -67,6 +71,7 @@ impl ServeArgs {
             sqlite_path: self.sqlite_path.clone(),
             strategy: self.knobs.settings(self.strategy)?,
             worker,
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
         })
     }
 }

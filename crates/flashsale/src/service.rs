@@ -24,6 +24,8 @@ pub struct Service {
     load_report: LoadReport,
     state: Arc<AppState>,
     stop_http: CancellationToken,
+    /// How long `shutdown` waits for requests in flight.
+    shutdown_timeout: std::time::Duration,
     stop_worker: CancellationToken,
     http: JoinHandle<()>,
     worker: Option<JoinHandle<()>>,
@@ -111,6 +113,7 @@ impl Service {
             load_report,
             state,
             stop_http,
+            shutdown_timeout: config.shutdown_timeout,
             stop_worker,
             http,
             worker,
@@ -148,12 +151,22 @@ impl Service {
         &self.state.locks
     }
 
-    /// Stops gracefully: the HTTP server finishes its requests, then the worker stores
-    /// every order event it can still read, then the database and a private Redis close.
+    /// Stops gracefully: the HTTP server finishes its requests (for at most the
+    /// configured shutdown timeout, then cuts the connections left), then the worker
+    /// stores every order event it can still read, then the database and a private Redis
+    /// close.
     pub async fn shutdown(mut self) {
         self.stop_http.cancel();
-        if let Err(err) = (&mut self.http).await {
-            tracing::error!(error = %err, "the HTTP server task failed");
+        match tokio::time::timeout(self.shutdown_timeout, &mut self.http).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::error!(error = %err, "the HTTP server task failed"),
+            Err(_) => {
+                tracing::warn!(
+                    after = ?self.shutdown_timeout,
+                    "requests still in flight at the shutdown deadline; cutting their connections"
+                );
+                self.http.abort();
+            }
         }
         self.stop_worker.cancel();
         if let Some(worker) = self.worker.take() {

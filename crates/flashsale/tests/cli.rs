@@ -165,6 +165,56 @@ async fn the_startup_line_masks_the_redis_password() {
     .await;
 }
 
+/// A client that sends half a request body and then nothing must not keep the service
+/// alive after SIGTERM: the shutdown deadline cuts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_does_not_hold_shutdown_past_its_deadline() {
+    use tokio::io::AsyncWriteExt;
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-timeout", "1"])
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", &database)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let mut addr = None;
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            if let Some(rest) = line.strip_prefix("flashsale: http://") {
+                addr = rest.split_whitespace().next().map(str::to_owned);
+                break;
+            }
+        }
+        let addr = addr.expect("the service announces its address");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut slow = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        slow.write_all(
+            b"POST /api/coupons HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"title\"",
+        )
+        .await
+        .expect("write");
+        // The request has reached its handler, which now waits for the rest of the body.
+        let http = reqwest::Client::new();
+        let _ = open_coupon(&http, &format!("http://{addr}"), 1).await;
+        let pid = Pid::from_raw(child.id().expect("pid") as i32);
+        let terminated = std::time::Instant::now();
+        kill(pid, Signal::SIGTERM).expect("SIGTERM");
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        let took = terminated.elapsed();
+        assert!(
+            matches!(status, Ok(Ok(_))) && took < Duration::from_secs(5),
+            "the service was still up {took:?} after SIGTERM with a slow client connected"
+        );
+        drop(slow);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stores_every_sold_order_before_exit() {
     bounded(Duration::from_secs(60), async {
