@@ -171,6 +171,16 @@ impl Db {
         Ok(())
     }
 
+    /// Proves the database takes writes, by updating its one health row: a locked SQLite
+    /// file or a read-only replica answers `ping` but fails this.
+    pub async fn check_writable(&self, now_ms: i64) -> Result<(), DbError> {
+        sqlx::query("UPDATE health SET checked_at = $1 WHERE id = 1")
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Stores a validated coupon and returns it with its id.
     pub async fn create_coupon(&self, coupon: &NewCoupon, now_ms: i64) -> Result<Coupon, DbError> {
         let starts_at = unix_millis(coupon.starts_at);

@@ -7,7 +7,8 @@
 //! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}`; 409 `sold_out` / `already_purchased`; 403 `sale_not_started` / `sale_ended`; 400 `duplicate_user_id` for two X-User-Id headers |
 //! | `GET /api/coupons/{id}/stats` | stock, sold, remaining, orders stored and queued |
 //! | `GET /api/users/{id}/orders` | the user's stored orders |
-//! | `GET /healthz`, `GET /ping`, `GET /metrics` | health, one Redis PING, Prometheus |
+//! | `GET /healthz` | 200, or 503 naming what is down: Redis, a database write, the worker |
+//! | `GET /ping`, `GET /metrics` | one Redis PING, Prometheus |
 //!
 //! Every refusal is an [`ApiError`]: a status and a JSON body with a stable code. Input
 //! is parsed by hand from strings, so no malformed id or header reaches an extractor's
@@ -15,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
@@ -49,6 +50,10 @@ pub struct AppState {
     pub(crate) metrics: Metrics,
     /// Coupons never change after creation, so each is read from SQL once.
     pub(crate) coupons: RwLock<HashMap<i64, Coupon>>,
+    /// Whether this instance runs the order worker (`/healthz` then reports on it).
+    pub(crate) runs_worker: bool,
+    /// When the service started: a worker gets that long to finish its first round.
+    pub(crate) started: Instant,
 }
 
 /// The service's routes.
@@ -373,14 +378,67 @@ async fn user_orders(
     Ok(Json(json!({ "user_id": user, "orders": orders })).into_response())
 }
 
-async fn healthz(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
-    let _: String = redis::cmd("PING")
-        .query_async(&mut state.locks.connection())
-        .await?;
-    state.db.ping().await?;
-    Ok(Json(
-        json!({ "status": "ok", "strategy": state.reserver.settings().strategy }),
-    ))
+/// How long each `/healthz` check may take. A locked SQLite file would otherwise make the
+/// check wait out its busy timeout.
+const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A worker that has not finished a round for this long is reported stale. A round ends at
+/// least every read block (250 ms) when all is well.
+const WORKER_STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// 200 when Redis answers, the database takes a write and the order worker (if this
+/// instance runs one) finished a round recently; 503 naming what is down otherwise.
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    async fn check<E: std::fmt::Display>(
+        work: impl std::future::Future<Output = Result<(), E>>,
+    ) -> String {
+        match tokio::time::timeout(HEALTH_CHECK_TIMEOUT, work).await {
+            Ok(Ok(())) => "ok".to_owned(),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no answer within {HEALTH_CHECK_TIMEOUT:?}"),
+        }
+    }
+    let redis = check(async {
+        redis::cmd("PING")
+            .query_async::<String>(&mut state.locks.connection())
+            .await
+            .map(drop)
+    })
+    .await;
+    let now = now_millis();
+    let database = check(state.db.check_writable(now)).await;
+    let (worker, worker_ok) = if state.runs_worker {
+        let last = state.metrics.worker_last_success_ms.get();
+        let stale_ms = WORKER_STALE_AFTER.as_millis() as i64;
+        let status = if last > 0 && now - last <= stale_ms {
+            "ok"
+        } else if last == 0 && state.started.elapsed() <= WORKER_STALE_AFTER {
+            "starting"
+        } else {
+            "stale"
+        };
+        let ago = (last > 0).then(|| now - last);
+        (
+            json!({ "status": status, "last_success_ms_ago": ago }),
+            status != "stale",
+        )
+    } else {
+        (json!({ "status": "none in this instance" }), true)
+    };
+    let healthy = redis == "ok" && database == "ok" && worker_ok;
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if healthy { "ok" } else { "unavailable" },
+        "strategy": state.reserver.settings().strategy,
+        "redis": redis,
+        "database": database,
+        "worker": worker,
+    });
+    (status, Json(body)).into_response()
 }
 
 /// One Redis round trip behind the same HTTP stack: the floor the benchmark compares

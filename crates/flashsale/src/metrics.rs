@@ -38,6 +38,9 @@ pub struct Metrics {
     pub stream_lag: Gauge,
     /// Order events delivered but not yet acknowledged; set when scraped.
     pub stream_pending: Gauge,
+    /// When the order worker last finished a round without error, Unix milliseconds (0:
+    /// never). `/healthz` reads it.
+    pub worker_last_success_ms: Gauge,
 }
 
 impl Metrics {
@@ -93,6 +96,12 @@ impl Metrics {
             "Order events delivered to a worker but not yet stored",
             stream_pending.clone(),
         );
+        let worker_last_success_ms = Gauge::default();
+        registry.register(
+            "worker_last_success_unix_ms",
+            "When the order worker last finished a round without error",
+            worker_last_success_ms.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             purchases,
@@ -103,6 +112,7 @@ impl Metrics {
             orders_reclaimed,
             stream_lag,
             stream_pending,
+            worker_last_success_ms,
         }
     }
 

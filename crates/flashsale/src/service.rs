@@ -82,6 +82,8 @@ impl Service {
             watched,
             metrics,
             coupons: Default::default(),
+            runs_worker: worker.is_some(),
+            started: std::time::Instant::now(),
         });
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

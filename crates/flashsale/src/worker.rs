@@ -298,9 +298,14 @@ impl Worker {
     /// stopped is stored before the process exits.
     pub async fn run(mut self, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
-            if let Err(err) = self.round(Some(self.settings.block)).await {
-                tracing::warn!(error = %err, "order worker round failed; retrying");
-                tokio::time::sleep(RETRY_PAUSE).await;
+            match self.round(Some(self.settings.block)).await {
+                Ok(_) => {
+                    self.metrics.worker_last_success_ms.set(now_millis());
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "order worker round failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
             }
         }
         let deadline = Instant::now() + Duration::from_secs(30);

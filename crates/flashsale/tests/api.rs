@@ -80,3 +80,48 @@ async fn a_purchase_from_coupon_to_stored_order() {
     })
     .await;
 }
+
+/// `/healthz` answers 200 only when Redis answers, the database takes a write, and the
+/// order worker has finished a round recently; a locked SQLite file is a 503 that names
+/// the database, within a bounded time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_reports_a_database_that_cannot_write() {
+    use sqlx::Connection;
+    bounded(Duration::from_secs(60), async {
+        let (service, dir) = sqlite_service(Strategy::Lua).await;
+        let http = reqwest::Client::new();
+        let healthz = || send(http.get(format!("{}/healthz", service.base_url())));
+        let healthy = healthz().await;
+        assert_eq!(healthy.status, 200, "{}", healthy.body);
+        assert_eq!(healthy.body["database"], "ok", "{}", healthy.body);
+        assert_eq!(healthy.body["redis"], "ok", "{}", healthy.body);
+        let worker = healthy.body["worker"]["status"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(matches!(worker, "ok" | "starting"), "{}", healthy.body);
+
+        // Another process holds the SQLite file's write lock: reads still work.
+        let path = dir.path().join("flashsale.db");
+        let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("second connection");
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut other)
+            .await
+            .expect("lock the file");
+        let asked = std::time::Instant::now();
+        let locked = healthz().await;
+        let took = asked.elapsed();
+        assert_eq!(locked.status, 503, "{}", locked.body);
+        assert_ne!(locked.body["database"], "ok", "{}", locked.body);
+        assert!(took < Duration::from_secs(3), "/healthz took {took:?}");
+        sqlx::query("ROLLBACK")
+            .execute(&mut other)
+            .await
+            .expect("unlock");
+        drop(other);
+        assert_eq!(healthz().await.status, 200);
+        service.shutdown().await;
+    })
+    .await;
+}
