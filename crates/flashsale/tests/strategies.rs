@@ -84,3 +84,51 @@ async fn unsafe_control_oversells() {
     );
     assert!(!report.is_clean());
 }
+
+/// Segmented: with every segment's lock held elsewhere, a purchase waits at most
+/// `lock_wait` in all (not `lock_wait` per segment) and answers `busy`, leaving no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segmented_waits_at_most_lock_wait_in_all_when_every_segment_is_busy() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut config = common::sqlite_config(Strategy::Segmented, &dir, None);
+        config.strategy.lock_wait = Duration::from_millis(500);
+        let service = flashsale::Service::start(config).await.expect("start");
+        let base = service.base_url();
+        let http = reqwest::Client::new();
+        let coupon = common::open_coupon(&http, &base, 80).await;
+        // Another process holds every segment's lock.
+        let rival = distlock::Client::connect(service.redis_url())
+            .await
+            .expect("rival");
+        let keys = flashsale::keys::CouponKeys::new(coupon);
+        let mut held = Vec::new();
+        for segment in 0..8 {
+            held.push(
+                rival
+                    .lock(keys.segment_lock(segment))
+                    .unwrap()
+                    .lock()
+                    .await
+                    .expect("hold a segment"),
+            );
+        }
+        let asked = std::time::Instant::now();
+        let answer = common::buy(&http, &base, coupon, 7).await;
+        let took = asked.elapsed();
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        assert_eq!(answer.body["error"], "busy", "{}", answer.body);
+        assert!(
+            took < Duration::from_millis(1500),
+            "a purchase waited {took:?} with lock_wait 500 ms"
+        );
+        // Once a segment frees, the same user may buy: the busy answer left no claim.
+        held.pop();
+        let retry = common::buy(&http, &base, coupon, 7).await;
+        assert_eq!(retry.status, 201, "{}", retry.body);
+        drop(held);
+        rival.shutdown().await;
+        service.shutdown().await;
+    })
+    .await;
+}

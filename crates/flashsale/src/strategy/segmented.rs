@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::AsyncCommands;
 
 use super::{segment_stock, Reservation, ReserveError, Sale, StrategySettings};
@@ -50,8 +51,10 @@ pub(super) async fn reserve(
     outcome
 }
 
-/// Starts at the user's own segment and moves on to the next while segments are empty.
-/// `shares` is the stock seen before the claim; a segment empty then is empty for good.
+/// Takes stock from a segment: first any segment whose lock is free right now, the user's
+/// own first; then, if all were busy, whichever frees first, waiting on all of them at once.
+/// The whole wait is bounded by `lock_wait`, however many segments there are. `shares` is
+/// the stock seen before the claim; a segment empty then is empty for good.
 async fn take_from_some_segment(
     locks: &distlock::Client,
     settings: &StrategySettings,
@@ -59,34 +62,72 @@ async fn take_from_some_segment(
     segments: u32,
     shares: &HashMap<u32, i64>,
 ) -> Result<Reservation, ReserveError> {
-    let mut conn = locks.connection();
+    let give_up = tokio::time::Instant::now() + settings.lock_wait;
     let home = u32::try_from(sale.user_id.rem_euclid(i64::from(segments))).unwrap_or(0);
-    let mut busy = false;
-    for step in 0..segments {
-        let segment = (home + step) % segments;
-        if shares.get(&segment).is_none_or(|&left| left <= 0) {
-            continue;
-        }
-        let lock = locks
-            .lock(sale.keys.segment_lock(segment))?
-            .with_lease(settings.lock_lease);
-        let Some(guard) = lock.try_lock_for(settings.lock_wait).await? else {
-            busy = true;
-            continue;
-        };
-        let outcome = match segment_stock(&mut conn, &sale.keys, segment).await {
-            Ok(Some(left)) if left > 0 => sale.record(&mut conn, segment).await.map(|()| true),
-            Ok(_) => Ok(false),
-            Err(err) => Err(err),
-        };
-        guard.release().await?;
-        if outcome? {
-            return Ok(sale.reserved());
+    let mut candidates: Vec<u32> = (0..segments)
+        .map(|step| (home + step) % segments)
+        .filter(|segment| shares.get(segment).is_some_and(|&left| left > 0))
+        .collect();
+    let segment_lock = |segment: u32| {
+        locks
+            .lock(sale.keys.segment_lock(segment))
+            .map(|lock| lock.with_lease(settings.lock_lease))
+    };
+    let mut emptied = Vec::new();
+    for &segment in &candidates {
+        if let Some(guard) = segment_lock(segment)?.try_lock().await? {
+            if sell_in(locks, sale, segment, guard).await? {
+                return Ok(sale.reserved());
+            }
+            emptied.push(segment);
         }
     }
-    Ok(if busy {
-        Reservation::Busy
-    } else {
-        Reservation::SoldOut
-    })
+    candidates.retain(|segment| !emptied.contains(segment));
+    while !candidates.is_empty() {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(Reservation::Busy);
+        }
+        let mut waits = FuturesUnordered::new();
+        for &segment in &candidates {
+            let lock = segment_lock(segment)?;
+            waits.push(async move { (segment, lock.try_lock_for(left).await) });
+        }
+        // The first lock to free wins; the other waits are dropped, which gives back
+        // whatever they were about to take.
+        let mut won = None;
+        while let Some((segment, outcome)) = waits.next().await {
+            if let Some(guard) = outcome? {
+                won = Some((segment, guard));
+                break;
+            }
+        }
+        drop(waits);
+        let Some((segment, guard)) = won else {
+            return Ok(Reservation::Busy);
+        };
+        if sell_in(locks, sale, segment, guard).await? {
+            return Ok(sale.reserved());
+        }
+        candidates.retain(|&other| other != segment);
+    }
+    Ok(Reservation::SoldOut)
+}
+
+/// Sells one unit from `segment` under its lock, if the segment still has stock. Returns
+/// whether the sale was recorded.
+async fn sell_in(
+    locks: &distlock::Client,
+    sale: &Sale,
+    segment: u32,
+    guard: distlock::LockGuard,
+) -> Result<bool, ReserveError> {
+    let mut conn = locks.connection();
+    let outcome = match segment_stock(&mut conn, &sale.keys, segment).await {
+        Ok(Some(left)) if left > 0 => sale.record(&mut conn, segment).await.map(|()| true),
+        Ok(_) => Ok(false),
+        Err(err) => Err(err),
+    };
+    guard.release().await?;
+    Ok(outcome?)
 }
