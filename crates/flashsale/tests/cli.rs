@@ -121,6 +121,52 @@ async fn bad_configuration_is_reported_plainly() {
     }
 }
 
+/// A `flashsale serve` child on a SQLite file in `dir`, up and announced.
+struct Served {
+    child: tokio::process::Child,
+    /// `http://ADDR`, from the startup line.
+    base: String,
+    /// Every stderr line up to and including the startup line.
+    startup: String,
+}
+
+/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url`, and waits for its
+/// startup line. The rest of its stderr is drained in the background.
+async fn serve(dir: &tempfile::TempDir, redis_url: &str, extra: &[&str]) -> Served {
+    let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("REDIS_URL", redis_url)
+        .env("DATABASE_URL", &database)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut startup = Vec::new();
+    let mut base = None;
+    while let Some(line) = lines.next_line().await.expect("stderr") {
+        let announced = line
+            .strip_prefix("flashsale: http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|addr| format!("http://{addr}"));
+        startup.push(line);
+        if announced.is_some() {
+            base = announced;
+            break;
+        }
+    }
+    let startup = startup.join("\n");
+    let base = base.unwrap_or_else(|| panic!("no startup line:\n{startup}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served {
+        child,
+        base,
+        startup,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_startup_line_masks_the_redis_password() {
     bounded(Duration::from_secs(60), async {
@@ -132,35 +178,19 @@ async fn the_startup_line_masks_the_redis_password() {
             .await
             .expect("ACL SETUSER");
         let dir = tempfile::tempdir().expect("dir");
-        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env(
-                "REDIS_URL",
-                format!("redis://shop:hunter2@127.0.0.1:{}/", redis.port()),
-            )
-            .env("DATABASE_URL", &database)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let mut seen = Vec::new();
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            let announced = line.starts_with("flashsale: http://");
-            seen.push(line);
-            if announced {
-                break;
-            }
-        }
-        let seen = seen.join("\n");
+        let url = format!("redis://shop:hunter2@127.0.0.1:{}/", redis.port());
+        let mut served = serve(&dir, &url, &[]).await;
         assert!(
-            seen.contains("flashsale: http://"),
-            "no startup line:\n{seen}"
+            !served.startup.contains("hunter2"),
+            "password printed:\n{}",
+            served.startup
         );
-        assert!(!seen.contains("hunter2"), "password printed:\n{seen}");
-        assert!(seen.contains("redis://shop:***@"), "{seen}");
-        let _ = child.kill().await;
+        assert!(
+            served.startup.contains("redis://shop:***@"),
+            "{}",
+            served.startup
+        );
+        let _ = served.child.kill().await;
     })
     .await;
 }
@@ -173,25 +203,10 @@ async fn a_slow_client_does_not_hold_shutdown_past_its_deadline() {
     bounded(Duration::from_secs(60), async {
         let redis = RedisServer::start().await.expect("redis");
         let dir = tempfile::tempdir().expect("dir");
-        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--shutdown-timeout", "1"])
-            .env("REDIS_URL", redis.url())
-            .env("DATABASE_URL", &database)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let mut addr = None;
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            if let Some(rest) = line.strip_prefix("flashsale: http://") {
-                addr = rest.split_whitespace().next().map(str::to_owned);
-                break;
-            }
-        }
-        let addr = addr.expect("the service announces its address");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let Served {
+            mut child, base, ..
+        } = serve(&dir, &redis.url(), &["--shutdown-timeout", "1"]).await;
+        let addr = base.trim_start_matches("http://").to_owned();
         let mut slow = tokio::net::TcpStream::connect(&addr).await.expect("connect");
         slow.write_all(
             b"POST /api/coupons HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"title\"",
@@ -200,7 +215,7 @@ async fn a_slow_client_does_not_hold_shutdown_past_its_deadline() {
         .expect("write");
         // The request has reached its handler, which now waits for the rest of the body.
         let http = reqwest::Client::new();
-        let _ = open_coupon(&http, &format!("http://{addr}"), 1).await;
+        let _ = open_coupon(&http, &base, 1).await;
         let pid = Pid::from_raw(child.id().expect("pid") as i32);
         let terminated = std::time::Instant::now();
         kill(pid, Signal::SIGTERM).expect("SIGTERM");
@@ -221,27 +236,9 @@ async fn sigterm_stores_every_sold_order_before_exit() {
         let redis = RedisServer::start().await.expect("redis");
         let dir = tempfile::tempdir().expect("dir");
         let database = format!("sqlite://{}", dir.path().join("shop.db").display());
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env("REDIS_URL", redis.url())
-            .env("DATABASE_URL", &database)
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let mut base = None;
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            if let Some(rest) = line.strip_prefix("flashsale: http://") {
-                base = rest
-                    .split_whitespace()
-                    .next()
-                    .map(|addr| format!("http://{addr}"));
-                break;
-            }
-        }
-        let base = base.expect("the service announces its address");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let Served {
+            mut child, base, ..
+        } = serve(&dir, &redis.url(), &[]).await;
 
         let http = reqwest::Client::new();
         let coupon = open_coupon(&http, &base, 300).await;
