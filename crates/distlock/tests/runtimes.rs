@@ -207,6 +207,76 @@ fn main_returning_with_a_guard_leaves_no_lock() {
     });
 }
 
+/// The child of `the_last_handle_dropped_in_a_task_is_released_before_the_process_exits`:
+/// a task takes a lock, waits for the parent's go (the parent cuts its connections
+/// meanwhile), then drops its guard and the last client handle; main returns at once.
+#[test]
+#[ignore = "run by the_last_handle_dropped_in_a_task_is_released_before_the_process_exits"]
+fn child_drops_the_last_handle_in_a_task() {
+    let Ok(url) = std::env::var("DISTLOCK_CHILD_URL") else {
+        return;
+    };
+    runtime(true).block_on(async {
+        tokio::spawn(async move {
+            let client = distlock::Client::connect(&url).await.unwrap();
+            let guard = client.lock("task-drops").unwrap().lock().await.unwrap();
+            println!("acquired");
+            let mut go = String::new();
+            let _ = std::io::stdin().read_line(&mut go);
+            drop(guard);
+            drop(client);
+        })
+        .await
+        .unwrap();
+    });
+}
+
+/// The last handle dropped in a task of a multi-thread runtime does not block the task;
+/// the wait for its releases moves to the runtime's blocking pool, which the runtime's
+/// end waits for. With its connections cut at the drop, the process must still not exit
+/// before the release reaches the server.
+#[test]
+fn the_last_handle_dropped_in_a_task_is_released_before_the_process_exits() {
+    use std::io::{BufRead, Write};
+    let main = runtime(true);
+    let server = main.block_on(common::server());
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_drops_the_last_handle_in_a_task",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("DISTLOCK_CHILD_URL", server.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("acquired") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "child never acquired"
+        );
+    }
+    // Every connection of the child is cut: its release must reconnect and ask again,
+    // which takes longer than returning from main.
+    let mut conn = sync_connection(&server);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query(&mut conn)
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "child failed: {status}");
+    assert!(
+        key_becomes(&mut conn, "task-drops", false, Duration::ZERO),
+        "the process exited before the release of its last handle was sent"
+    );
+}
+
 /// Watches `name`'s release channel from a thread of its own (so it runs while the test's
 /// runtimes are blocked) and sends the moment of the first release message.
 fn release_watcher(server: &RedisServer, name: &str) -> std::sync::mpsc::Receiver<Instant> {
