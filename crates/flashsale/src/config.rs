@@ -12,8 +12,8 @@ use crate::worker::WorkerSettings;
 /// Where the service keeps its data.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// Redis to use. Unset: a private redis-server is started on a free port and stopped
-    /// on exit.
+    /// Redis to use. Unset: a private redis-server (`serve` keeps its data in --data-dir;
+    /// `load` and `bench` use a throwaway one).
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
     /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB. Unset: SQLite in a file.
@@ -70,12 +70,16 @@ impl StrategyArgs {
 pub struct ServiceConfig {
     /// Where the HTTP server listens; port 0 picks a free one.
     pub listen: SocketAddr,
-    /// Redis URL; `None` starts a private redis-server.
+    /// Redis URL; `None` is the embedded mode: a private redis-server whose data lives in
+    /// `data_dir`, and this instance the only one on it (see [`crate::embedded`]).
     pub redis_url: Option<String>,
     /// Database URL; `None` uses SQLite at `sqlite_path`.
     pub database_url: Option<String>,
-    /// The SQLite file used when `database_url` is `None`.
-    pub sqlite_path: PathBuf,
+    /// The SQLite file used when `database_url` is `None`; `None` is
+    /// `data_dir/flashsale.db`.
+    pub sqlite_path: Option<PathBuf>,
+    /// Where the embedded mode keeps its data (and the default SQLite file).
+    pub data_dir: PathBuf,
     /// The reservation strategy.
     pub strategy: StrategySettings,
     /// The order worker's settings; `None` runs no worker in this instance.
@@ -85,18 +89,22 @@ pub struct ServiceConfig {
     pub shutdown_timeout: Duration,
 }
 
+/// Where `serve` keeps its data when REDIS_URL is unset, relative to the working directory.
+pub const DEFAULT_DATA_DIR: &str = "flashsale-data";
+
 /// How long a graceful shutdown waits for requests in flight by default.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServiceConfig {
-    /// Defaults: loopback on a free port, private Redis, `flashsale.db`, the given
-    /// strategy, and a worker.
+    /// Defaults: loopback on a free port, the embedded mode in `./flashsale-data`, the
+    /// given strategy, and a worker.
     pub fn new(strategy: Strategy) -> Self {
         ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             redis_url: None,
             database_url: None,
-            sqlite_path: PathBuf::from("flashsale.db"),
+            sqlite_path: None,
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             strategy: StrategySettings::new(strategy),
             worker: Some(WorkerSettings::new()),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
@@ -107,7 +115,14 @@ impl ServiceConfig {
     pub fn database_url(&self) -> String {
         self.database_url
             .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", self.sqlite_path.display()))
+            .unwrap_or_else(|| format!("sqlite://{}", self.sqlite_file().display()))
+    }
+
+    /// The SQLite file in effect when `database_url` is `None`.
+    pub fn sqlite_file(&self) -> PathBuf {
+        self.sqlite_path
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("flashsale.db"))
     }
 }
 
@@ -127,7 +142,25 @@ pub enum ConfigError {
     Redis(#[source] distlock::Error),
     /// The private redis-server could not start.
     #[error("could not start a private redis-server: {0}")]
-    EmbeddedRedis(#[source] distlock_testkit::TestkitError),
+    EmbeddedRedis(#[source] private_redis::Error),
+    /// Another instance runs on this data directory.
+    #[error(
+        "the data directory {} is in use by another flashsale serve{} ({} is locked). \
+         With REDIS_URL unset, flashsale runs a private Redis and serves ONE instance per \
+         data directory; give each instance its own --data-dir, or run a fleet on shared \
+         servers by setting REDIS_URL and DATABASE_URL on every instance",
+        data_dir.display(),
+        holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
+        lock.display()
+    )]
+    DataDirInUse {
+        /// The data directory.
+        data_dir: PathBuf,
+        /// The lock file found held.
+        lock: PathBuf,
+        /// The holder's pid, when it could be read.
+        holder: Option<u32>,
+    },
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
     Db(#[source] DbError),
@@ -159,20 +192,31 @@ impl ConfigError {
 }
 
 /// The data stores of an in-process run (`load`, `bench`): REDIS_URL and DATABASE_URL when
-/// set, otherwise a private redis-server and a SQLite file in a scratch directory, both
-/// gone when this is dropped. Every service the run starts shares them.
+/// set, otherwise a throwaway redis-server and a SQLite file in a scratch directory, both
+/// gone when this is dropped (the Redis also when the process is killed). Every service the
+/// run starts shares them.
 pub struct Sandbox {
     redis_url: String,
     database_url: Option<String>,
     scratch: tempfile::TempDir,
     // Last, so the private Redis outlives the services built on it.
-    private_redis: Option<distlock_testkit::RedisServer>,
+    private_redis: Option<private_redis::PrivateRedis>,
 }
 
 impl Sandbox {
     /// Starts what `store` leaves unset.
     pub async fn new(store: &StoreArgs) -> Result<Sandbox, ConfigError> {
-        let (redis_url, private_redis) = redis_or_private(store.redis_url.as_deref()).await?;
+        let (redis_url, private_redis) = match &store.redis_url {
+            Some(url) => (url.clone(), None),
+            None => {
+                let server = private_redis::PrivateRedis::ephemeral()
+                    .die_with_parent(true)
+                    .start()
+                    .await
+                    .map_err(ConfigError::EmbeddedRedis)?;
+                (server.url(), Some(server))
+            }
+        };
         let scratch = tempfile::Builder::new()
             .prefix("flashsale-")
             .tempdir()
@@ -194,7 +238,7 @@ impl Sandbox {
         let mut config = ServiceConfig::new(strategy);
         config.redis_url = Some(self.redis_url.clone());
         config.database_url = self.database_url.clone();
-        config.sqlite_path = self.scratch.path().join("flashsale.db");
+        config.data_dir = self.scratch.path().to_owned();
         config.strategy = knobs.settings(strategy)?;
         Ok(config)
     }
@@ -208,20 +252,26 @@ impl Sandbox {
     pub fn is_private(&self) -> bool {
         self.private_redis.is_some() && self.database_url.is_none()
     }
-}
 
-/// The Redis to use: `url` when given, otherwise a private redis-server on a free loopback
-/// port (persisting nothing), which stops when the returned server is dropped.
-pub async fn redis_or_private(
-    url: Option<&str>,
-) -> Result<(String, Option<distlock_testkit::RedisServer>), ConfigError> {
-    match url {
-        Some(url) => Ok((url.to_owned(), None)),
-        None => {
-            let server = distlock_testkit::RedisServer::start()
-                .await
-                .map_err(ConfigError::EmbeddedRedis)?;
-            Ok((server.url(), Some(server)))
-        }
+    /// One line for the user: which stores the run uses, and that private ones are
+    /// thrown away.
+    pub fn describe(&self) -> String {
+        let redis = match &self.private_redis {
+            Some(_) => "a throwaway redis-server".to_owned(),
+            None => format!("redis {}", crate::db::mask_password(&self.redis_url)),
+        };
+        let database = match &self.database_url {
+            Some(url) => format!("database {}", crate::db::mask_password(url)),
+            None => format!(
+                "a throwaway SQLite file in {}",
+                self.scratch.path().display()
+            ),
+        };
+        let note = if self.private_redis.is_some() || self.database_url.is_none() {
+            "; the throwaway stores are deleted when the run ends (set REDIS_URL and DATABASE_URL to keep the data)"
+        } else {
+            ""
+        };
+        format!("{redis}, {database}{note}")
     }
 }

@@ -266,24 +266,27 @@ impl Db {
 
     /// A user's orders, newest first.
     pub async fn user_orders(&self, user_id: i64) -> Result<Vec<Order>, DbError> {
-        let rows = sqlx::query(
+        self.orders_where("user_id", user_id).await
+    }
+
+    /// A coupon's stored orders, oldest first.
+    pub async fn coupon_orders(&self, coupon_id: i64) -> Result<Vec<Order>, DbError> {
+        let mut orders = self.orders_where("coupon_id", coupon_id).await?;
+        orders.reverse();
+        Ok(orders)
+    }
+
+    /// The orders whose `column` (a fixed column name, never user input) is `value`,
+    /// newest first.
+    async fn orders_where(&self, column: &'static str, value: i64) -> Result<Vec<Order>, DbError> {
+        let rows = sqlx::query(&format!(
             "SELECT id, coupon_id, user_id, created_at, stored_at FROM orders \
-             WHERE user_id = $1 ORDER BY created_at DESC, id",
-        )
-        .bind(user_id)
+             WHERE {column} = $1 ORDER BY created_at DESC, id"
+        ))
+        .bind(value)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Order {
-                    order_id: row.try_get("id")?,
-                    coupon_id: row.try_get("coupon_id")?,
-                    user_id: row.try_get("user_id")?,
-                    created_at: row.try_get("created_at")?,
-                    stored_at: row.try_get("stored_at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(order_from_row).collect()
     }
 
     /// Stores a batch of orders in one transaction and returns how many were new.
@@ -324,6 +327,16 @@ impl Db {
         tx.commit().await?;
         Ok(inserted)
     }
+}
+
+fn order_from_row(row: &AnyRow) -> Result<Order, DbError> {
+    Ok(Order {
+        order_id: row.try_get("id")?,
+        coupon_id: row.try_get("coupon_id")?,
+        user_id: row.try_get("user_id")?,
+        created_at: row.try_get("created_at")?,
+        stored_at: row.try_get("stored_at")?,
+    })
 }
 
 fn coupon_from_row(row: &AnyRow) -> Result<Coupon, DbError> {

@@ -19,6 +19,7 @@
 pub mod bench;
 pub mod config;
 pub mod db;
+pub mod embedded;
 pub mod error;
 pub mod http;
 pub mod keys;

@@ -701,6 +701,7 @@ async fn run_in_process(
     let strategies = args.strategy.unwrap_or(StrategyChoice::All).strategies();
     // One Redis and one database serve every strategy's service in turn.
     let sandbox = Sandbox::new(&args.store).await?;
+    eprintln!("flashsale load: using {}", sandbox.describe());
     let mut reports = Vec::new();
     for strategy in strategies {
         let config = sandbox.config(strategy, &args.knobs)?;

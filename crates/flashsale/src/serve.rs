@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::{ConfigError, ServiceConfig, StoreArgs, StrategyArgs};
+use crate::config::{ConfigError, ServiceConfig, StoreArgs, StrategyArgs, DEFAULT_DATA_DIR};
 use crate::strategy::Strategy;
 use crate::worker::WorkerSettings;
 use crate::{CliResult, Service};
@@ -25,9 +25,14 @@ pub struct ServeArgs {
     pub store: StoreArgs,
     #[command(flatten)]
     pub knobs: StrategyArgs,
-    /// The SQLite file used when DATABASE_URL is unset.
-    #[arg(long, default_value = "flashsale.db")]
-    pub sqlite_path: PathBuf,
+    /// Where the data lives when REDIS_URL is unset: the private Redis's append-only file
+    /// and, unless DATABASE_URL or --sqlite-path say otherwise, the SQLite database. Reused
+    /// across restarts; one instance at a time.
+    #[arg(long, env = "FLASHSALE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// The SQLite file used when DATABASE_URL is unset [default: DATA_DIR/flashsale.db].
+    #[arg(long)]
+    pub sqlite_path: Option<PathBuf>,
     /// How long another worker's unacknowledged order event waits before this one takes
     /// it over, in ms.
     #[arg(long, default_value_t = 30_000)]
@@ -69,6 +74,7 @@ impl ServeArgs {
             redis_url: self.store.redis_url.clone(),
             database_url: self.store.database_url.clone(),
             sqlite_path: self.sqlite_path.clone(),
+            data_dir: self.data_dir.clone(),
             strategy: self.knobs.settings(self.strategy)?,
             worker,
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
@@ -82,6 +88,15 @@ pub async fn run(args: ServeArgs) -> CliResult {
     let config = args.config()?;
     let database = crate::db::mask_password(&config.database_url());
     let service = Service::start(config).await?;
+    if let Some(data_dir) = service.data_dir() {
+        eprintln!(
+            "flashsale: embedded mode: a private Redis keeps its data in {redis}, with an \
+             append-only file (a kill or restart loses no order); this serves ONE instance \
+             per data directory. For a fleet, set REDIS_URL and DATABASE_URL on every \
+             instance.",
+            redis = data_dir.join("redis").display()
+        );
+    }
     eprintln!(
         "flashsale: {} (strategy {}, redis {}, database {database})",
         service.base_url(),

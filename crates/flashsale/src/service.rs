@@ -4,12 +4,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use distlock_testkit::RedisServer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{redis_or_private, ConfigError, ServiceConfig};
+use crate::config::{ConfigError, ServiceConfig};
 use crate::db::Db;
+use crate::embedded::Embedded;
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::stock::{LoadReport, StockLoader};
@@ -30,15 +30,22 @@ pub struct Service {
     http: JoinHandle<()>,
     worker: Option<JoinHandle<()>>,
     // Last, so the private Redis outlives everything that uses it.
-    _embedded_redis: Option<RedisServer>,
+    embedded: Option<Embedded>,
 }
 
 impl Service {
-    /// Starts an instance: connects (or starts a private redis-server), migrates the
-    /// database, loads active coupons' stock under the loader lock, starts the worker and
-    /// serves HTTP.
+    /// Starts an instance: connects to Redis (or, in the embedded mode, takes the data
+    /// directory and starts the private redis-server), migrates the database, loads active
+    /// coupons' stock under the loader lock, starts the worker and serves HTTP.
     pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
-        let (redis_url, embedded_redis) = redis_or_private(config.redis_url.as_deref()).await?;
+        let (redis_url, embedded) = match &config.redis_url {
+            Some(url) => (url.clone(), None),
+            None => {
+                let sqlite = config.database_url.is_none().then(|| config.sqlite_file());
+                let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
+                (embedded.redis_url(), Some(embedded))
+            }
+        };
         let locks = distlock::Client::connect(&redis_url)
             .await
             .map_err(ConfigError::Redis)?;
@@ -57,7 +64,10 @@ impl Service {
 
         let stop_worker = CancellationToken::new();
         let worker = match config.worker {
-            Some(settings) => {
+            Some(mut settings) => {
+                // The data directory's lock makes this worker the only reader of the
+                // private Redis's streams.
+                settings.sole_consumer |= embedded.is_some();
                 let redis_client = redis::Client::open(redis_url.as_str())
                     .map_err(|err| ConfigError::Redis(distlock::Error::Redis(err)))?;
                 let worker = Worker::connect(
@@ -119,7 +129,7 @@ impl Service {
             stop_worker,
             http,
             worker,
-            _embedded_redis: embedded_redis,
+            embedded,
         })
     }
 
@@ -136,6 +146,11 @@ impl Service {
     /// The Redis in use (the private one's URL if it was started).
     pub fn redis_url(&self) -> &str {
         &self.redis_url
+    }
+
+    /// The data directory of the embedded mode; `None` when REDIS_URL was given.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self.embedded.as_ref().map(Embedded::data_dir)
     }
 
     /// What loading stock at start did.
@@ -179,6 +194,9 @@ impl Service {
         self.state.db.close().await;
         // Any release of a dropped lock guard is sent before the client's runtime stops.
         self.state.locks.shutdown().await;
+        if let Some(embedded) = self.embedded.take() {
+            embedded.stop().await;
+        }
     }
 }
 

@@ -51,6 +51,10 @@ pub struct WorkerSettings {
     /// in a few large transactions instead of many small ones, which leaves the CPU to the
     /// purchases. Zero stores every entry as soon as it is read.
     pub linger: Duration,
+    /// No other worker reads these streams (the embedded mode, whose data directory one
+    /// instance owns). Then entries left pending by an earlier run are taken over at
+    /// start without waiting `reclaim_idle`, and the consumers that run left are deleted.
+    pub sole_consumer: bool,
 }
 
 impl WorkerSettings {
@@ -63,6 +67,7 @@ impl WorkerSettings {
             batch: 2_000,
             block: Duration::from_millis(250),
             linger: Duration::from_millis(50),
+            sole_consumer: false,
         }
     }
 }
@@ -141,6 +146,8 @@ pub struct Worker {
     grouped: HashSet<i64>,
     last_refresh: Option<Instant>,
     last_reclaim: Option<Instant>,
+    /// Whether a sole consumer has taken over everything an earlier run left pending.
+    adopted: bool,
 }
 
 impl Worker {
@@ -166,6 +173,7 @@ impl Worker {
             grouped: HashSet::new(),
             last_refresh: None,
             last_reclaim: None,
+            adopted: false,
         })
     }
 
@@ -220,10 +228,16 @@ impl Worker {
     }
 
     /// Takes over entries that another consumer read but has not acknowledged for
-    /// `reclaim_idle`: the other worker is presumed dead.
+    /// `reclaim_idle`: the other worker is presumed dead. A sole consumer takes over every
+    /// pending entry until it has adopted all an earlier run left.
     pub async fn reclaim(&mut self) -> Result<Vec<Delivery>, WorkerError> {
         self.refresh_watched().await?;
-        let idle_ms = u64::try_from(self.settings.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
+        let idle = if self.settings.sole_consumer && !self.adopted {
+            Duration::ZERO
+        } else {
+            self.settings.reclaim_idle
+        };
+        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
         let mut claimed = Vec::new();
         for stream in self.stream_keys() {
             let mut start = "0-0".to_owned();
@@ -332,11 +346,15 @@ impl Worker {
             .last_reclaim
             .is_none_or(|at| at.elapsed() >= self.settings.reclaim_idle / 2);
         let mut handled = 0;
-        if reclaim_due {
+        if reclaim_due || (self.settings.sole_consumer && !self.adopted) {
             self.last_reclaim = Some(Instant::now());
             let claimed = self.reclaim().await?;
             handled += claimed.len();
             self.commit(&claimed).await?;
+            if self.settings.sole_consumer && !self.adopted && claimed.len() < self.settings.batch {
+                self.forget_departed_consumers().await?;
+                self.adopted = true;
+            }
         }
         let fresh = self.read_new(block).await?;
         handled += fresh.len();
@@ -345,6 +363,28 @@ impl Worker {
             tokio::time::sleep(self.settings.linger).await;
         }
         Ok(handled)
+    }
+
+    /// Deletes the consumers of earlier runs that hold no pending entry, so a sole
+    /// consumer's group does not collect one dead consumer per restart. One with entries
+    /// is kept: deleting it would drop them.
+    async fn forget_departed_consumers(&mut self) -> Result<(), WorkerError> {
+        for stream in self.stream_keys() {
+            let info: redis::streams::StreamInfoConsumersReply =
+                self.conn.xinfo_consumers(&stream, ORDER_GROUP).await?;
+            for consumer in info.consumers {
+                if consumer.name != self.settings.consumer && consumer.pending == 0 {
+                    let _: i64 = redis::cmd("XGROUP")
+                        .arg("DELCONSUMER")
+                        .arg(&stream)
+                        .arg(ORDER_GROUP)
+                        .arg(&consumer.name)
+                        .query_async(&mut self.conn)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Picks up coupons created by other instances, and creates the consumer group of any

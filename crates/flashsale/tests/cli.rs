@@ -6,7 +6,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{bounded, buy, open_coupon};
+use common::{bounded, buy, drain, open_coupon};
 use distlock_testkit::RedisServer;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -15,11 +15,14 @@ use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 
-/// Runs the binary to completion and returns its exit code and stderr.
+/// Runs the binary to completion, in a scratch working directory (the defaults write
+/// there), and returns its exit code and stderr.
 async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let scratch = tempfile::tempdir().expect("scratch dir");
     let mut command = Command::new(BIN);
     command
         .args(args)
+        .current_dir(scratch.path())
         .env_remove("REDIS_URL")
         .env_remove("DATABASE_URL");
     for (key, value) in env {
@@ -130,15 +133,33 @@ struct Served {
     startup: String,
 }
 
-/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url`, and waits for its
-/// startup line. The rest of its stderr is drained in the background.
+/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url` and a SQLite file
+/// in `dir`, and waits for its startup line. The rest of its stderr is drained in the
+/// background.
 async fn serve(dir: &tempfile::TempDir, redis_url: &str, extra: &[&str]) -> Served {
     let database = format!("sqlite://{}", dir.path().join("shop.db").display());
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
+        .env("REDIS_URL", redis_url)
+        .env("DATABASE_URL", &database);
+    start_serve(command, extra).await
+}
+
+/// Starts `flashsale serve` on its defaults (no REDIS_URL, no DATABASE_URL), in `dir` as
+/// its working directory, as a new user would.
+async fn serve_on_defaults(dir: &std::path::Path, extra: &[&str]) -> Served {
+    let mut command = Command::new(BIN);
+    command
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .current_dir(dir);
+    start_serve(command, extra).await
+}
+
+async fn start_serve(mut command: Command, extra: &[&str]) -> Served {
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
-        .env("REDIS_URL", redis_url)
-        .env("DATABASE_URL", &database)
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -254,6 +275,217 @@ async fn sigterm_stores_every_sold_order_before_exit() {
 
         let db = flashsale::db::Db::connect(&database).await.expect("db");
         assert_eq!(db.order_count(coupon).await.expect("count"), 300);
+    })
+    .await;
+}
+
+/// The default mode's promise: a buyer told 201 has an order, even when the service is
+/// killed with -9 in the middle of a rush and started again on the same directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_burst_on_the_defaults_then_a_restart_keeps_every_order_a_buyer_was_told_about()
+{
+    use std::collections::{BTreeMap, BTreeSet};
+
+    const STOCK: i64 = 3_000;
+    const KILL_AFTER: usize = 1_000;
+    bounded(Duration::from_secs(240), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let data = dir.path().join("flashsale-data");
+        let mut first = serve_on_defaults(dir.path(), &[]).await;
+        let redis_dir = std::fs::canonicalize(&data)
+            .expect("data dir")
+            .join("redis");
+        assert!(
+            first
+                .startup
+                .contains(&format!("keeps its data in {}", redis_dir.display()))
+                && first.startup.contains("ONE instance"),
+            "the startup lines do not say where the data lives:\n{}",
+            first.startup
+        );
+        let redis_pid: i32 = std::fs::read_to_string(data.join("redis/redis-server.pid"))
+            .expect("the private redis-server's pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .expect("client");
+        let coupon = open_coupon(&http, &first.base, STOCK).await;
+
+        let told = Told::default();
+        let reached = std::sync::Arc::new(tokio::sync::Notify::new());
+        let rush = Rush {
+            http: http.clone(),
+            coupon,
+            told: told.clone(),
+            sold: Default::default(),
+            reached: reached.clone(),
+        };
+        let clients = rush.start(&first.base, KILL_AFTER);
+        reached.notified().await;
+        first.child.start_kill().expect("kill -9");
+        first.child.wait().await.expect("reaped");
+        for client in clients {
+            client.await.expect("client task");
+        }
+
+        // The private Redis dies with the service instead of living on as an orphan.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while kill(Pid::from_raw(redis_pid), None).is_ok()
+            && !std::fs::read_to_string(format!("/proc/{redis_pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the private redis-server outlived its killed service"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        let second = serve_on_defaults(dir.path(), &[]).await;
+        let more = rush.start(&second.base, usize::MAX);
+        for client in more {
+            client.await.expect("client task");
+        }
+        drain(&http, &second.base, coupon).await;
+
+        let db = flashsale::db::Db::connect(&format!(
+            "sqlite://{}",
+            data.join("flashsale.db").display()
+        ))
+        .await
+        .expect("db");
+        let stored: BTreeMap<String, i64> = db
+            .coupon_orders(coupon)
+            .await
+            .expect("orders")
+            .into_iter()
+            .map(|order| (order.order_id, order.user_id))
+            .collect();
+        let told = told.lock().expect("told").clone();
+        let mut told_201: BTreeMap<i64, BTreeSet<String>> = BTreeMap::new();
+        for (user, status, order) in &told {
+            if *status == 201 {
+                let order = order.clone().expect("a 201 carries its order id");
+                told_201.entry(*user).or_default().insert(order);
+            }
+        }
+        let missing: Vec<&String> = told_201
+            .values()
+            .flatten()
+            .filter(|order| !stored.contains_key(*order))
+            .collect();
+        let told_twice = told_201.values().filter(|orders| orders.len() > 1).count();
+        let sold_told: usize = told_201.values().map(BTreeSet::len).sum();
+        assert!(
+            missing.is_empty(),
+            "{} of {sold_told} order ids told to buyers are not in SQL (e.g. {:?})",
+            missing.len(),
+            missing.first()
+        );
+        assert_eq!(told_twice, 0, "users told 201 twice");
+        assert!(
+            stored.len() as i64 <= STOCK,
+            "{} orders for {STOCK} units",
+            stored.len()
+        );
+        assert_eq!(
+            db.users_with_several_orders(coupon).await.expect("count"),
+            0
+        );
+        assert!(sold_told >= KILL_AFTER);
+    })
+    .await;
+}
+
+/// Every answer a buyer got: (user, status, order id).
+type Told = std::sync::Arc<std::sync::Mutex<Vec<(i64, u16, Option<String>)>>>;
+
+/// 200 clients buying as users 1 to 6,000, each once, recording every answer.
+struct Rush {
+    http: reqwest::Client,
+    coupon: i64,
+    told: Told,
+    /// 201s so far, across every start.
+    sold: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Notified when `sold` reaches the threshold given to `start`.
+    reached: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Rush {
+    const USERS: i64 = 6_000;
+    const CLIENTS: i64 = 200;
+
+    /// Starts the clients against `base`. A client stops at its first request without an
+    /// answer (the service is gone): no answer, no promise.
+    fn start(&self, base: &str, threshold: usize) -> Vec<tokio::task::JoinHandle<()>> {
+        use std::sync::atomic::Ordering;
+        (0..Self::CLIENTS)
+            .map(|client| {
+                let (http, told, sold, reached) = (
+                    self.http.clone(),
+                    self.told.clone(),
+                    self.sold.clone(),
+                    self.reached.clone(),
+                );
+                let url = format!("{base}/api/coupons/{}/seckill", self.coupon);
+                tokio::spawn(async move {
+                    for user in (1 + client..=Self::USERS).step_by(Self::CLIENTS as usize) {
+                        let Ok(response) = http.post(&url).header("x-user-id", user).send().await
+                        else {
+                            return;
+                        };
+                        let status = response.status().as_u16();
+                        let Ok(text) = response.text().await else {
+                            return;
+                        };
+                        let body: serde_json::Value =
+                            serde_json::from_str(&text).unwrap_or_default();
+                        let order = body["order_id"].as_str().map(str::to_owned);
+                        told.lock().expect("told").push((user, status, order));
+                        if status == 201 && sold.fetch_add(1, Ordering::SeqCst) + 1 == threshold {
+                            reached.notify_one();
+                        }
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// The embedded mode's private Redis cannot be shared, so a second instance on the same
+/// data directory would sell the stock again: it must refuse, and say how to run a fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_the_same_data_directory_is_refused_and_told_how_to_run_a_fleet() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let first = serve_on_defaults(dir.path(), &[]).await;
+        let data_dir = dir.path().join("flashsale-data");
+        let data_dir = data_dir.to_str().expect("utf-8 path");
+        let (code, stderr) = run(
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 2, "{stderr}");
+        for expected in [
+            "in use by another flashsale serve",
+            &format!("(pid {})", first.child.id().expect("pid")),
+            "REDIS_URL",
+            "DATABASE_URL",
+        ] {
+            assert!(
+                stderr.contains(expected),
+                "expected {expected:?} in:\n{stderr}"
+            );
+        }
+        // The refused instance left the first one serving.
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &first.base, 1).await;
+        assert_eq!(buy(&http, &first.base, coupon, 1).await.status, 201);
     })
     .await;
 }

@@ -218,6 +218,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
     }
     check_wrk().await?;
     let sandbox = Sandbox::new(&args.store).await?;
+    eprintln!("flashsale bench: using {}", sandbox.describe());
     let script = write_script(sandbox.scratch())?;
     let http = reqwest::Client::new();
     let mut services = Vec::new();

@@ -17,15 +17,16 @@ pub async fn bounded<T>(limit: Duration, future: impl Future<Output = T>) -> T {
     }
 }
 
-/// A service configuration on a private SQLite file in `dir` (and a private Redis unless
-/// `redis_url` is set).
+/// A service configuration on a private SQLite file in `dir` (and the embedded mode's
+/// private Redis, with its data in `dir`, unless `redis_url` is set).
 pub fn sqlite_config(
     strategy: Strategy,
     dir: &TempDir,
     redis_url: Option<String>,
 ) -> ServiceConfig {
     let mut config = ServiceConfig::new(strategy);
-    config.sqlite_path = dir.path().join("flashsale.db");
+    config.data_dir = dir.path().to_owned();
+    config.sqlite_path = Some(dir.path().join("flashsale.db"));
     config.redis_url = redis_url;
     config
 }

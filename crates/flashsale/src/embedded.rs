@@ -1,0 +1,96 @@
+//! The embedded mode: `flashsale serve` with no REDIS_URL runs its own Redis, and keeps
+//! everything in one data directory that survives kills and restarts.
+//!
+//! - The private redis-server writes an append-only file in `DATA_DIR/redis`, synced every
+//!   second. A reply leaves Redis only after its write reached the kernel, so a kill of
+//!   the service or of Redis loses no reservation a buyer was told about; only a crash of
+//!   the machine can lose the last second.
+//! - It stops with the service, kill -9 included (a parent-death signal), and a server
+//!   left by an earlier crash is stopped before a new one starts (its pid file).
+//! - One instance owns the directory (an exclusive lock), because a private Redis cannot
+//!   be shared: a second instance would sell the same stock again from its own counter.
+//!   Fleets point every instance at shared servers with REDIS_URL and DATABASE_URL.
+
+use std::path::{Path, PathBuf};
+
+use private_redis::{DirLock, PrivateRedis};
+
+use crate::config::ConfigError;
+
+/// The lock file of a data directory.
+const LOCK_FILE: &str = "flashsale.lock";
+
+/// A data directory held by this instance, and the Redis running in it.
+pub struct Embedded {
+    data_dir: PathBuf,
+    redis: PrivateRedis,
+    // Released last, after Redis was told to stop.
+    _locks: Vec<DirLock>,
+}
+
+impl Embedded {
+    /// Takes `data_dir` (created if missing) and, when the database is a SQLite file
+    /// elsewhere, that file too; then starts the private Redis on the directory's data.
+    pub async fn open(
+        data_dir: &Path,
+        sqlite_path: Option<&Path>,
+    ) -> Result<Embedded, ConfigError> {
+        std::fs::create_dir_all(data_dir).map_err(|err| {
+            ConfigError::invalid(
+                "--data-dir",
+                format!("cannot create {}: {err}", data_dir.display()),
+            )
+        })?;
+        let data_dir = std::fs::canonicalize(data_dir).map_err(|err| {
+            ConfigError::invalid(
+                "--data-dir",
+                format!("cannot resolve {}: {err}", data_dir.display()),
+            )
+        })?;
+        let mut locks = vec![take(&data_dir.join(LOCK_FILE), &data_dir)?];
+        // Two instances with private Redis servers on one SQLite file would each sell the
+        // whole stock, so the file is held as well when it lives outside the directory.
+        if let Some(sqlite) = sqlite_path.filter(|path| !path.starts_with(&data_dir)) {
+            let mut lock = sqlite.as_os_str().to_owned();
+            lock.push(".lock");
+            locks.push(take(Path::new(&lock), &data_dir)?);
+        }
+        let redis = PrivateRedis::persistent(data_dir.join("redis"))
+            .start()
+            .await
+            .map_err(ConfigError::EmbeddedRedis)?;
+        Ok(Embedded {
+            data_dir,
+            redis,
+            _locks: locks,
+        })
+    }
+
+    /// The URL of the private Redis (with its password).
+    pub fn redis_url(&self) -> String {
+        self.redis.url()
+    }
+
+    /// The data directory, absolute.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Stops Redis gracefully, so its append-only file is complete.
+    pub async fn stop(self) {
+        if let Err(err) = self.redis.stop().await {
+            tracing::error!(error = %err, "stopping the private redis-server failed");
+        }
+    }
+}
+
+fn take(lock: &Path, data_dir: &Path) -> Result<DirLock, ConfigError> {
+    DirLock::acquire(lock).map_err(|err| match err {
+        private_redis::Error::InUse { path, holder } => ConfigError::DataDirInUse {
+            data_dir: data_dir.to_owned(),
+            lock: path,
+            holder,
+        },
+        other => ConfigError::EmbeddedRedis(other),
+    })
+}
