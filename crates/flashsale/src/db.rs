@@ -11,6 +11,7 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Connection, Row};
 
+use crate::keys::Keyspace;
 use crate::model::{unix_millis, Coupon, NewCoupon, Order, OrderEvent};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -71,6 +72,7 @@ pub enum DbError {
 pub struct Db {
     pool: AnyPool,
     dialect: Dialect,
+    keyspace: Keyspace,
 }
 
 /// `user:password@` becomes `user:***@`, so URLs can go into errors and logs.
@@ -142,7 +144,15 @@ impl Db {
             Dialect::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await?;
-        Ok(Db { pool, dialect })
+        let row = sqlx::query("SELECT namespace FROM store WHERE id = 1")
+            .fetch_one(&pool)
+            .await?;
+        let keyspace = Keyspace::new(&row.try_get::<String, _>("namespace")?);
+        Ok(Db {
+            pool,
+            dialect,
+            keyspace,
+        })
     }
 
     /// The `n`th bind parameter. Every query is written with `$n`, which both accept; the
@@ -153,6 +163,11 @@ impl Db {
             Dialect::Sqlite => "?".to_owned(),
             Dialect::Postgres => format!("${n}"),
         }
+    }
+
+    /// The Redis key names of this store's data, from its namespace.
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.keyspace
     }
 
     /// Which database this is.

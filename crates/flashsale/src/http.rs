@@ -191,7 +191,8 @@ async fn get_coupon(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<CouponView>, ApiError> {
     let coupon = state.coupon(path_id(id, "invalid_coupon_id")?).await?;
-    let remaining = remaining_stock(&mut state.locks.connection(), coupon.id).await?;
+    let keys = state.db.keyspace().coupon(coupon.id);
+    let remaining = remaining_stock(&mut state.locks.connection(), &keys).await?;
     let sale = match coupon.window_at(now_millis()) {
         SaleWindow::NotStarted => "not_started",
         SaleWindow::Open => "open",
@@ -353,9 +354,9 @@ async fn coupon_stats(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<CouponStats>, ApiError> {
     let coupon = state.coupon(path_id(id, "invalid_coupon_id")?).await?;
-    let keys = CouponKeys::new(coupon.id);
+    let keys = state.db.keyspace().coupon(coupon.id);
     let mut conn = state.locks.connection();
-    let remaining = remaining_stock(&mut conn, coupon.id).await?;
+    let remaining = remaining_stock(&mut conn, &keys).await?;
     let backlog = stream_backlog(&mut conn, &keys).await?;
     let orders_stored = state.db.order_count(coupon.id).await?;
     Ok(Json(CouponStats {
@@ -454,7 +455,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let mut conn = state.locks.connection();
     let (mut lag, mut pending) = (0, 0);
     for coupon in state.watched.coupons() {
-        match stream_backlog(&mut conn, &CouponKeys::new(coupon)).await {
+        match stream_backlog(&mut conn, &state.db.keyspace().coupon(coupon)).await {
             Ok(backlog) => {
                 lag += backlog.lag;
                 pending += backlog.pending;

@@ -1,13 +1,65 @@
 //! Redis key names.
 //!
-//! Every key of one coupon carries the hash tag `{flashsale:coupon:ID}`, so they all live
+//! Every key carries the namespace of the SQL store it belongs to ([`Keyspace`]): an id
+//! created with the schema and kept in the database. Two stores sharing one Redis (two
+//! services, or a `load` run beside a `serve`) therefore never share a counter, a buyers
+//! set, a stream or a lock, even when their coupon ids are the same.
+//!
+//! Every key of one coupon carries the hash tag `{NAMESPACE:coupon:ID}`, so they all live
 //! in one Redis Cluster slot and the reservation script may touch them together.
+
+use std::sync::Arc;
 
 /// The consumer group of the order workers, one per coupon stream.
 pub const ORDER_GROUP: &str = "flashsale-orders";
 
-/// The distlock lock held while stock is loaded into Redis, so one instance loads it.
-pub const STOCK_LOADER_LOCK: &str = "flashsale:stock-loader";
+/// The key names of one SQL store's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyspace {
+    namespace: Arc<str>,
+}
+
+impl Keyspace {
+    /// The keys of the store whose namespace id is `namespace`.
+    pub fn new(namespace: &str) -> Self {
+        Keyspace {
+            namespace: namespace.into(),
+        }
+    }
+
+    /// The namespace id.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The keys of coupon `coupon_id`.
+    pub fn coupon(&self, coupon_id: i64) -> CouponKeys {
+        let tag = format!("flashsale:{{{}:coupon:{coupon_id}}}", self.namespace);
+        CouponKeys {
+            stock: format!("{tag}:stock"),
+            buyers: format!("{tag}:buyers"),
+            orders: format!("{tag}:orders"),
+            tag,
+        }
+    }
+
+    /// The distlock lock held while stock is loaded into Redis, so one instance loads it.
+    pub fn stock_loader_lock(&self) -> String {
+        format!("flashsale:{}:stock-loader", self.namespace)
+    }
+
+    /// Which coupon of this store a stream key belongs to, for entries read from several
+    /// streams. `None` for any other key, another store's included.
+    pub fn coupon_of_stream(&self, stream: &str) -> Option<i64> {
+        stream
+            .strip_prefix("flashsale:{")?
+            .strip_prefix(&*self.namespace)?
+            .strip_prefix(":coupon:")?
+            .strip_suffix("}:orders")?
+            .parse()
+            .ok()
+    }
+}
 
 /// The keys of one coupon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,17 +75,6 @@ pub struct CouponKeys {
 }
 
 impl CouponKeys {
-    /// The keys of coupon `coupon_id`.
-    pub fn new(coupon_id: i64) -> Self {
-        let tag = format!("flashsale:{{coupon:{coupon_id}}}");
-        CouponKeys {
-            stock: format!("{tag}:stock"),
-            buyers: format!("{tag}:buyers"),
-            orders: format!("{tag}:orders"),
-            tag,
-        }
-    }
-
     /// The distlock lock of the `lock` strategy.
     pub fn lock(&self) -> String {
         format!("{}:lock", self.tag)
@@ -43,15 +84,6 @@ impl CouponKeys {
     pub fn segment_lock(&self, segment: u32) -> String {
         format!("{}:lock:{segment}", self.tag)
     }
-
-    /// Which coupon a stream key belongs to, for entries read from several streams.
-    pub fn coupon_of_stream(stream: &str) -> Option<i64> {
-        stream
-            .strip_prefix("flashsale:{coupon:")?
-            .strip_suffix("}:orders")?
-            .parse()
-            .ok()
-    }
 }
 
 #[cfg(test)]
@@ -60,7 +92,7 @@ mod tests {
 
     #[test]
     fn all_keys_of_a_coupon_share_one_hash_tag() {
-        let keys = CouponKeys::new(42);
+        let keys = Keyspace::new("a1b2").coupon(42);
         for key in [
             &keys.stock,
             &keys.buyers,
@@ -68,10 +100,20 @@ mod tests {
             &keys.lock(),
             &keys.segment_lock(3),
         ] {
-            assert!(key.contains("{coupon:42}"), "{key}");
+            assert!(key.contains("{a1b2:coupon:42}"), "{key}");
             assert_eq!(key.matches('{').count(), 1, "{key}");
         }
-        assert_eq!(CouponKeys::coupon_of_stream(&keys.orders), Some(42));
-        assert_eq!(CouponKeys::coupon_of_stream("other"), None);
+    }
+
+    #[test]
+    fn a_stream_is_recognised_only_by_its_own_store() {
+        let ours = Keyspace::new("a1b2");
+        let theirs = Keyspace::new("c3d4");
+        let stream = ours.coupon(42).orders;
+        assert_eq!(ours.coupon_of_stream(&stream), Some(42));
+        assert_eq!(theirs.coupon_of_stream(&stream), None);
+        assert_eq!(ours.coupon_of_stream("other"), None);
+        assert_ne!(ours.coupon(42).stock, theirs.coupon(42).stock);
+        assert_ne!(ours.stock_loader_lock(), theirs.stock_loader_lock());
     }
 }

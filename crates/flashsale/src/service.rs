@@ -85,8 +85,8 @@ impl Service {
         };
 
         let state = Arc::new(AppState {
+            reserver: Reserver::new(settings, locks.clone(), db.keyspace().clone()),
             db,
-            reserver: Reserver::new(settings, locks.clone()),
             locks,
             loader,
             watched,

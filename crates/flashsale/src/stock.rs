@@ -17,7 +17,7 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::db::{Db, DbError};
-use crate::keys::{CouponKeys, ORDER_GROUP, STOCK_LOADER_LOCK};
+use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::model::{now_millis, Coupon};
 use crate::scripts::LOAD_STOCK;
 
@@ -86,7 +86,7 @@ impl StockLoader {
     }
 
     async fn load_under_lock(&self, coupons: &[Coupon]) -> Result<LoadReport, LoadError> {
-        let lock = self.locks.lock(STOCK_LOADER_LOCK)?;
+        let lock = self.locks.lock(self.db.keyspace().stock_loader_lock())?;
         let guard = lock
             .try_lock_for(LOADER_LOCK_WAIT)
             .await?
@@ -108,7 +108,7 @@ impl StockLoader {
     }
 
     async fn load_one(&self, coupon: &Coupon) -> Result<bool, LoadError> {
-        let keys = CouponKeys::new(coupon.id);
+        let keys = self.db.keyspace().coupon(coupon.id);
         let mut conn = self.locks.connection();
         ensure_group(&mut conn, &keys).await?;
         let live: bool = conn.exists(&keys.stock).await?;
@@ -189,9 +189,9 @@ pub fn split_stock(stock: i64, segments: u32) -> Vec<i64> {
 /// The stock left for a coupon, summed over its segments; `None` if not loaded.
 pub async fn remaining_stock(
     conn: &mut distlock::Connection,
-    coupon_id: i64,
+    keys: &CouponKeys,
 ) -> redis::RedisResult<Option<i64>> {
-    let shares: Vec<i64> = conn.hvals(CouponKeys::new(coupon_id).stock).await?;
+    let shares: Vec<i64> = conn.hvals(&keys.stock).await?;
     Ok((!shares.is_empty()).then(|| shares.iter().sum()))
 }
 

@@ -20,7 +20,7 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::{Db, DbError};
-use crate::keys::{CouponKeys, ORDER_GROUP};
+use crate::keys::{Keyspace, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, OrderEvent};
 use crate::stock::ensure_group;
@@ -210,6 +210,7 @@ impl Worker {
             }
             Err(err) => return Err(err.into()),
         };
+        let keyspace = self.db.keyspace();
         Ok(reply
             .map(|reply| {
                 reply
@@ -220,7 +221,7 @@ impl Worker {
                         stream
                             .ids
                             .into_iter()
-                            .map(move |entry| delivery(&key, entry))
+                            .map(move |entry| delivery(keyspace, &key, entry))
                     })
                     .collect()
             })
@@ -258,7 +259,7 @@ impl Worker {
                     reply
                         .claimed
                         .into_iter()
-                        .map(|entry| delivery(&stream, entry)),
+                        .map(|entry| delivery(self.db.keyspace(), &stream, entry)),
                 );
                 if reply.next_stream_id == "0-0" || claimed.len() >= self.settings.batch {
                     break;
@@ -402,7 +403,7 @@ impl Worker {
         }
         for coupon_id in self.watched.coupons() {
             if !self.grouped.contains(&coupon_id) {
-                ensure_group(&mut self.conn, &CouponKeys::new(coupon_id)).await?;
+                ensure_group(&mut self.conn, &self.db.keyspace().coupon(coupon_id)).await?;
                 self.grouped.insert(coupon_id);
             }
         }
@@ -414,12 +415,12 @@ impl Worker {
             .coupons()
             .into_iter()
             .filter(|id| self.grouped.contains(id))
-            .map(|id| CouponKeys::new(id).orders)
+            .map(|id| self.db.keyspace().coupon(id).orders)
             .collect()
     }
 }
 
-fn delivery(stream: &str, entry: StreamId) -> Delivery {
+fn delivery(keyspace: &Keyspace, stream: &str, entry: StreamId) -> Delivery {
     let event = (|| {
         Some(OrderEvent {
             order_id: entry.get("order")?,
@@ -429,7 +430,7 @@ fn delivery(stream: &str, entry: StreamId) -> Delivery {
         })
     })();
     // An event for another coupon than its stream's would be stored under the wrong key.
-    let event = event.filter(|event| CouponKeys::coupon_of_stream(stream) == Some(event.coupon_id));
+    let event = event.filter(|event| keyspace.coupon_of_stream(stream) == Some(event.coupon_id));
     Delivery {
         stream: stream.to_owned(),
         id: entry.id,

@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, open_coupon, send, sqlite_service};
-use flashsale::keys::CouponKeys;
 use flashsale::Strategy;
 use redis::AsyncCommands;
 use serde_json::json;
@@ -122,7 +121,7 @@ async fn bad_requests_get_typed_errors_and_write_nothing() {
             assert_eq!(service.db().order_count(coupon).await.expect("count"), 0);
         }
         let mut redis = service.locks().connection();
-        let keys = CouponKeys::new(open);
+        let keys = service.db().keyspace().coupon(open);
         let stock: i64 = redis.hget(&keys.stock, 0).await.expect("stock");
         let buyers: i64 = redis.scard(&keys.buyers).await.expect("buyers");
         let events: i64 = redis.xlen(&keys.orders).await.expect("stream");

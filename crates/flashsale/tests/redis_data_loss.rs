@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use common::{bounded, buy, drain, open_coupon, sqlite_config, stats};
 use distlock_testkit::RedisServer;
-use flashsale::keys::CouponKeys;
 use flashsale::{Service, Strategy};
 use redis::AsyncCommands;
 
@@ -112,7 +111,11 @@ async fn lost_counter_is_rebuilt_from_orders_still_in_the_stream() {
 
         // Only the counter and the buyers are lost (an eviction, a bad FLUSH by pattern).
         let mut conn = redis.connection().await.expect("redis");
-        let keys = CouponKeys::new(coupon);
+        let keys = flashsale::db::Db::connect(&config.database_url())
+            .await
+            .expect("db")
+            .keyspace()
+            .coupon(coupon);
         let _: i64 = conn.del(&[&keys.stock, &keys.buyers]).await.expect("del");
 
         // The next instance's start-up load counts the 20 sales still in the stream.

@@ -101,7 +101,7 @@ async fn segmented_waits_at_most_lock_wait_in_all_when_every_segment_is_busy() {
         let rival = distlock::Client::connect(service.redis_url())
             .await
             .expect("rival");
-        let keys = flashsale::keys::CouponKeys::new(coupon);
+        let keys = service.db().keyspace().coupon(coupon);
         let mut held = Vec::new();
         for segment in 0..8 {
             held.push(

@@ -123,7 +123,11 @@ async fn worker_killed_before_ack_loses_no_order() {
         assert_eq!(read, 40, "the doomed worker should have read every event");
         child.kill().await.expect("SIGKILL the worker");
 
-        let keys = CouponKeys::new(coupon);
+        let keys = Db::connect(&postgres.url())
+            .await
+            .expect("db")
+            .keyspace()
+            .coupon(coupon);
         let mut conn = redis.connection().await.expect("redis");
         let stuck = pending(&mut conn, &keys).await;
         assert_eq!(

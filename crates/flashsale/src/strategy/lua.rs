@@ -52,7 +52,7 @@ impl Batcher {
             order_id: sale.order_id.clone(),
             reply,
         };
-        self.queue(conn, sale.coupon_id)
+        self.queue(conn, sale.coupon_id, &sale.keys)
             .send(pending)
             .map_err(|_| closed())?;
         // The reservation runs whether or not this request is still waiting: a purchase
@@ -60,22 +60,32 @@ impl Batcher {
         answer.await.map_err(|_| closed())?
     }
 
-    fn queue(&self, conn: &Connection, coupon_id: i64) -> mpsc::UnboundedSender<Pending> {
+    fn queue(
+        &self,
+        conn: &Connection,
+        coupon_id: i64,
+        keys: &CouponKeys,
+    ) -> mpsc::UnboundedSender<Pending> {
         let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(queue) = queues.get(&coupon_id).filter(|queue| !queue.is_closed()) {
             return queue.clone();
         }
         let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(drain(conn.clone(), coupon_id, receiver));
+        tokio::spawn(drain(conn.clone(), coupon_id, keys.clone(), receiver));
         queues.insert(coupon_id, sender.clone());
         sender
     }
 }
 
 /// Takes whatever has queued up, up to [`MAX_BATCH`], and reserves it in one script call.
-async fn drain(conn: Connection, coupon_id: i64, mut queue: mpsc::UnboundedReceiver<Pending>) {
+async fn drain(
+    conn: Connection,
+    coupon_id: i64,
+    keys: CouponKeys,
+    mut queue: mpsc::UnboundedReceiver<Pending>,
+) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    let keys = Arc::new(CouponKeys::new(coupon_id));
+    let keys = Arc::new(keys);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;

@@ -22,7 +22,7 @@ use distlock::Connection;
 use redis::AsyncCommands;
 use serde::Serialize;
 
-use crate::keys::CouponKeys;
+use crate::keys::{CouponKeys, Keyspace};
 use crate::model::now_millis;
 
 /// Which reservation strategy the service runs.
@@ -134,15 +134,18 @@ pub enum ReserveError {
 pub struct Reserver {
     settings: StrategySettings,
     locks: distlock::Client,
+    keyspace: Keyspace,
     batcher: std::sync::Arc<lua::Batcher>,
 }
 
 impl Reserver {
-    /// A reserver using `locks` for both its locks and its Redis commands.
-    pub fn new(settings: StrategySettings, locks: distlock::Client) -> Self {
+    /// A reserver using `locks` for both its locks and its Redis commands, on the keys of
+    /// `keyspace`.
+    pub fn new(settings: StrategySettings, locks: distlock::Client, keyspace: Keyspace) -> Self {
         Reserver {
             settings,
             locks,
+            keyspace,
             batcher: Default::default(),
         }
     }
@@ -155,7 +158,7 @@ impl Reserver {
     /// One purchase of coupon `coupon_id` by `user_id`.
     pub async fn reserve(&self, coupon_id: i64, user_id: i64) -> Result<Reservation, ReserveError> {
         let sale = Sale {
-            keys: CouponKeys::new(coupon_id),
+            keys: self.keyspace.coupon(coupon_id),
             coupon_id,
             user_id,
             order_id: uuid::Uuid::new_v4().simple().to_string(),
