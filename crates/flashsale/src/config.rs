@@ -33,6 +33,14 @@ pub struct StrategyArgs {
     /// The lease of a purchase's lock, in ms.
     #[arg(long, default_value_t = 5000)]
     pub lock_lease_ms: u64,
+    /// How long a purchase may take from arrival to answer, in ms: one not sent to Redis
+    /// by then is not sold, and lock waits end by it.
+    #[arg(long, default_value_t = 15_000)]
+    pub request_timeout_ms: u64,
+    /// Most purchases of one coupon queued for the lua strategy; past it, purchases get 503
+    /// `overloaded` with Retry-After at once, before anything is sold.
+    #[arg(long, default_value_t = 4_096)]
+    pub queue_limit: usize,
 }
 
 impl StrategyArgs {
@@ -56,11 +64,25 @@ impl StrategyArgs {
                 "must be between 1 and 600000",
             ));
         }
+        if !(100..=600_000).contains(&self.request_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "--request-timeout-ms",
+                "must be between 100 and 600000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.queue_limit) {
+            return Err(ConfigError::invalid(
+                "--queue-limit",
+                "must be between 1 and 1000000",
+            ));
+        }
         Ok(StrategySettings {
             strategy,
             segments: self.segments,
             lock_wait: Duration::from_millis(self.lock_wait_ms),
             lock_lease: Duration::from_millis(self.lock_lease_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            queue_limit: self.queue_limit,
         })
     }
 }

@@ -246,14 +246,14 @@ impl Db {
         rows.iter().map(coupon_from_row).collect()
     }
 
-    /// The users with a stored order for this coupon.
-    pub async fn buyers(&self, coupon_id: i64) -> Result<Vec<i64>, DbError> {
-        let rows = sqlx::query("SELECT user_id FROM orders WHERE coupon_id = $1")
+    /// The users with a stored order for this coupon, each with that order's id.
+    pub async fn buyers(&self, coupon_id: i64) -> Result<Vec<(i64, String)>, DbError> {
+        let rows = sqlx::query("SELECT user_id, id FROM orders WHERE coupon_id = $1")
             .bind(coupon_id)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|row| row.try_get::<i64, _>("user_id").map_err(DbError::from))
+            .map(|row| Ok((row.try_get::<i64, _>("user_id")?, row.try_get("id")?)))
             .collect()
     }
 
@@ -282,6 +282,17 @@ impl Db {
     /// A user's orders, newest first.
     pub async fn user_orders(&self, user_id: i64) -> Result<Vec<Order>, DbError> {
         self.orders_where("user_id", user_id).await
+    }
+
+    /// One stored order by id.
+    pub async fn order(&self, order_id: &str) -> Result<Option<Order>, DbError> {
+        let row = sqlx::query(
+            "SELECT id, coupon_id, user_id, created_at, stored_at FROM orders WHERE id = $1",
+        )
+        .bind(order_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(order_from_row).transpose()
     }
 
     /// A coupon's stored orders, oldest first.

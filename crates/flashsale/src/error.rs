@@ -1,6 +1,6 @@
 //! The API's errors: a status and a stable code, sent as `{"error": code, "message": …}`.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -18,6 +18,10 @@ pub struct ApiError {
     pub code: &'static str,
     /// A human-readable explanation.
     pub message: String,
+    /// More fields of the body, such as the `order_id` a buyer already holds.
+    pub details: serde_json::Map<String, serde_json::Value>,
+    /// Seconds for the Retry-After header, when trying again later may succeed.
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -27,7 +31,21 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            details: serde_json::Map::new(),
+            retry_after: None,
         }
+    }
+
+    /// Adds a field to the body.
+    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.details.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Sets the Retry-After header.
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// 400: the request itself is wrong.
@@ -54,12 +72,27 @@ impl ApiError {
             format!("{context}; try again"),
         )
     }
+
+    /// 503 for a purchase that certainly did not happen: `"outcome": "not_sold"`.
+    pub fn not_sold(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+            .with("outcome", "not_sold")
+            .retry_after(1)
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": self.code, "message": self.message }));
-        (self.status, body).into_response()
+        let mut body = self.details;
+        body.insert("error".to_owned(), json!(self.code));
+        body.insert("message".to_owned(), json!(self.message));
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -71,7 +104,38 @@ impl From<DbError> for ApiError {
 
 impl From<ReserveError> for ApiError {
     fn from(err: ReserveError) -> Self {
-        Self::unavailable("reserving stock failed", &err)
+        match &err {
+            ReserveError::Unknown { order_id, .. } => {
+                tracing::error!(error = %err, "a purchase's outcome is unknown");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "outcome_unknown",
+                    "Redis stopped answering while this purchase was being written; look the order up to learn whether it was made",
+                )
+                .with("outcome", "unknown")
+                .with("order_id", order_id.clone())
+                .with("lookup", format!("/api/orders/{order_id}"))
+                .retry_after(1)
+            }
+            ReserveError::InDoubt { .. } => {
+                // The reserver resolves these; one reaching here is a bug, and saying
+                // "not sold" could be a lie.
+                tracing::error!(error = %err, "an unresolved lost reply reached the API");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "outcome_unknown",
+                    "the purchase's outcome is unknown",
+                )
+                .with("outcome", "unknown")
+            }
+            ReserveError::Redis(_) | ReserveError::Lock(_) => {
+                tracing::error!(error = %err, "reserving stock failed before anything was written");
+                Self::not_sold(
+                    "unavailable",
+                    "reserving stock failed; nothing was sold; try again",
+                )
+            }
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! | --- | --- |
 //! | `POST /api/coupons` | 201 the coupon, with its `id` |
 //! | `GET /api/coupons/{id}` | the coupon and its remaining stock |
-//! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}`; 409 `sold_out` / `already_purchased`; 403 `sale_not_started` / `sale_ended`; 400 `duplicate_user_id` for two X-User-Id headers |
+//! | `POST /api/coupons/{id}/seckill` | 201 `{order_id}` and `Location: /api/orders/ID`; 409 `sold_out`, or `already_purchased` with the `order_id` the buyer holds; 403 `sale_not_started` / `sale_ended`; 400 `duplicate_user_id` for two X-User-Id headers; 503 with `"outcome": "not_sold"` or, when Redis could not tell, `"outcome": "unknown"` |
+//! | `GET /api/orders/{id}` | the order: `stored` in SQL, or `queued` in Redis for the worker; 404 `order_not_found` |
 //! | `GET /api/coupons/{id}/stats` | stock, sold, remaining, orders stored and queued |
 //! | `GET /api/users/{id}/orders` | the user's stored orders |
 //! | `GET /healthz` | 200, or 503 naming what is down: Redis, a database write, the worker |
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -32,7 +33,7 @@ use crate::db::Db;
 use crate::error::ApiError;
 use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
-use crate::model::{now_millis, Coupon, NewCoupon, SaleWindow};
+use crate::model::{now_millis, parse_order_id, Coupon, NewCoupon, SaleWindow};
 use crate::stock::{remaining_stock, StockLoader};
 use crate::strategy::{Reservation, Reserver};
 use crate::worker::Watched;
@@ -64,6 +65,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/coupons/{id}/seckill", post(seckill))
         .route("/api/coupons/{id}/stats", get(coupon_stats))
         .route("/api/users/{id}/orders", get(user_orders))
+        .route("/api/orders/{id}", get(order_lookup))
         .route("/healthz", get(healthz))
         .route("/ping", get(ping))
         .route("/metrics", get(metrics))
@@ -138,12 +140,13 @@ impl AppState {
 
     async fn reserve(&self, coupon: &Coupon, user: i64) -> Result<Reservation, ApiError> {
         let started = Instant::now();
-        let mut outcome = self.reserver.reserve(coupon.id, user).await?;
+        let deadline = tokio::time::Instant::now() + self.reserver.settings().request_timeout;
+        let mut outcome = self.reserver.reserve(coupon.id, user, deadline).await?;
         if outcome == Reservation::NotLoaded {
             // Redis lost the counter (or never had it): rebuild it from SQL and the stream,
             // under the loader lock, then try once more.
             self.loader.ensure_loaded(coupon).await?;
-            outcome = self.reserver.reserve(coupon.id, user).await?;
+            outcome = self.reserver.reserve(coupon.id, user, deadline).await?;
         }
         self.metrics
             .reservation_seconds
@@ -218,7 +221,16 @@ async fn seckill(
     state.metrics.count_purchase(label);
     match outcome {
         Ok(order_id) => {
-            (StatusCode::CREATED, Json(json!({ "order_id": order_id }))).into_response()
+            let location = format!("/api/orders/{order_id}");
+            let mut response = (
+                StatusCode::CREATED,
+                Json(json!({ "order_id": order_id, "location": location })),
+            )
+                .into_response();
+            if let Ok(value) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            response
         }
         Err(err) => err.into_response(),
     }
@@ -256,20 +268,35 @@ async fn purchase(
             "sold_out",
             "no stock left",
         )),
-        Reservation::AlreadyPurchased => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_purchased",
-            "this user already bought this coupon",
-        )),
-        Reservation::Busy => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Reservation::AlreadyPurchased { order_id } => {
+            let refusal = ApiError::new(
+                StatusCode::CONFLICT,
+                "already_purchased",
+                "this user already bought this coupon",
+            );
+            Err(match order_id {
+                Some(order_id) => refusal
+                    .with("location", format!("/api/orders/{order_id}"))
+                    .with("order_id", order_id),
+                // Another request of this user is completing its sale right now.
+                None => refusal.with("order_id", serde_json::Value::Null),
+            })
+        }
+        Reservation::Busy => Err(ApiError::not_sold(
             "busy",
-            "the coupon's lock was not free in time; try again",
+            "the coupon's lock was not free in time; nothing was sold; try again",
         )),
-        Reservation::NotLoaded => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Reservation::NotLoaded => Err(ApiError::not_sold(
             "stock_not_loaded",
-            "the coupon's stock is not in Redis yet; try again",
+            "the coupon's stock is not in Redis yet; nothing was sold; try again",
+        )),
+        Reservation::Expired => Err(ApiError::not_sold(
+            "expired",
+            "the purchase could not be made before its deadline; nothing was sold; try again",
+        )),
+        Reservation::Overloaded => Err(ApiError::not_sold(
+            "overloaded",
+            "too many purchases of this coupon are waiting; nothing was sold; try again shortly",
         )),
     }
 }
@@ -377,6 +404,45 @@ async fn user_orders(
     let user = path_id(id, "invalid_user_id")?;
     let orders = state.db.user_orders(user).await?;
     Ok(Json(json!({ "user_id": user, "orders": orders })).into_response())
+}
+
+/// An order by id: `stored` once the worker wrote it to SQL, `queued` while its event waits
+/// in Redis, 404 `order_not_found` when neither holds it (it was never made).
+async fn order_lookup(
+    State(state): State<Arc<AppState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let not_found = |id: &str| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "order_not_found",
+            format!("there is no order {id}"),
+        )
+    };
+    let Path(id) = id.map_err(|_| ApiError::bad_request("invalid_order_id", "bad order id"))?;
+    let Some((coupon_id, user_id)) = parse_order_id(&id) else {
+        return Err(ApiError::bad_request(
+            "invalid_order_id",
+            "an order id looks like c12-u34-0123abcd…",
+        ));
+    };
+    if let Some(order) = state.db.order(&id).await? {
+        return Ok(Json(json!({ "state": "stored", "order": order })).into_response());
+    }
+    let keys = state.db.keyspace().coupon(coupon_id);
+    let held: Option<String> = state.locks.connection().hget(&keys.buyers, user_id).await?;
+    if held.as_deref() != Some(id.as_str()) {
+        return Err(not_found(&id));
+    }
+    // Held in Redis; the worker may have stored it since the SQL read.
+    if let Some(order) = state.db.order(&id).await? {
+        return Ok(Json(json!({ "state": "stored", "order": order })).into_response());
+    }
+    Ok(Json(json!({
+        "state": "queued",
+        "order": { "order_id": id, "coupon_id": coupon_id, "user_id": user_id },
+    }))
+    .into_response())
 }
 
 /// How long each `/healthz` check may take. A locked SQLite file would otherwise make the

@@ -142,6 +142,24 @@ pub fn unix_millis(at: OffsetDateTime) -> i64 {
     i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
+/// A new order id for `user_id`'s purchase of `coupon_id`: `c{COUPON}-u{USER}-{RANDOM}`.
+/// It names its coupon and buyer, so an order still queued in Redis can be looked up by
+/// its id before the worker stored it.
+pub fn new_order_id(coupon_id: i64, user_id: i64) -> String {
+    format!("c{coupon_id}-u{user_id}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The coupon and buyer an order id names; `None` for anything that is not one.
+pub fn parse_order_id(order_id: &str) -> Option<(i64, i64)> {
+    let mut parts = order_id.splitn(3, '-');
+    let coupon = parts.next()?.strip_prefix('c')?.parse().ok()?;
+    let user = parts.next()?.strip_prefix('u')?.parse().ok()?;
+    let random = parts.next()?;
+    let well_formed =
+        (1..=64).contains(&random.len()) && random.bytes().all(|byte| byte.is_ascii_hexdigit());
+    well_formed.then_some((coupon, user))
+}
+
 /// The current time in Unix milliseconds.
 pub fn now_millis() -> i64 {
     unix_millis(OffsetDateTime::now_utc())

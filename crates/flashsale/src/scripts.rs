@@ -8,13 +8,17 @@ use redis::Script;
 
 pub(crate) static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/reserve.lua")));
+pub(crate) static RECORD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/record.lua")));
+pub(crate) static UNCLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/unclaim.lua")));
 pub(crate) static LOAD_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/load_stock.lua")));
 
 /// Loads every script into the server's cache at start, so the first purchases do not
 /// each pay NOSCRIPT and a reload.
 pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResult<()> {
-    for script in [&RESERVE, &LOAD_STOCK] {
+    for script in [&RESERVE, &RECORD, &UNCLAIM, &LOAD_STOCK] {
         script.prepare_invoke().load_async(conn).await?;
     }
     Ok(())

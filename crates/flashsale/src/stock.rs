@@ -9,7 +9,7 @@
 //! remaining = SQL stock − |buyers in SQL ∪ buyers in the stream|. The union counts an
 //! order once whether the worker has stored it already, not yet, or both.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::streams::StreamRangeReply;
@@ -115,13 +115,17 @@ impl StockLoader {
         if live {
             return Ok(false);
         }
-        let mut buyers: HashSet<i64> = self.db.buyers(coupon.id).await?.into_iter().collect();
-        buyers.extend(stream_buyers(&mut conn, &keys).await?);
+        // A user in both (stored, and still in the stream) counts once, with one order id.
+        let mut buyers: HashMap<i64, String> =
+            self.db.buyers(coupon.id).await?.into_iter().collect();
+        for (user, order) in stream_buyers(&mut conn, &keys).await? {
+            buyers.entry(user).or_insert(order);
+        }
         let sold = i64::try_from(buyers.len()).unwrap_or(i64::MAX);
         let remaining = coupon.stock.saturating_sub(sold).max(0);
-        let buyers: Vec<i64> = buyers.into_iter().collect();
+        let buyers: Vec<(i64, String)> = buyers.into_iter().collect();
         for chunk in buyers.chunks(BUYERS_PER_COMMAND) {
-            let _: i64 = conn.sadd(&keys.buyers, chunk).await?;
+            let () = conn.hset_multiple(&keys.buyers, chunk).await?;
         }
         let mut script = LOAD_STOCK.key(&keys.stock);
         for share in split_stock(remaining, self.segments) {
@@ -160,7 +164,7 @@ where
 async fn stream_buyers(
     conn: &mut distlock::Connection,
     keys: &CouponKeys,
-) -> redis::RedisResult<Vec<i64>> {
+) -> redis::RedisResult<Vec<(i64, String)>> {
     let mut users = Vec::new();
     let mut start = "-".to_owned();
     loop {
@@ -170,7 +174,11 @@ async fn stream_buyers(
         let Some(last) = page.ids.last() else { break };
         // An exclusive start ("(id") skips the entry the previous page ended on.
         start = format!("({}", last.id);
-        users.extend(page.ids.iter().filter_map(|entry| entry.get::<i64>("user")));
+        users.extend(
+            page.ids.iter().filter_map(|entry| {
+                Some((entry.get::<i64>("user")?, entry.get::<String>("order")?))
+            }),
+        );
         if page.ids.len() < STREAM_PAGE {
             break;
         }

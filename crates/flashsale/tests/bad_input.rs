@@ -123,7 +123,7 @@ async fn bad_requests_get_typed_errors_and_write_nothing() {
         let mut redis = service.locks().connection();
         let keys = service.db().keyspace().coupon(open);
         let stock: i64 = redis.hget(&keys.stock, 0).await.expect("stock");
-        let buyers: i64 = redis.scard(&keys.buyers).await.expect("buyers");
+        let buyers: i64 = redis.hlen(&keys.buyers).await.expect("buyers");
         let events: i64 = redis.xlen(&keys.orders).await.expect("stream");
         assert_eq!((stock, buyers, events), (5, 0, 0));
         service.shutdown().await;

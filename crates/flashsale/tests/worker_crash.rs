@@ -169,7 +169,7 @@ async fn worker_killed_before_ack_loses_no_order() {
             .await
             .expect("buyers")
             .into_iter()
-            .map(|user| user.to_string())
+            .map(|(user, _order)| user.to_string())
             .collect();
         assert_eq!(stored.len(), 40);
         let mut stored_orders = BTreeSet::new();

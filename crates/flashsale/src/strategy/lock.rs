@@ -2,7 +2,9 @@
 //! unlock". Correct while the lease holds, and it costs five round trips per sale (four of
 //! them under the lock, serialized with every other sale) where the script costs one.
 
-use super::{Reservation, ReserveError, Sale, StrategySettings};
+use tokio::time::Instant;
+
+use super::{already_purchased, Reservation, ReserveError, Sale, StrategySettings};
 
 pub(super) async fn reserve(
     locks: &distlock::Client,
@@ -14,23 +16,30 @@ pub(super) async fn reserve(
     // stays sold out and a buyer stays a buyer. This keeps the losers of a sale off the lock.
     match sale.peek(&mut conn, 0).await? {
         (None, _) => return Ok(Reservation::NotLoaded),
-        (_, true) => return Ok(Reservation::AlreadyPurchased),
+        (_, Some(held)) => return Ok(already_purchased(held)),
         (Some(left), _) if left <= 0 => return Ok(Reservation::SoldOut),
         _ => {}
     }
     let lock = locks
         .lock(sale.keys.lock())?
         .with_lease(settings.lock_lease);
-    let Some(guard) = lock.try_lock_for(settings.lock_wait).await? else {
+    let wait = settings
+        .lock_wait
+        .min(sale.deadline.saturating_duration_since(Instant::now()));
+    let Some(guard) = lock.try_lock_for(wait).await? else {
         return Ok(Reservation::Busy);
     };
     let outcome = match sale.peek(&mut conn, 0).await {
         Ok((None, _)) => Ok(Reservation::NotLoaded),
-        Ok((_, true)) => Ok(Reservation::AlreadyPurchased),
+        Ok((_, Some(held))) => Ok(already_purchased(held)),
         Ok((Some(left), _)) if left <= 0 => Ok(Reservation::SoldOut),
-        Ok(_) => sale.record(&mut conn, 0).await.map(|()| sale.reserved()),
-        Err(err) => Err(err),
+        Ok(_) => sale.record(&mut conn, 0).await,
+        Err(err) => Err(err.into()),
     };
-    guard.release().await?;
-    Ok(outcome?)
+    // The outcome is decided; a release that fails (the lease ran out, Redis hiccuped)
+    // does not change it, and the lease frees the lock anyway.
+    if let Err(err) = guard.release().await {
+        tracing::warn!(error = %err, "releasing a coupon lock failed after the sale was decided");
+    }
+    outcome
 }

@@ -8,14 +8,20 @@
 //! a rush, one script call and one round trip serve dozens of buyers, which is what keeps
 //! Redis from becoming the bottleneck of a hot coupon. Up to [`IN_FLIGHT`] calls per coupon
 //! run at once, so the connection stays pipelined.
+//!
+//! The queue is bounded ([`StrategySettings::queue_limit`]): past it a purchase is turned
+//! away at once, before anything is sold. A queued purchase whose caller has gone, or
+//! whose deadline passed, is dropped when its batch is formed, so it is never sold.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use distlock::Connection;
+use redis::Value;
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
-use super::{Reservation, ReserveError, Sale};
+use super::{already_purchased, fence_from_now, Reservation, ReserveError, Sale, StrategySettings};
 use crate::keys::CouponKeys;
 use crate::model::now_millis;
 use crate::scripts::RESERVE;
@@ -30,6 +36,7 @@ type Reply = oneshot::Sender<Result<Reservation, ReserveError>>;
 struct Pending {
     user_id: i64,
     order_id: String,
+    deadline: Instant,
     reply: Reply,
 }
 
@@ -37,7 +44,7 @@ struct Pending {
 /// the batcher is dropped.
 #[derive(Default)]
 pub(super) struct Batcher {
-    queues: Mutex<HashMap<i64, mpsc::UnboundedSender<Pending>>>,
+    queues: Mutex<HashMap<i64, mpsc::Sender<Pending>>>,
 }
 
 impl Batcher {
@@ -45,18 +52,25 @@ impl Batcher {
         &self,
         conn: &Connection,
         sale: &Sale,
+        settings: &StrategySettings,
     ) -> Result<Reservation, ReserveError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             user_id: sale.user_id,
             order_id: sale.order_id.clone(),
+            deadline: sale.deadline,
             reply,
         };
-        self.queue(conn, sale.coupon_id, &sale.keys)
-            .send(pending)
-            .map_err(|_| closed())?;
-        // The reservation runs whether or not this request is still waiting: a purchase
-        // whose caller went away is a sale all the same, as with a lost reply.
+        match self
+            .queue(conn, sale.coupon_id, &sale.keys, settings.queue_limit)
+            .try_send(pending)
+        {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Ok(Reservation::Overloaded),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
+        }
+        // If this request goes away (its client disconnected), `answer` is dropped, and a
+        // purchase still queued is dropped with it instead of sold.
         answer.await.map_err(|_| closed())?
     }
 
@@ -65,12 +79,13 @@ impl Batcher {
         conn: &Connection,
         coupon_id: i64,
         keys: &CouponKeys,
-    ) -> mpsc::UnboundedSender<Pending> {
+        limit: usize,
+    ) -> mpsc::Sender<Pending> {
         let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(queue) = queues.get(&coupon_id).filter(|queue| !queue.is_closed()) {
             return queue.clone();
         }
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (sender, receiver) = mpsc::channel(limit.max(1));
         tokio::spawn(drain(conn.clone(), coupon_id, keys.clone(), receiver));
         queues.insert(coupon_id, sender.clone());
         sender
@@ -82,7 +97,7 @@ async fn drain(
     conn: Connection,
     coupon_id: i64,
     keys: CouponKeys,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
+    mut queue: mpsc::Receiver<Pending>,
 ) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     let keys = Arc::new(keys);
@@ -93,20 +108,30 @@ async fn drain(
         let Some(first) = queue.recv().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(pending) = next {
+            admit(pending, &mut batch);
+            next = if batch.len() < MAX_BATCH {
+                queue.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if batch.is_empty() {
+            continue;
         }
         let (mut conn, keys) = (conn.clone(), keys.clone());
         tokio::spawn(async move {
-            let outcome = invoke(&mut conn, &keys, coupon_id, &batch).await;
+            let fence_ms = fence_from_now();
+            let outcome = invoke(&mut conn, &keys, coupon_id, fence_ms, &batch).await;
             for (index, pending) in batch.into_iter().enumerate() {
                 let answer = match &outcome {
-                    Ok(codes) => decode(codes.get(index).copied(), pending.order_id),
-                    Err(err) => Err(ReserveError::Redis(err.clone())),
+                    Ok(codes) => decode(codes.get(index), pending.order_id),
+                    Err(err) => Err(ReserveError::InDoubt {
+                        fence_ms,
+                        source: err.clone(),
+                    }),
                 };
                 // The caller may have gone away; the outcome stands regardless.
                 let _ = pending.reply.send(answer);
@@ -116,30 +141,48 @@ async fn drain(
     }
 }
 
+/// Adds `pending` to the batch unless it must not be sold: its caller is gone (nobody
+/// would be told), or its deadline passed while it queued (told so now).
+fn admit(pending: Pending, batch: &mut Vec<Pending>) {
+    if pending.reply.is_closed() {
+        return;
+    }
+    if Instant::now() >= pending.deadline {
+        let _ = pending.reply.send(Ok(Reservation::Expired));
+        return;
+    }
+    batch.push(pending);
+}
+
 async fn invoke(
     conn: &mut Connection,
     keys: &CouponKeys,
     coupon_id: i64,
+    fence_ms: i64,
     batch: &[Pending],
-) -> redis::RedisResult<Vec<i64>> {
+) -> redis::RedisResult<Vec<Value>> {
     let mut invocation = RESERVE.key(&keys.stock);
     invocation
         .key(&keys.buyers)
         .key(&keys.orders)
         .arg(coupon_id)
-        .arg(now_millis());
+        .arg(now_millis())
+        .arg(fence_ms);
     for pending in batch {
         invocation.arg(pending.user_id).arg(&pending.order_id);
     }
     invocation.invoke_async(conn).await
 }
 
-fn decode(code: Option<i64>, order_id: String) -> Result<Reservation, ReserveError> {
+fn decode(code: Option<&Value>, order_id: String) -> Result<Reservation, ReserveError> {
     match code {
-        Some(1) => Ok(Reservation::Reserved { order_id }),
-        Some(0) => Ok(Reservation::SoldOut),
-        Some(-1) => Ok(Reservation::AlreadyPurchased),
-        Some(-2) => Ok(Reservation::NotLoaded),
+        Some(Value::Int(1)) => Ok(Reservation::Reserved { order_id }),
+        Some(Value::Int(0)) => Ok(Reservation::SoldOut),
+        Some(Value::Int(-2)) => Ok(Reservation::NotLoaded),
+        Some(Value::Int(-3)) => Ok(Reservation::Expired),
+        Some(Value::BulkString(held)) => Ok(already_purchased(
+            String::from_utf8_lossy(held).into_owned(),
+        )),
         other => Err(ReserveError::Redis(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "reserve.lua returned an unknown code",

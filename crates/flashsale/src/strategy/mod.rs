@@ -21,9 +21,22 @@ use std::time::Duration;
 use distlock::Connection;
 use redis::AsyncCommands;
 use serde::Serialize;
+use tokio::time::Instant;
 
 use crate::keys::{CouponKeys, Keyspace};
-use crate::model::now_millis;
+use crate::model::{new_order_id, now_millis};
+use crate::scripts::{RECORD, UNCLAIM};
+
+/// How long after a sale's write is sent Redis may still apply it: each write carries a
+/// fence this far ahead, past which Redis's clock makes it write nothing. A write whose
+/// reply was lost is decided once its fence has passed.
+pub const WRITE_WINDOW: Duration = Duration::from_secs(2);
+/// How far Redis's clock may lag this host's before a fenced write could land after the
+/// service concluded it did not. Same host in the embedded mode; NTP in a fleet.
+pub const CLOCK_GRACE: Duration = Duration::from_millis(500);
+/// How long a purchase whose reply was lost keeps asking Redis for its outcome after the
+/// fence passed, before it answers that the outcome is unknown.
+pub const RESOLVE_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Which reservation strategy the service runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
@@ -78,6 +91,12 @@ pub struct StrategySettings {
     pub lock_wait: Duration,
     /// The lease of a purchase's lock: how long it stays valid if the process stalls.
     pub lock_lease: Duration,
+    /// How long a purchase may take from arrival to answer: one whose deadline passed
+    /// before its write was sent is not sold, and lock waits end by it.
+    pub request_timeout: Duration,
+    /// Most purchases of one coupon queued for the script strategy; past it, a purchase is
+    /// turned away at once (`overloaded`), before anything is sold.
+    pub queue_limit: usize,
 }
 
 impl StrategySettings {
@@ -88,6 +107,8 @@ impl StrategySettings {
             segments: 8,
             lock_wait: Duration::from_secs(5),
             lock_lease: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(15),
+            queue_limit: 4_096,
         }
     }
 
@@ -105,28 +126,55 @@ impl StrategySettings {
 pub enum Reservation {
     /// A unit is the user's; the order event is queued under this id.
     Reserved {
-        /// The order's id, a UUID.
+        /// The order's id (see [`new_order_id`]).
         order_id: String,
     },
     /// No stock left.
     SoldOut,
-    /// The user already bought this coupon.
-    AlreadyPurchased,
+    /// The user already holds an order of this coupon: this one, or `None` while another
+    /// request of the same user is still completing its sale.
+    AlreadyPurchased {
+        /// The order the user holds.
+        order_id: Option<String>,
+    },
     /// Redis has no stock for this coupon: it was never loaded, or Redis lost its data.
     NotLoaded,
     /// The strategy's lock was not acquired within its wait.
     Busy,
+    /// The purchase's deadline, or its write's fence, passed before it ran: nothing was
+    /// sold.
+    Expired,
+    /// The coupon's queue is full: turned away before anything was sold.
+    Overloaded,
 }
 
 /// Why a reservation could not be decided.
 #[derive(Debug, thiserror::Error)]
 pub enum ReserveError {
-    /// A Redis command failed.
+    /// A Redis command failed before any write was sent: nothing was sold.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// The strategy's lock failed.
+    /// The strategy's lock failed before any write was sent: nothing was sold.
     #[error("lock: {0}")]
     Lock(#[from] distlock::Error),
+    /// A sale's write was sent and its reply lost. [`Reserver::reserve`] resolves this
+    /// before returning; strategies return it.
+    #[error("the write's reply was lost: {source}")]
+    InDoubt {
+        /// The write's fence, Unix ms: after it, the write can no longer land.
+        fence_ms: i64,
+        /// What failed.
+        source: redis::RedisError,
+    },
+    /// The outcome could not be found out: Redis did not answer after the fence passed.
+    /// The order may or may not exist; the order lookup tells.
+    #[error("the outcome of order {order_id} is unknown: {source}")]
+    Unknown {
+        /// The order id the sale would have.
+        order_id: String,
+        /// What failed last.
+        source: redis::RedisError,
+    },
 }
 
 /// Runs purchases with one strategy. Cheap to clone.
@@ -155,21 +203,76 @@ impl Reserver {
         &self.settings
     }
 
-    /// One purchase of coupon `coupon_id` by `user_id`.
-    pub async fn reserve(&self, coupon_id: i64, user_id: i64) -> Result<Reservation, ReserveError> {
+    /// One purchase of coupon `coupon_id` by `user_id`, to be decided by `deadline`.
+    ///
+    /// The answer is the truth: `Reserved` only for a sale that happened, anything else
+    /// only for one that did not. When a write's reply is lost, this waits until the
+    /// write's fence has passed and reads the buyer's entry; if Redis cannot be read then
+    /// either, it fails with [`ReserveError::Unknown`].
+    pub async fn reserve(
+        &self,
+        coupon_id: i64,
+        user_id: i64,
+        deadline: Instant,
+    ) -> Result<Reservation, ReserveError> {
         let sale = Sale {
             keys: self.keyspace.coupon(coupon_id),
             coupon_id,
             user_id,
-            order_id: uuid::Uuid::new_v4().simple().to_string(),
+            order_id: new_order_id(coupon_id, user_id),
             at_ms: now_millis(),
+            deadline,
         };
         let mut conn = self.locks.connection();
-        match self.settings.strategy {
-            Strategy::Lua => self.batcher.reserve(&conn, &sale).await,
+        let outcome = match self.settings.strategy {
+            Strategy::Lua => self.batcher.reserve(&conn, &sale, &self.settings).await,
             Strategy::Lock => lock::reserve(&self.locks, &self.settings, &sale).await,
             Strategy::Segmented => segmented::reserve(&self.locks, &self.settings, &sale).await,
             Strategy::Unsafe => unguarded::reserve(&mut conn, &sale).await,
+        };
+        match outcome {
+            Err(ReserveError::InDoubt { fence_ms, source }) => {
+                self.resolve(&sale, fence_ms, source).await
+            }
+            other => other,
+        }
+    }
+
+    /// Finds out what became of a sale whose write's reply was lost.
+    async fn resolve(
+        &self,
+        sale: &Sale,
+        fence_ms: i64,
+        source: redis::RedisError,
+    ) -> Result<Reservation, ReserveError> {
+        tracing::warn!(order = %sale.order_id, error = %source, "a sale's reply was lost; reading its outcome once its fence has passed");
+        let settled_ms = fence_ms.saturating_add(CLOCK_GRACE.as_millis() as i64);
+        let wait = settled_ms.saturating_sub(now_millis());
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+        }
+        let give_up = Instant::now() + RESOLVE_PATIENCE;
+        let mut conn = self.locks.connection();
+        let mut last_error = source;
+        loop {
+            match conn
+                .hget::<_, _, Option<String>>(&sale.keys.buyers, sale.user_id)
+                .await
+            {
+                Ok(held) => return Ok(sale.settled(&mut conn, held).await),
+                Err(err) if Instant::now() < give_up => {
+                    last_error = err;
+                    // Redis is not answering; ask again shortly, within the patience.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(err) => {
+                    tracing::error!(order = %sale.order_id, error = %err, previous = %last_error, "the outcome of a sale is unknown");
+                    return Err(ReserveError::Unknown {
+                        order_id: sale.order_id.clone(),
+                        source: err,
+                    });
+                }
+            }
         }
     }
 }
@@ -181,48 +284,57 @@ pub(crate) struct Sale {
     pub(crate) user_id: i64,
     pub(crate) order_id: String,
     pub(crate) at_ms: i64,
+    /// When the purchase must be decided: no write is sent after it.
+    pub(crate) deadline: Instant,
+}
+
+/// A fence for a write sent now, in Unix ms.
+pub(crate) fn fence_from_now() -> i64 {
+    now_millis().saturating_add(WRITE_WINDOW.as_millis() as i64)
 }
 
 impl Sale {
-    /// Takes one unit from `segment`, adds the buyer and appends the order event, in one
-    /// MULTI/EXEC. The caller has already decided, under its own guard, that the sale may
-    /// happen; this only makes the three writes land together.
+    /// Takes one unit from `segment`, records the buyer's order and appends the order
+    /// event, in one fenced script. The caller has already decided, under its own guard,
+    /// that the sale may happen; this only makes the three writes land together.
     pub(crate) async fn record(
         &self,
         conn: &mut Connection,
         segment: u32,
-    ) -> redis::RedisResult<()> {
-        redis::pipe()
-            .atomic()
-            .hincr(&self.keys.stock, segment, -1)
-            .ignore()
-            .sadd(&self.keys.buyers, self.user_id)
-            .ignore()
-            .xadd(
-                &self.keys.orders,
-                "*",
-                &[
-                    ("order", self.order_id.clone()),
-                    ("coupon", self.coupon_id.to_string()),
-                    ("user", self.user_id.to_string()),
-                    ("at", self.at_ms.to_string()),
-                ],
-            )
-            .ignore()
-            .exec_async(conn)
-            .await
+    ) -> Result<Reservation, ReserveError> {
+        if Instant::now() >= self.deadline {
+            return Ok(Reservation::Expired);
+        }
+        let fence_ms = fence_from_now();
+        let recorded: redis::RedisResult<i64> = RECORD
+            .key(&self.keys.stock)
+            .key(&self.keys.buyers)
+            .key(&self.keys.orders)
+            .arg(segment)
+            .arg(self.coupon_id)
+            .arg(self.user_id)
+            .arg(&self.order_id)
+            .arg(self.at_ms)
+            .arg(fence_ms)
+            .invoke_async(conn)
+            .await;
+        match recorded {
+            Ok(1) => Ok(self.reserved()),
+            Ok(_) => Ok(Reservation::Expired),
+            Err(source) => Err(ReserveError::InDoubt { fence_ms, source }),
+        }
     }
 
-    /// The stock left in `segment` and whether the user already bought, in one round trip.
-    /// `None` stock means the coupon is not loaded.
+    /// The stock left in `segment` and the buyer's entry, in one round trip. `None` stock
+    /// means the coupon is not loaded.
     pub(crate) async fn peek(
         &self,
         conn: &mut Connection,
         segment: u32,
-    ) -> redis::RedisResult<(Option<i64>, bool)> {
+    ) -> redis::RedisResult<(Option<i64>, Option<String>)> {
         redis::pipe()
             .hget(&self.keys.stock, segment)
-            .sismember(&self.keys.buyers, self.user_id)
+            .hget(&self.keys.buyers, self.user_id)
             .query_async(conn)
             .await
     }
@@ -231,6 +343,47 @@ impl Sale {
         Reservation::Reserved {
             order_id: self.order_id.clone(),
         }
+    }
+
+    /// This purchase's claim on the buyer, in the segmented strategy.
+    pub(crate) fn claim(&self) -> String {
+        format!("~{}", self.order_id)
+    }
+
+    /// Withdraws this purchase's claim, if it is still there. A failure leaves a stale
+    /// claim behind, which is logged: the user is refused until it is repaired.
+    pub(crate) async fn unclaim(&self, conn: &mut Connection) {
+        let withdrawn: redis::RedisResult<i64> = UNCLAIM
+            .key(&self.keys.buyers)
+            .arg(self.user_id)
+            .arg(self.claim())
+            .invoke_async(conn)
+            .await;
+        if let Err(err) = withdrawn {
+            tracing::error!(order = %self.order_id, user = self.user_id, error = %err, "could not withdraw a segmented claim; the user stays blocked until it is repaired");
+        }
+    }
+
+    /// What the buyer's entry, read after this sale's fence passed, says about it.
+    async fn settled(&self, conn: &mut Connection, held: Option<String>) -> Reservation {
+        match held {
+            Some(order) if order == self.order_id => self.reserved(),
+            Some(claim) if claim == self.claim() => {
+                // Claimed, and the sale's write never landed: withdraw the claim.
+                self.unclaim(conn).await;
+                Reservation::Expired
+            }
+            Some(other) => already_purchased(other),
+            None => Reservation::Expired,
+        }
+    }
+}
+
+/// The answer for a buyer whose entry is `held`: the order id, or `None` while it is
+/// another request's claim.
+pub(crate) fn already_purchased(held: String) -> Reservation {
+    Reservation::AlreadyPurchased {
+        order_id: (!held.starts_with('~')).then_some(held),
     }
 }
 

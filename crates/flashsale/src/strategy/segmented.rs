@@ -3,15 +3,16 @@
 //! one.
 //!
 //! One-per-user cannot be checked per segment, since two requests of one user may land on
-//! different segments. The buyers set is therefore claimed first with SADD, whose reply is
-//! atomic: only one request of a user gets 1. A claim that then finds every segment empty
-//! is withdrawn.
+//! different segments. The buyer's entry is therefore claimed first with HSETNX (value
+//! `~ORDER`), whose reply is atomic: only one request of a user gets 1. The sale replaces
+//! the claim with the order id; a claim that finds every segment empty or busy is
+//! withdrawn.
 
 use std::collections::HashMap;
 
 use redis::AsyncCommands;
 
-use super::{segment_stock, Reservation, ReserveError, Sale, StrategySettings};
+use super::{already_purchased, segment_stock, Reservation, ReserveError, Sale, StrategySettings};
 
 pub(super) async fn reserve(
     locks: &distlock::Client,
@@ -22,30 +23,39 @@ pub(super) async fn reserve(
     let segments = settings.stock_segments();
     // One round trip tells the common answers apart before anything is claimed or locked:
     // not loaded, already a buyer, or every segment empty (which never changes back).
-    let (shares, buyer): (HashMap<u32, i64>, bool) = redis::pipe()
+    let (shares, held): (HashMap<u32, i64>, Option<String>) = redis::pipe()
         .hgetall(&sale.keys.stock)
-        .sismember(&sale.keys.buyers, sale.user_id)
+        .hget(&sale.keys.buyers, sale.user_id)
         .query_async(&mut conn)
         .await?;
     if shares.is_empty() {
         return Ok(Reservation::NotLoaded);
     }
-    if buyer {
-        return Ok(Reservation::AlreadyPurchased);
+    if let Some(held) = held {
+        return Ok(already_purchased(held));
     }
     if shares.values().all(|&left| left <= 0) {
         return Ok(Reservation::SoldOut);
     }
-    let claimed: i64 = conn.sadd(&sale.keys.buyers, sale.user_id).await?;
-    if claimed == 0 {
-        return Ok(Reservation::AlreadyPurchased);
+    let claimed: bool = conn
+        .hset_nx(&sale.keys.buyers, sale.user_id, sale.claim())
+        .await?;
+    if !claimed {
+        let held: Option<String> = conn.hget(&sale.keys.buyers, sale.user_id).await?;
+        return Ok(held.map_or(
+            Reservation::AlreadyPurchased { order_id: None },
+            already_purchased,
+        ));
     }
     let outcome = take_from_some_segment(locks, settings, sale, segments, &shares).await;
-    if matches!(outcome, Ok(Reservation::SoldOut | Reservation::Busy)) {
-        // Withdraw the claim, so a user who was turned away may come back. Not after an
-        // error: the sale may have landed with its reply lost, and withdrawing would let
-        // the user buy twice.
-        let _: i64 = conn.srem(&sale.keys.buyers, sale.user_id).await?;
+    if matches!(
+        outcome,
+        Ok(Reservation::SoldOut | Reservation::Busy | Reservation::Expired)
+            | Err(ReserveError::Redis(_) | ReserveError::Lock(_))
+    ) {
+        // Nothing was sold: withdraw the claim, so a user who was turned away may come
+        // back. Not after a lost write reply: resolving it decides the claim.
+        sale.unclaim(&mut conn).await;
     }
     outcome
 }
@@ -66,7 +76,7 @@ async fn take_from_some_segment(
     segments: u32,
     shares: &HashMap<u32, i64>,
 ) -> Result<Reservation, ReserveError> {
-    let give_up = tokio::time::Instant::now() + settings.lock_wait;
+    let give_up = (tokio::time::Instant::now() + settings.lock_wait).min(sale.deadline);
     let home = u32::try_from(sale.user_id.rem_euclid(i64::from(segments))).unwrap_or(0);
     let candidates: Vec<u32> = (0..segments)
         .map(|step| (home + step) % segments)
@@ -86,8 +96,9 @@ async fn take_from_some_segment(
             busy = true;
             continue;
         };
-        if sell_in(locks, sale, segment, guard).await? {
-            return Ok(sale.reserved());
+        match sell_in(locks, sale, segment, guard).await? {
+            Some(decided) => return Ok(decided),
+            None => continue,
         }
     }
     Ok(if busy {
@@ -98,19 +109,22 @@ async fn take_from_some_segment(
 }
 
 /// Sells one unit from `segment` under its lock, if the segment still has stock. Returns
-/// whether the sale was recorded.
+/// the decided outcome, or `None` when the segment is empty and another may be tried.
 async fn sell_in(
     locks: &distlock::Client,
     sale: &Sale,
     segment: u32,
     guard: distlock::LockGuard,
-) -> Result<bool, ReserveError> {
+) -> Result<Option<Reservation>, ReserveError> {
     let mut conn = locks.connection();
     let outcome = match segment_stock(&mut conn, &sale.keys, segment).await {
-        Ok(Some(left)) if left > 0 => sale.record(&mut conn, segment).await.map(|()| true),
-        Ok(_) => Ok(false),
-        Err(err) => Err(err),
+        Ok(Some(left)) if left > 0 => sale.record(&mut conn, segment).await.map(Some),
+        Ok(_) => Ok(None),
+        Err(err) => Err(err.into()),
     };
-    guard.release().await?;
-    Ok(outcome?)
+    // The outcome is decided; a failed release (an expired lease) does not change it.
+    if let Err(err) = guard.release().await {
+        tracing::warn!(error = %err, "releasing a segment lock failed after the sale was decided");
+    }
+    outcome
 }

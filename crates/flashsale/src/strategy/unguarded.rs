@@ -4,7 +4,7 @@
 
 use distlock::Connection;
 
-use super::{Reservation, ReserveError, Sale};
+use super::{already_purchased, Reservation, ReserveError, Sale};
 
 pub(super) async fn reserve(
     conn: &mut Connection,
@@ -12,11 +12,8 @@ pub(super) async fn reserve(
 ) -> Result<Reservation, ReserveError> {
     match sale.peek(conn, 0).await? {
         (None, _) => Ok(Reservation::NotLoaded),
-        (_, true) => Ok(Reservation::AlreadyPurchased),
+        (_, Some(held)) => Ok(already_purchased(held)),
         (Some(left), _) if left <= 0 => Ok(Reservation::SoldOut),
-        _ => {
-            sale.record(conn, 0).await?;
-            Ok(sale.reserved())
-        }
+        _ => sale.record(conn, 0).await,
     }
 }
