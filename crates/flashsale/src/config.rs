@@ -221,17 +221,26 @@ pub struct Sandbox {
     redis_url: String,
     database_url: Option<String>,
     scratch: tempfile::TempDir,
+    aof: bool,
     // Last, so the private Redis outlives the services built on it.
     private_redis: Option<private_redis::PrivateRedis>,
 }
 
 impl Sandbox {
-    /// Starts what `store` leaves unset.
-    pub async fn new(store: &StoreArgs) -> Result<Sandbox, ConfigError> {
+    /// Starts what `store` leaves unset. With `aof`, the private Redis writes an
+    /// append-only file synced every second, as the embedded `serve` does (to measure what
+    /// that costs); its directory is still thrown away.
+    pub async fn new(store: &StoreArgs, aof: bool) -> Result<Sandbox, ConfigError> {
         let (redis_url, private_redis) = match &store.redis_url {
             Some(url) => (url.clone(), None),
             None => {
+                let persistence: &[&str] = if aof {
+                    &["--appendonly", "yes", "--appendfsync", "everysec"]
+                } else {
+                    &[]
+                };
                 let server = private_redis::PrivateRedis::ephemeral()
+                    .args(persistence)
                     .die_with_parent(true)
                     .start()
                     .await
@@ -247,6 +256,7 @@ impl Sandbox {
             redis_url,
             database_url: store.database_url.clone(),
             scratch,
+            aof,
             private_redis,
         })
     }
@@ -279,7 +289,10 @@ impl Sandbox {
     /// thrown away.
     pub fn describe(&self) -> String {
         let redis = match &self.private_redis {
-            Some(_) => "a throwaway redis-server".to_owned(),
+            Some(_) if self.aof => {
+                "a throwaway redis-server (append-only file, fsync every second)".to_owned()
+            }
+            Some(_) => "a throwaway redis-server (no persistence)".to_owned(),
             None => format!("redis {}", crate::db::mask_password(&self.redis_url)),
         };
         let database = match &self.database_url {

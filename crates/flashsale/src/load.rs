@@ -700,7 +700,7 @@ async fn run_in_process(
 ) -> Result<LoadReport, Box<dyn std::error::Error + Send + Sync>> {
     let strategies = args.strategy.unwrap_or(StrategyChoice::All).strategies();
     // One Redis and one database serve every strategy's service in turn.
-    let sandbox = Sandbox::new(&args.store).await?;
+    let sandbox = Sandbox::new(&args.store, false).await?;
     eprintln!("flashsale load: using {}", sandbox.describe());
     let mut reports = Vec::new();
     for strategy in strategies {

@@ -49,6 +49,11 @@ pub struct BenchArgs {
     /// stream. Shows what storing orders during the peak costs.
     #[arg(long)]
     pub no_worker: bool,
+    /// Run the private Redis without its append-only file. By default it writes one,
+    /// synced every second, as `serve`'s embedded mode does; compare the two runs to see
+    /// what persistence costs.
+    #[arg(long)]
+    pub no_aof: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -122,6 +127,8 @@ pub struct BenchReport {
     pub seconds: u32,
     /// Rounds.
     pub rounds: u32,
+    /// The Redis the services ran on: its persistence, or that it was REDIS_URL.
+    pub redis: String,
     /// The PING floor first, then each strategy.
     pub targets: Vec<TargetResult>,
 }
@@ -154,8 +161,8 @@ impl BenchReport {
     /// The table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "wrk -t{} -c{} -d{}s, {} interleaved rounds, medians\n\n",
-            self.threads, self.connections, self.seconds, self.rounds
+            "wrk -t{} -c{} -d{}s, {} interleaved rounds, medians; redis: {}\n\n",
+            self.threads, self.connections, self.seconds, self.rounds, self.redis
         );
         out.push_str(&format!(
             "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>9}\n",
@@ -217,7 +224,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         return Err("--threads must not exceed --connections".into());
     }
     check_wrk().await?;
-    let sandbox = Sandbox::new(&args.store).await?;
+    let sandbox = Sandbox::new(&args.store, !args.no_aof).await?;
     eprintln!("flashsale bench: using {}", sandbox.describe());
     let script = write_script(sandbox.scratch())?;
     let http = reqwest::Client::new();
@@ -296,6 +303,11 @@ pub async fn run(args: BenchArgs) -> CliResult {
         threads: args.threads,
         seconds: args.seconds,
         rounds: args.rounds,
+        redis: match (&args.store.redis_url, args.no_aof) {
+            (Some(_), _) => "REDIS_URL".to_owned(),
+            (None, false) => "private, appendonly yes, appendfsync everysec".to_owned(),
+            (None, true) => "private, no persistence".to_owned(),
+        },
         targets: targets
             .into_iter()
             .map(|target| summarize(target.name, target.runs, target.drains))
