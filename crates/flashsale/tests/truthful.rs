@@ -11,20 +11,48 @@ use distlock_testkit::RedisServer;
 use flashsale::{Service, Strategy};
 use serde_json::Value;
 
+/// A service of `strategy` on its own Redis (which a test can pause) and SQLite file,
+/// with one open coupon of `stock` units.
+struct Shop {
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    service: Service,
+    base: String,
+    http: reqwest::Client,
+    coupon: i64,
+}
+
+impl Shop {
+    async fn open(strategy: Strategy, stock: i64, queue_limit: Option<usize>) -> Shop {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let mut config = sqlite_config(strategy, &dir, Some(redis.url()));
+        if let Some(limit) = queue_limit {
+            config.strategy.queue_limit = limit;
+        }
+        let service = Service::start(config).await.expect("start");
+        let base = service.base_url();
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &base, stock).await;
+        Shop {
+            redis,
+            _dir: dir,
+            service,
+            base,
+            http,
+            coupon,
+        }
+    }
+}
+
 /// How long a stall lasts: longer than a write's fence (2 s) and the client's response
 /// timeout (1 s).
 const STALL: Duration = Duration::from_secs(3);
 
 async fn retry_gets_the_same_order(strategy: Strategy) {
     bounded(Duration::from_secs(60), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(strategy, &dir, Some(redis.url())))
-            .await
-            .expect("start");
-        let base = service.base_url();
-        let http = reqwest::Client::new();
-        let coupon = open_coupon(&http, &base, 5).await;
+        let shop = Shop::open(strategy, 5, None).await;
+        let (base, http, coupon) = (shop.base.clone(), shop.http.clone(), shop.coupon);
 
         let response = http
             .post(format!("{base}/api/coupons/{coupon}/seckill"))
@@ -101,14 +129,9 @@ async fn a_retry_gets_the_order_it_already_has_and_the_order_can_be_looked_up_se
 /// order, a "not sold" has none, and an "unknown" is settled by the order lookup.
 async fn a_stall_gets_truthful_answers(strategy: Strategy) {
     bounded(Duration::from_secs(90), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(strategy, &dir, Some(redis.url())))
-            .await
-            .expect("start");
-        let base = service.base_url();
-        let http = reqwest::Client::new();
-        let coupon = open_coupon(&http, &base, 100).await;
+        let shop = Shop::open(strategy, 100, None).await;
+        let (redis, service) = (&shop.redis, &shop.service);
+        let (base, http, coupon) = (shop.base.clone(), shop.http.clone(), shop.coupon);
 
         redis.pause().expect("pause");
         let purchases: Vec<_> = (1..=50)
@@ -192,14 +215,9 @@ async fn answers_given_during_a_redis_stall_match_what_was_stored_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purchases_abandoned_during_a_stall_are_not_sold_later() {
     bounded(Duration::from_secs(90), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
-            .await
-            .expect("start");
-        let base = service.base_url();
-        let http = reqwest::Client::new();
-        let coupon = open_coupon(&http, &base, 5_000).await;
+        let shop = Shop::open(Strategy::Lua, 5_000, None).await;
+        let redis = &shop.redis;
+        let (base, http, coupon) = (shop.base.clone(), shop.http.clone(), shop.coupon);
 
         redis.pause().expect("pause");
         let impatient = reqwest::Client::builder()
@@ -237,14 +255,9 @@ async fn purchases_abandoned_during_a_stall_are_not_sold_later() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_turns_purchases_away_at_once_without_selling() {
     bounded(Duration::from_secs(90), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let mut config = sqlite_config(Strategy::Lua, &dir, Some(redis.url()));
-        config.strategy.queue_limit = 10;
-        let service = Service::start(config).await.expect("start");
-        let base = service.base_url();
-        let http = reqwest::Client::new();
-        let coupon = open_coupon(&http, &base, 5_000).await;
+        let shop = Shop::open(Strategy::Lua, 5_000, Some(10)).await;
+        let (redis, service) = (&shop.redis, &shop.service);
+        let (base, http, coupon) = (shop.base.clone(), shop.http.clone(), shop.coupon);
 
         redis.pause().expect("pause");
         let started = std::time::Instant::now();

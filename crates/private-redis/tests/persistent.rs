@@ -12,6 +12,14 @@ async fn bounded<T>(future: impl Future<Output = T>) -> T {
         .expect("test step did not finish within 60 s")
 }
 
+/// A persistent server on `dir`, started.
+async fn start(dir: impl AsRef<std::path::Path>) -> PrivateRedis {
+    PrivateRedis::persistent(dir)
+        .start()
+        .await
+        .expect("start a persistent server")
+}
+
 async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .expect("url")
@@ -162,10 +170,7 @@ async fn a_server_left_by_a_dead_owner_is_stopped_and_its_data_kept() {
         assert!(answered, "the orphan never came up");
         set(&orphan_url, "order:7", "sold").await;
 
-        let redis = PrivateRedis::persistent(&dir_path)
-            .start()
-            .await
-            .expect("start");
+        let redis = start(&dir_path).await;
         let exited = tokio::time::timeout(Duration::from_secs(5), orphan.wait()).await;
         assert!(
             matches!(exited, Ok(Ok(_))),
