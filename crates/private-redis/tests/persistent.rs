@@ -51,10 +51,7 @@ async fn set(url: &str, key: &str, value: &str) {
 async fn a_write_survives_a_kill_of_the_server() {
     bounded(async {
         let dir = tempfile::tempdir().expect("dir");
-        let mut redis = PrivateRedis::persistent(dir.path())
-            .start()
-            .await
-            .expect("start");
+        let mut redis = start(dir.path()).await;
         set(&redis.url(), "order:1", "sold").await;
         // SIGKILL: no chance to flush anything after the reply was sent.
         redis.restart().await.expect("restart");
@@ -67,17 +64,11 @@ async fn a_write_survives_a_kill_of_the_server() {
 async fn a_write_survives_the_owner_dropping_the_server_and_starting_again() {
     bounded(async {
         let dir = tempfile::tempdir().expect("dir");
-        let first = PrivateRedis::persistent(dir.path())
-            .start()
-            .await
-            .expect("start");
+        let first = start(dir.path()).await;
         set(&first.url(), "order:1", "sold").await;
         drop(first);
         // The dropped server may still be shutting down: the next start waits for it.
-        let second = PrivateRedis::persistent(dir.path())
-            .start()
-            .await
-            .expect("restart");
+        let second = start(dir.path()).await;
         assert_eq!(get(&second.url(), "order:1").await.as_deref(), Some("sold"));
         second.stop().await.expect("stop");
     })
@@ -88,10 +79,7 @@ async fn a_write_survives_the_owner_dropping_the_server_and_starting_again() {
 async fn a_second_owner_of_the_directory_is_refused() {
     bounded(async {
         let dir = tempfile::tempdir().expect("dir");
-        let first = PrivateRedis::persistent(dir.path())
-            .start()
-            .await
-            .expect("start");
+        let first = start(dir.path()).await;
         match PrivateRedis::persistent(dir.path()).start().await {
             Err(Error::InUse { holder, .. }) => assert_eq!(holder, Some(std::process::id())),
             other => panic!("expected InUse, got {other:?}"),
@@ -106,10 +94,7 @@ async fn a_second_owner_of_the_directory_is_refused() {
 async fn only_the_owner_knows_the_password() {
     bounded(async {
         let dir = tempfile::tempdir().expect("dir");
-        let redis = PrivateRedis::persistent(dir.path())
-            .start()
-            .await
-            .expect("start");
+        let redis = start(dir.path()).await;
         let stranger = format!("redis://127.0.0.1:{}/", redis.port());
         let mut conn = connect(&stranger).await;
         let refused: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
