@@ -50,7 +50,10 @@ impl Embedded {
         let mut locks = vec![take(&data_dir.join(LOCK_FILE), &data_dir)?];
         // Two instances with private Redis servers on one SQLite file would each sell the
         // whole stock, so the file is held as well when it lives outside the directory.
-        if let Some(sqlite) = sqlite_path.filter(|path| !path.starts_with(&data_dir)) {
+        if let Some(sqlite) = sqlite_path
+            .map(resolve_file)
+            .filter(|path| !path.starts_with(&data_dir))
+        {
             let mut lock = sqlite.as_os_str().to_owned();
             lock.push(".lock");
             locks.push(take(Path::new(&lock), &data_dir)?);
@@ -81,6 +84,19 @@ impl Embedded {
         if let Err(err) = self.redis.stop().await {
             tracing::error!(error = %err, "stopping the private redis-server failed");
         }
+    }
+}
+
+/// `path` with its directory resolved as the data directory is (absolute, no symlinks),
+/// so the two can be compared; as given when the directory does not exist yet.
+fn resolve_file(path: &Path) -> PathBuf {
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    match (std::fs::canonicalize(directory), path.file_name()) {
+        (Ok(directory), Some(name)) => directory.join(name),
+        _ => path.to_owned(),
     }
 }
 

@@ -292,6 +292,10 @@ async fn kill_9_mid_burst_on_the_defaults_then_a_restart_keeps_every_order_a_buy
         let dir = tempfile::tempdir().expect("dir");
         let data = dir.path().join("flashsale-data");
         let mut first = serve_on_defaults(dir.path(), &[]).await;
+        assert!(
+            !data.join("flashsale.db.lock").exists(),
+            "the default SQLite file, inside the locked data directory, got a lock of its own"
+        );
         let redis_dir = std::fs::canonicalize(&data)
             .expect("data dir")
             .join("redis");
@@ -486,6 +490,40 @@ async fn a_second_serve_on_the_same_data_directory_is_refused_and_told_how_to_ru
         let http = reqwest::Client::new();
         let coupon = open_coupon(&http, &first.base, 1).await;
         assert_eq!(buy(&http, &first.base, coupon, 1).await.status, 201);
+    })
+    .await;
+}
+
+/// Two embedded instances with their own data directories but one SQLite file given with
+/// --sqlite-path would each sell the whole stock from their own Redis: the second refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_embedded_serve_on_the_same_sqlite_file_is_refused() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let sqlite = dir.path().join("shared.db");
+        let sqlite = sqlite.to_str().expect("utf-8 path");
+        let _first = serve_on_defaults(
+            dir.path(),
+            &["--data-dir", "first", "--sqlite-path", sqlite],
+        )
+        .await;
+        let second_dir = dir.path().join("second");
+        let (code, stderr) = run(
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                second_dir.to_str().expect("utf-8 path"),
+                "--sqlite-path",
+                sqlite,
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("shared.db.lock"), "{stderr}");
+        assert!(stderr.contains("DATABASE_URL"), "{stderr}");
     })
     .await;
 }
