@@ -11,8 +11,8 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Pid, User};
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, Command};
 
 use crate::error::TestkitError;
 use crate::redis_server::pick_free_port;
@@ -78,54 +78,19 @@ impl PostgresServer {
                 output: String::from_utf8_lossy(&initdb.stderr).into_owned(),
             });
         }
-        let port = pick_free_port()?;
-        let mut child = command(&bin.join("postgres"), owner.as_ref())
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(dir.path())
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-                "-c",
-                "max_connections=200",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(TestkitError::io("starting postgres"))?;
-        let stderr = child.stderr.take().ok_or_else(|| TestkitError::Postgres {
-            what: "no stderr pipe".into(),
-            output: String::new(),
-        })?;
-        let mut lines = BufReader::new(stderr).lines();
-        let mut output = Vec::new();
-        let ready = tokio::time::timeout(READY_TIMEOUT, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                let done = line.contains(READY_MARKER);
-                output.push(line);
-                if done {
-                    return true;
+        // The port is free when picked but may be taken before postgres binds it (another
+        // test starting a server at the same moment): then try another.
+        let mut attempt = 0;
+        let (port, child, mut lines) = loop {
+            attempt += 1;
+            match launch(&bin, owner.as_ref(), &data, dir.path()).await {
+                Ok(started) => break started,
+                Err(err) if attempt < LAUNCH_ATTEMPTS => {
+                    tracing::warn!(error = %err, attempt, "postgres did not start; trying another port");
                 }
+                Err(err) => return Err(err),
             }
-            false
-        })
-        .await;
-        if ready != Ok(true) {
-            let _ = child.start_kill();
-            return Err(TestkitError::Postgres {
-                what: format!("postgres on port {port} did not become ready"),
-                output: output.join("\n"),
-            });
-        }
+        };
         // Keep reading so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(PostgresServer {
@@ -154,6 +119,70 @@ impl Drop for PostgresServer {
             let _ = kill(Pid::from_raw(pid), Signal::SIGQUIT);
         }
     }
+}
+
+/// How many ports `start` tries before it gives up.
+const LAUNCH_ATTEMPTS: u32 = 3;
+
+type Launched = (u16, Child, Lines<BufReader<ChildStderr>>);
+
+/// Starts postgres on a free port and waits until it accepts connections.
+async fn launch(
+    bin: &Path,
+    owner: Option<&User>,
+    data: &Path,
+    socket_dir: &Path,
+) -> Result<Launched, TestkitError> {
+    let port = pick_free_port()?;
+    let mut child = command(&bin.join("postgres"), owner)
+        .arg("-D")
+        .arg(data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(socket_dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(TestkitError::io("starting postgres"))?;
+    let stderr = child.stderr.take().ok_or_else(|| TestkitError::Postgres {
+        what: "no stderr pipe".into(),
+        output: String::new(),
+    })?;
+    let mut lines = BufReader::new(stderr).lines();
+    let mut output = Vec::new();
+    let ready = tokio::time::timeout(READY_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains(READY_MARKER);
+            output.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    if ready != Ok(true) {
+        // Gone before the next attempt reuses the data directory.
+        let _ = child.kill().await;
+        return Err(TestkitError::Postgres {
+            what: format!("postgres on port {port} did not become ready"),
+            output: output.join("\n"),
+        });
+    }
+    Ok((port, child, lines))
 }
 
 fn command(binary: &Path, owner: Option<&User>) -> Command {

@@ -28,10 +28,11 @@ pub struct StrategyArgs {
     #[arg(long, default_value_t = 8)]
     pub segments: u32,
     /// How long a purchase waits for a lock before answering 503 busy, in ms.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 10_000)]
     pub lock_wait_ms: u64,
-    /// The lease of a purchase's lock, in ms.
-    #[arg(long, default_value_t = 5000)]
+    /// The lease of a purchase's lock, in ms (at least 100). `serve` also refuses a lease
+    /// shorter than the critical section it measures at start.
+    #[arg(long, default_value_t = 30_000)]
     pub lock_lease_ms: u64,
     /// How long a purchase may take from arrival to answer, in ms: one not sent to Redis
     /// by then is not sold, and lock waits end by it.
@@ -41,7 +42,15 @@ pub struct StrategyArgs {
     /// `overloaded` with Retry-After at once, before anything is sold.
     #[arg(long, default_value_t = 4_096)]
     pub queue_limit: usize,
+    /// Test hook: the lock strategy stops its own process (SIGSTOP) while it holds the
+    /// lock for this user's purchase, before writing it.
+    #[arg(long, hide = true, env = "FLASHSALE_FAULT_STOP_HOLDER_OF_USER")]
+    pub fault_stop_holder_of_user: Option<i64>,
 }
+
+/// The shortest lease a lock strategy accepts. Below it, Redis's own round trips eat the
+/// lease; the measured critical section usually sets a higher floor at start.
+pub const MIN_LOCK_LEASE: Duration = Duration::from_millis(100);
 
 impl StrategyArgs {
     /// Checks the knobs and builds the settings of `strategy`.
@@ -58,10 +67,11 @@ impl StrategyArgs {
                 "must be between 1 and 60000",
             ));
         }
-        if self.lock_lease_ms == 0 || self.lock_lease_ms > 600_000 {
+        let min_lease = MIN_LOCK_LEASE.as_millis() as u64;
+        if !(min_lease..=600_000).contains(&self.lock_lease_ms) {
             return Err(ConfigError::invalid(
                 "--lock-lease-ms",
-                "must be between 1 and 600000",
+                format!("must be between {min_lease} and 600000"),
             ));
         }
         if !(100..=600_000).contains(&self.request_timeout_ms) {
@@ -81,6 +91,7 @@ impl StrategyArgs {
             segments: self.segments,
             lock_wait: Duration::from_millis(self.lock_wait_ms),
             lock_lease: Duration::from_millis(self.lock_lease_ms),
+            fault_stop_holder_of_user: self.fault_stop_holder_of_user,
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             queue_limit: self.queue_limit,
         })
@@ -182,6 +193,22 @@ pub enum ConfigError {
         lock: PathBuf,
         /// The holder's pid, when it could be read.
         holder: Option<u32>,
+    },
+    /// The lock's lease is too short for the critical section it guards.
+    #[error(
+        "invalid --lock-lease-ms: a lease of {} ms is shorter than {} × the critical section's \
+         p99 measured at start ({:.1} ms for a Redis check and a committed SQL write); a \
+         holder would routinely lose its lock mid-sale. Use at least {} ms",
+        lease.as_millis(),
+        crate::strategy::LEASE_HEADROOM,
+        p99.as_secs_f64() * 1000.0,
+        (p99.as_millis() + 1) * u128::from(crate::strategy::LEASE_HEADROOM)
+    )]
+    LeaseTooShort {
+        /// The configured lease.
+        lease: Duration,
+        /// The measured p99 of the critical section.
+        p99: Duration,
     },
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]

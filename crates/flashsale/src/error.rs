@@ -110,14 +110,14 @@ impl From<ReserveError> for ApiError {
                 Self::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "outcome_unknown",
-                    "Redis stopped answering while this purchase was being written; look the order up to learn whether it was made",
+                    "the store stopped answering while this purchase was being written; look the order up to learn whether it was made",
                 )
                 .with("outcome", "unknown")
                 .with("order_id", order_id.clone())
                 .with("lookup", format!("/api/orders/{order_id}"))
                 .retry_after(1)
             }
-            ReserveError::InDoubt { .. } => {
+            ReserveError::InDoubt { .. } | ReserveError::CommitInDoubt { .. } => {
                 // The reserver resolves these; one reaching here is a bug, and saying
                 // "not sold" could be a lie.
                 tracing::error!(error = %err, "an unresolved lost reply reached the API");
@@ -128,7 +128,7 @@ impl From<ReserveError> for ApiError {
                 )
                 .with("outcome", "unknown")
             }
-            ReserveError::Redis(_) | ReserveError::Lock(_) => {
+            ReserveError::Redis(_) | ReserveError::Lock(_) | ReserveError::Db(_) => {
                 tracing::error!(error = %err, "reserving stock failed before anything was written");
                 Self::not_sold(
                     "unavailable",

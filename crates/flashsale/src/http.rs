@@ -286,6 +286,10 @@ async fn purchase(
             "busy",
             "the coupon's lock was not free in time; nothing was sold; try again",
         )),
+        Reservation::LockLost => Err(ApiError::not_sold(
+            "lock_lost",
+            "the coupon's lock ran out before the sale could be written; nothing was sold; try again",
+        )),
         Reservation::NotLoaded => Err(ApiError::not_sold(
             "stock_not_loaded",
             "the coupon's stock is not in Redis yet; nothing was sold; try again",
@@ -312,7 +316,8 @@ pub struct CouponStats {
     pub remaining: Option<i64>,
     /// `stock − remaining`.
     pub sold: Option<i64>,
-    /// Order events in the coupon's stream: the sales Redis counted.
+    /// Buyers in the coupon's buyers hash: the sales Redis recorded (with a segmented
+    /// claim still in progress, or left by a crash, counted too).
     pub sales_recorded: i64,
     /// Orders in SQL.
     pub orders_stored: i64,
@@ -385,13 +390,14 @@ async fn coupon_stats(
     let mut conn = state.locks.connection();
     let remaining = remaining_stock(&mut conn, &keys).await?;
     let backlog = stream_backlog(&mut conn, &keys).await?;
+    let sales_recorded: i64 = conn.hlen(&keys.buyers).await?;
     let orders_stored = state.db.order_count(coupon.id).await?;
     Ok(Json(CouponStats {
         coupon_id: coupon.id,
         stock: coupon.stock,
         remaining,
         sold: remaining.map(|left| coupon.stock - left),
-        sales_recorded: backlog.length,
+        sales_recorded,
         orders_stored,
         orders_queued: backlog.lag + backlog.pending,
     }))

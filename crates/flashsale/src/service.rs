@@ -55,6 +55,7 @@ impl Service {
         let db = Db::connect(&config.database_url())
             .await
             .map_err(ConfigError::Db)?;
+        crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();
         let watched = Watched::default();
         let settings: StrategySettings = config.strategy.clone();
@@ -85,7 +86,7 @@ impl Service {
         };
 
         let state = Arc::new(AppState {
-            reserver: Reserver::new(settings, locks.clone(), db.keyspace().clone()),
+            reserver: Reserver::new(settings, locks.clone(), db.clone(), metrics.clone()),
             db,
             locks,
             loader,

@@ -3,17 +3,14 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
+use common::child::{serve, serve_on_defaults, Served, BIN};
 use common::{bounded, buy, drain, open_coupon};
 use distlock_testkit::RedisServer;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 
 /// Runs the binary to completion, in a scratch working directory (the defaults write
 /// there), and returns its exit code and stderr.
@@ -73,6 +70,13 @@ async fn bad_configuration_is_reported_plainly() {
             "cannot connect to the database at postgres://app:***@127.0.0.1:1/shop",
         ),
         (
+            // Two instances with a 1 ms lease oversold on the earlier build.
+            "a lease far too short for any critical section",
+            vec!["serve", "--strategy", "lock", "--lock-lease-ms", "1"],
+            vec![],
+            "invalid --lock-lease-ms: must be between 100 and 600000",
+        ),
+        (
             "zero segments",
             vec!["serve", "--segments", "0"],
             vec![],
@@ -121,70 +125,6 @@ async fn bad_configuration_is_reported_plainly() {
             "{name}: password leaked:\n{stderr}"
         );
         assert!(!stderr.contains("panicked"), "{name}: panicked:\n{stderr}");
-    }
-}
-
-/// A `flashsale serve` child on a SQLite file in `dir`, up and announced.
-struct Served {
-    child: tokio::process::Child,
-    /// `http://ADDR`, from the startup line.
-    base: String,
-    /// Every stderr line up to and including the startup line.
-    startup: String,
-}
-
-/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url` and a SQLite file
-/// in `dir`, and waits for its startup line. The rest of its stderr is drained in the
-/// background.
-async fn serve(dir: &tempfile::TempDir, redis_url: &str, extra: &[&str]) -> Served {
-    let database = format!("sqlite://{}", dir.path().join("shop.db").display());
-    let mut command = Command::new(BIN);
-    command
-        .env("REDIS_URL", redis_url)
-        .env("DATABASE_URL", &database);
-    start_serve(command, extra).await
-}
-
-/// Starts `flashsale serve` on its defaults (no REDIS_URL, no DATABASE_URL), in `dir` as
-/// its working directory, as a new user would.
-async fn serve_on_defaults(dir: &std::path::Path, extra: &[&str]) -> Served {
-    let mut command = Command::new(BIN);
-    command
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .current_dir(dir);
-    start_serve(command, extra).await
-}
-
-async fn start_serve(mut command: Command, extra: &[&str]) -> Served {
-    let mut child = command
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut startup = Vec::new();
-    let mut base = None;
-    while let Some(line) = lines.next_line().await.expect("stderr") {
-        let announced = line
-            .strip_prefix("flashsale: http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(|addr| format!("http://{addr}"));
-        startup.push(line);
-        if announced.is_some() {
-            base = announced;
-            break;
-        }
-    }
-    let startup = startup.join("\n");
-    let base = base.unwrap_or_else(|| panic!("no startup line:\n{startup}"));
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Served {
-        child,
-        base,
-        startup,
     }
 }
 

@@ -1,45 +1,165 @@
-//! A per-coupon distlock lock around plain commands: the textbook "lock, check, write,
-//! unlock". Correct while the lease holds, and it costs five round trips per sale (four of
-//! them under the lock, serialized with every other sale) where the script costs one.
+//! The seeds' design, made correct: a Redisson-style `tryLock(wait, lease)` on the coupon's
+//! lock; under it, a check of stock and buyer in Redis, then the order written to SQL.
+//!
+//! The lock alone cannot make the write safe: a holder paused past its lease (GC, swap,
+//! SIGSTOP) wakes up believing it still holds the lock while another instance does. So the
+//! SQL transaction decides for itself ([`Db::sell_fenced`]):
+//!
+//! - it raises the coupon's fence to the lock's fencing token, and refuses the sale if a
+//!   larger token has written: a late holder cannot write once a newer one has;
+//! - it counts the stock and looks for the buyer's order in SQL, not in what Redis said
+//!   before, so a sale decided on a stale read cannot oversell;
+//! - it asks the guard whether the lease is still trusted just before the commit.
+//!
+//! Redis is then told what SQL decided (the units left and the buyer's order), so that
+//! the losers of a sale are answered from Redis without the lock. SQL is the truth: a
+//! failed or late Redis update is corrected by the next sale of the coupon.
+//!
+//! [`Db::sell_fenced`]: crate::db::Db::sell_fenced
 
 use tokio::time::Instant;
 
-use super::{already_purchased, Reservation, ReserveError, Sale, StrategySettings};
+use super::{already_purchased, Reservation, ReserveError, Reserver, Sale};
+use crate::db::{FencedCommitError, FencedSale};
+use crate::model::now_millis;
 
-pub(super) async fn reserve(
-    locks: &distlock::Client,
-    settings: &StrategySettings,
-    sale: &Sale,
-) -> Result<Reservation, ReserveError> {
-    let mut conn = locks.connection();
+pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservation, ReserveError> {
+    let settings = &reserver.settings;
+    let mut conn = reserver.locks.connection();
     // Outside the lock, only answers that cannot change back are trusted: a sold-out coupon
     // stays sold out and a buyer stays a buyer. This keeps the losers of a sale off the lock.
-    match sale.peek(&mut conn, 0).await? {
-        (None, _) => return Ok(Reservation::NotLoaded),
-        (_, Some(held)) => return Ok(already_purchased(held)),
-        (Some(left), _) if left <= 0 => return Ok(Reservation::SoldOut),
-        _ => {}
+    if let Some(decided) = settled_in_redis(&mut conn, sale).await? {
+        return Ok(decided);
     }
-    let lock = locks
+    let lock = reserver
+        .locks
         .lock(sale.keys.lock())?
         .with_lease(settings.lock_lease);
     let wait = settings
         .lock_wait
         .min(sale.deadline.saturating_duration_since(Instant::now()));
-    let Some(guard) = lock.try_lock_for(wait).await? else {
+    let waiting = Instant::now();
+    let acquired = lock.try_lock_for(wait).await;
+    reserver
+        .metrics
+        .lock_wait_seconds
+        .observe(waiting.elapsed().as_secs_f64());
+    let Some(guard) = acquired? else {
         return Ok(Reservation::Busy);
     };
-    let outcome = match sale.peek(&mut conn, 0).await {
-        Ok((None, _)) => Ok(Reservation::NotLoaded),
-        Ok((_, Some(held))) => Ok(already_purchased(held)),
-        Ok((Some(left), _)) if left <= 0 => Ok(Reservation::SoldOut),
-        Ok(_) => sale.record(&mut conn, 0).await,
-        Err(err) => Err(err.into()),
-    };
+    let outcome = sell_under(reserver, &mut conn, sale, &guard).await;
     // The outcome is decided; a release that fails (the lease ran out, Redis hiccuped)
     // does not change it, and the lease frees the lock anyway.
     if let Err(err) = guard.release().await {
         tracing::warn!(error = %err, "releasing a coupon lock failed after the sale was decided");
     }
     outcome
+}
+
+/// The answers Redis can give for good: not loaded, already a buyer, sold out. `None`
+/// when a unit may be left.
+async fn settled_in_redis(
+    conn: &mut distlock::Connection,
+    sale: &Sale,
+) -> Result<Option<Reservation>, ReserveError> {
+    Ok(match sale.peek(conn, 0).await? {
+        (None, _) => Some(Reservation::NotLoaded),
+        (_, Some(held)) => Some(already_purchased(held)),
+        (Some(left), _) if left <= 0 => Some(Reservation::SoldOut),
+        _ => None,
+    })
+}
+
+/// The critical section: check in Redis, write to SQL under the fence, tell Redis.
+async fn sell_under(
+    reserver: &Reserver,
+    conn: &mut distlock::Connection,
+    sale: &Sale,
+    guard: &distlock::LockGuard,
+) -> Result<Reservation, ReserveError> {
+    if let Some(decided) = settled_in_redis(conn, sale).await? {
+        return Ok(decided);
+    }
+    if Instant::now() >= sale.deadline {
+        return Ok(Reservation::Expired);
+    }
+    if reserver.settings.fault_stop_holder_of_user == Some(sale.user_id) {
+        stop_this_process();
+    }
+    let sold = reserver
+        .db
+        .sell_fenced(&sale.event(), guard.fencing_token(), now_millis(), || {
+            !guard.is_lost()
+        })
+        .await;
+    let refused = |reason: &str| {
+        reserver.metrics.count_lock_write_refused(reason);
+        tracing::warn!(order = %sale.order_id, token = guard.fencing_token(), reason, "a coupon lock's write was refused");
+        Ok(Reservation::LockLost)
+    };
+    match sold {
+        Ok(FencedSale::Sold { remaining }) => {
+            reserver.metrics.orders_stored.inc();
+            sale.mirror_sql(conn, Some(remaining), Some(&sale.order_id))
+                .await;
+            Ok(sale.reserved())
+        }
+        Ok(FencedSale::SoldOut) => {
+            sale.mirror_sql(conn, Some(0), None).await;
+            Ok(Reservation::SoldOut)
+        }
+        Ok(FencedSale::AlreadyBought { order_id }) => {
+            sale.mirror_sql(conn, None, Some(&order_id)).await;
+            Ok(Reservation::AlreadyPurchased {
+                order_id: Some(order_id),
+            })
+        }
+        Ok(FencedSale::Fenced) => refused("fenced"),
+        Ok(FencedSale::LeaseLost) => refused("lease_lost"),
+        Ok(FencedSale::NoCoupon) => Ok(Reservation::NotLoaded),
+        Err(FencedCommitError::Before(err)) => Err(err.into()),
+        Err(FencedCommitError::InDoubt(source)) => Err(ReserveError::CommitInDoubt { source }),
+    }
+}
+
+/// The fault hook: stops the process here, holding the lock, as a GC pause or SIGSTOP
+/// would. Only a test sets it; it needs a SIGCONT from outside to go on.
+fn stop_this_process() {
+    tracing::warn!("fault hook: stopping this process while it holds a coupon lock");
+    if let Err(err) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP) {
+        tracing::error!(error = %err, "fault hook: could not stop this process");
+    }
+}
+
+/// Critical sections the start-up probe times.
+const PROBE_ROUNDS: usize = 32;
+
+/// Times the critical section's round trips as the service starts: a Redis check like the
+/// one under the lock, and a committed SQL write (with its fsync), `PROBE_ROUNDS` times.
+/// Returns the p99. It runs before any traffic, so the figure is a floor: under load the
+/// section takes longer, which is why the lease must exceed it several times over
+/// ([`super::LEASE_HEADROOM`]).
+pub(super) async fn critical_section_p99(
+    locks: &distlock::Client,
+    db: &crate::db::Db,
+) -> Result<std::time::Duration, ReserveError> {
+    let probe = Sale {
+        keys: db.keyspace().coupon(0),
+        coupon_id: 0,
+        user_id: 0,
+        order_id: String::new(),
+        at_ms: 0,
+        deadline: Instant::now(),
+    };
+    let mut conn = locks.connection();
+    let mut took = Vec::with_capacity(PROBE_ROUNDS);
+    for _ in 0..PROBE_ROUNDS {
+        let started = Instant::now();
+        probe.peek(&mut conn, 0).await?;
+        db.check_writable(now_millis()).await?;
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let rank = (took.len() * 99).div_ceil(100).saturating_sub(1);
+    Ok(took[rank])
 }

@@ -23,8 +23,10 @@ use redis::AsyncCommands;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, Keyspace};
-use crate::model::{new_order_id, now_millis};
+use crate::metrics::Metrics;
+use crate::model::{new_order_id, now_millis, OrderEvent};
 use crate::scripts::{RECORD, UNCLAIM};
 
 /// How long after a sale's write is sent Redis may still apply it: each write carries a
@@ -38,14 +40,52 @@ pub const CLOCK_GRACE: Duration = Duration::from_millis(500);
 /// fence passed, before it answers that the outcome is unknown.
 pub const RESOLVE_PATIENCE: Duration = Duration::from_secs(3);
 
+/// How long a purchase waits for a coupon's lock by default.
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(10);
+/// The lease of a coupon's lock by default. Safety does not rest on it (the `lock`
+/// strategy's write is fenced); it bounds how long a crashed holder blocks the coupon.
+pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(30);
+
+/// How many times the critical section's p99, measured at start, the `lock` strategy's
+/// lease must be: the probe runs idle, and a rush slows the section down.
+pub const LEASE_HEADROOM: u32 = 2;
+
+/// Refuses a `lock` lease that the critical section, timed on `locks` and `db` at start,
+/// would routinely outlast. Other strategies pass.
+pub async fn check_lease(
+    settings: &StrategySettings,
+    locks: &distlock::Client,
+    db: &Db,
+) -> Result<(), crate::config::ConfigError> {
+    if settings.strategy != Strategy::Lock {
+        return Ok(());
+    }
+    let p99 = lock::critical_section_p99(locks, db).await.map_err(|err| {
+        crate::config::ConfigError::invalid(
+            "--lock-lease-ms",
+            format!("could not time the critical section: {err}"),
+        )
+    })?;
+    tracing::info!(p99_ms = p99.as_secs_f64() * 1000.0, lease = ?settings.lock_lease, "timed the lock strategy's critical section");
+    lease_fits(settings.lock_lease, p99)
+}
+
+/// Whether `lease` covers a critical section whose p99 is `p99`, with [`LEASE_HEADROOM`].
+fn lease_fits(lease: Duration, p99: Duration) -> Result<(), crate::config::ConfigError> {
+    if lease < p99 * LEASE_HEADROOM {
+        return Err(crate::config::ConfigError::LeaseTooShort { lease, p99 });
+    }
+    Ok(())
+}
+
 /// Which reservation strategy the service runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// One atomic Lua script: check stock and buyer, decrement, record, enqueue.
     Lua,
-    /// A per-coupon distlock lock, acquired with a wait and a lease, around the same steps
-    /// as separate commands.
+    /// A per-coupon distlock lock, acquired with a wait and a lease; under it, a check in
+    /// Redis, then the order written to SQL in a transaction fenced by the lock's token.
     Lock,
     /// Stock split into segments, each with its own key field and lock; buyers spread over
     /// them. The segmented-lock idea for hot items.
@@ -91,6 +131,10 @@ pub struct StrategySettings {
     pub lock_wait: Duration,
     /// The lease of a purchase's lock: how long it stays valid if the process stalls.
     pub lock_lease: Duration,
+    /// A test hook, never set in production: the `lock` strategy stops its own process
+    /// (SIGSTOP) while it holds the lock for this user's purchase, before its SQL write, as
+    /// a pause past the lease would. Set by `FLASHSALE_FAULT_STOP_HOLDER_OF_USER`.
+    pub fault_stop_holder_of_user: Option<i64>,
     /// How long a purchase may take from arrival to answer: one whose deadline passed
     /// before its write was sent is not sold, and lock waits end by it.
     pub request_timeout: Duration,
@@ -100,13 +144,15 @@ pub struct StrategySettings {
 }
 
 impl StrategySettings {
-    /// The defaults for `strategy`: 8 segments, a 5 s wait and a 5 s lease.
+    /// The defaults for `strategy`: 8 segments, and Redisson's tryLock figures, a 10 s wait
+    /// and a 30 s lease.
     pub fn new(strategy: Strategy) -> Self {
         StrategySettings {
             strategy,
             segments: 8,
-            lock_wait: Duration::from_secs(5),
-            lock_lease: Duration::from_secs(5),
+            lock_wait: DEFAULT_LOCK_WAIT,
+            lock_lease: DEFAULT_LOCK_LEASE,
+            fault_stop_holder_of_user: None,
             request_timeout: Duration::from_secs(15),
             queue_limit: 4_096,
         }
@@ -141,6 +187,9 @@ pub enum Reservation {
     NotLoaded,
     /// The strategy's lock was not acquired within its wait.
     Busy,
+    /// The lock's lease ran out before the sale committed (a pause, a stall), or a newer
+    /// holder had written: the write was refused and nothing was sold.
+    LockLost,
     /// The purchase's deadline, or its write's fence, passed before it ran: nothing was
     /// sold.
     Expired,
@@ -157,6 +206,17 @@ pub enum ReserveError {
     /// The strategy's lock failed before any write was sent: nothing was sold.
     #[error("lock: {0}")]
     Lock(#[from] distlock::Error),
+    /// The database failed before the commit: the transaction rolled back, nothing was
+    /// sold.
+    #[error("database: {0}")]
+    Db(#[from] DbError),
+    /// The commit of a sale's transaction failed: it may or may not have landed.
+    /// [`Reserver::reserve`] resolves this before returning; strategies return it.
+    #[error("the commit's outcome is unknown: {source}")]
+    CommitInDoubt {
+        /// What failed.
+        source: sqlx::Error,
+    },
     /// A sale's write was sent and its reply lost. [`Reserver::reserve`] resolves this
     /// before returning; strategies return it.
     #[error("the write's reply was lost: {source}")]
@@ -166,14 +226,14 @@ pub enum ReserveError {
         /// What failed.
         source: redis::RedisError,
     },
-    /// The outcome could not be found out: Redis did not answer after the fence passed.
-    /// The order may or may not exist; the order lookup tells.
+    /// The outcome could not be found out: the store did not answer after the write
+    /// settled. The order may or may not exist; the order lookup tells.
     #[error("the outcome of order {order_id} is unknown: {source}")]
     Unknown {
         /// The order id the sale would have.
         order_id: String,
         /// What failed last.
-        source: redis::RedisError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -182,18 +242,27 @@ pub enum ReserveError {
 pub struct Reserver {
     settings: StrategySettings,
     locks: distlock::Client,
+    db: Db,
     keyspace: Keyspace,
+    metrics: Metrics,
     batcher: std::sync::Arc<lua::Batcher>,
 }
 
 impl Reserver {
     /// A reserver using `locks` for both its locks and its Redis commands, on the keys of
-    /// `keyspace`.
-    pub fn new(settings: StrategySettings, locks: distlock::Client, keyspace: Keyspace) -> Self {
+    /// `db`'s namespace; the `lock` strategy writes its orders to `db`.
+    pub fn new(
+        settings: StrategySettings,
+        locks: distlock::Client,
+        db: Db,
+        metrics: Metrics,
+    ) -> Self {
         Reserver {
             settings,
             locks,
-            keyspace,
+            keyspace: db.keyspace().clone(),
+            db,
+            metrics,
             batcher: Default::default(),
         }
     }
@@ -226,15 +295,56 @@ impl Reserver {
         let mut conn = self.locks.connection();
         let outcome = match self.settings.strategy {
             Strategy::Lua => self.batcher.reserve(&conn, &sale, &self.settings).await,
-            Strategy::Lock => lock::reserve(&self.locks, &self.settings, &sale).await,
-            Strategy::Segmented => segmented::reserve(&self.locks, &self.settings, &sale).await,
+            Strategy::Lock => lock::reserve(self, &sale).await,
+            Strategy::Segmented => segmented::reserve(self, &sale).await,
             Strategy::Unsafe => unguarded::reserve(&mut conn, &sale).await,
         };
         match outcome {
             Err(ReserveError::InDoubt { fence_ms, source }) => {
                 self.resolve(&sale, fence_ms, source).await
             }
+            Err(ReserveError::CommitInDoubt { source }) => self.resolve_commit(&sale, source).await,
             other => other,
+        }
+    }
+
+    /// Finds out whether a sale whose SQL commit failed was stored, by reading the order
+    /// behind the coupon's fence row lock (which waits out a commit still in flight).
+    async fn resolve_commit(
+        &self,
+        sale: &Sale,
+        source: sqlx::Error,
+    ) -> Result<Reservation, ReserveError> {
+        tracing::warn!(order = %sale.order_id, error = %source, "a sale's commit failed; reading whether it landed");
+        let give_up = Instant::now() + RESOLVE_PATIENCE;
+        let mut last_error: Box<dyn std::error::Error + Send + Sync> = Box::new(source);
+        loop {
+            let read = tokio::time::timeout_at(
+                give_up,
+                self.db.settled_order(sale.coupon_id, &sale.order_id),
+            )
+            .await;
+            match read {
+                Ok(Ok(Some(_))) => {
+                    sale.mirror_sql(&mut self.locks.connection(), None, Some(&sale.order_id))
+                        .await;
+                    return Ok(sale.reserved());
+                }
+                Ok(Ok(None)) => return Ok(Reservation::Expired),
+                Ok(Err(err)) if Instant::now() < give_up => {
+                    last_error = Box::new(err);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Err(err)) => last_error = Box::new(err),
+                Err(_) => {}
+            }
+            if Instant::now() >= give_up {
+                tracing::error!(order = %sale.order_id, error = %last_error, "the outcome of a sale is unknown");
+                return Err(ReserveError::Unknown {
+                    order_id: sale.order_id.clone(),
+                    source: last_error,
+                });
+            }
         }
     }
 
@@ -269,7 +379,7 @@ impl Reserver {
                     tracing::error!(order = %sale.order_id, error = %err, previous = %last_error, "the outcome of a sale is unknown");
                     return Err(ReserveError::Unknown {
                         order_id: sale.order_id.clone(),
-                        source: err,
+                        source: Box::new(err),
                     });
                 }
             }
@@ -339,6 +449,41 @@ impl Sale {
             .await
     }
 
+    /// The order event of this sale, as SQL stores it.
+    pub(crate) fn event(&self) -> OrderEvent {
+        OrderEvent {
+            order_id: self.order_id.clone(),
+            coupon_id: self.coupon_id,
+            user_id: self.user_id,
+            created_at: self.at_ms,
+        }
+    }
+
+    /// Writes into Redis what SQL decided for this sale's coupon: the units left and the
+    /// buyer's order, so that later purchases are answered without the lock. Absolute
+    /// values, so a repeat is harmless and a stale counter is corrected. A failure is
+    /// logged: SQL holds the truth, and the next sale of the coupon corrects Redis.
+    pub(crate) async fn mirror_sql(
+        &self,
+        conn: &mut Connection,
+        remaining: Option<i64>,
+        buyer_order: Option<&str>,
+    ) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if let Some(remaining) = remaining {
+            pipe.hset(&self.keys.stock, 0, remaining).ignore();
+        }
+        if let Some(order_id) = buyer_order {
+            pipe.hset(&self.keys.buyers, self.user_id, order_id)
+                .ignore();
+        }
+        let mirrored: redis::RedisResult<()> = pipe.query_async(conn).await;
+        if let Err(err) = mirrored {
+            tracing::warn!(order = %self.order_id, error = %err, "could not update Redis after a sale was decided in SQL");
+        }
+    }
+
     pub(crate) fn reserved(&self) -> Reservation {
         Reservation::Reserved {
             order_id: self.order_id.clone(),
@@ -394,4 +539,23 @@ pub(crate) async fn segment_stock(
     segment: u32,
 ) -> redis::RedisResult<Option<i64>> {
     conn.hget(&keys.stock, segment).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_must_cover_the_critical_sections_p99_with_headroom() {
+        let ms = Duration::from_millis;
+        assert!(lease_fits(ms(30_000), ms(4)).is_ok());
+        assert!(lease_fits(ms(200), ms(100)).is_ok());
+        let refused = lease_fits(ms(150), ms(100)).expect_err("150 ms < 2 × 100 ms");
+        let message = refused.to_string();
+        assert!(
+            message.contains("a lease of 150 ms") && message.contains("100.0 ms"),
+            "{message}"
+        );
+        assert!(message.contains("Use at least 202 ms"), "{message}");
+    }
 }

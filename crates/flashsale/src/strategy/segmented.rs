@@ -12,14 +12,11 @@ use std::collections::HashMap;
 
 use redis::AsyncCommands;
 
-use super::{already_purchased, segment_stock, Reservation, ReserveError, Sale, StrategySettings};
+use super::{already_purchased, segment_stock, Reservation, ReserveError, Reserver, Sale};
 
-pub(super) async fn reserve(
-    locks: &distlock::Client,
-    settings: &StrategySettings,
-    sale: &Sale,
-) -> Result<Reservation, ReserveError> {
-    let mut conn = locks.connection();
+pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservation, ReserveError> {
+    let mut conn = reserver.locks.connection();
+    let settings = &reserver.settings;
     let segments = settings.stock_segments();
     // One round trip tells the common answers apart before anything is claimed or locked:
     // not loaded, already a buyer, or every segment empty (which never changes back).
@@ -47,7 +44,7 @@ pub(super) async fn reserve(
             already_purchased,
         ));
     }
-    let outcome = take_from_some_segment(locks, settings, sale, segments, &shares).await;
+    let outcome = take_from_some_segment(reserver, sale, segments, &shares).await;
     if matches!(
         outcome,
         Ok(Reservation::SoldOut | Reservation::Busy | Reservation::Expired)
@@ -70,12 +67,12 @@ pub(super) async fn reserve(
 /// multiplies lock traffic by the number of segments, and the bench's segmented rate fell
 /// from 0.20 to 0.06 of lua's.
 async fn take_from_some_segment(
-    locks: &distlock::Client,
-    settings: &StrategySettings,
+    reserver: &Reserver,
     sale: &Sale,
     segments: u32,
     shares: &HashMap<u32, i64>,
 ) -> Result<Reservation, ReserveError> {
+    let (locks, settings) = (&reserver.locks, &reserver.settings);
     let give_up = (tokio::time::Instant::now() + settings.lock_wait).min(sale.deadline);
     let home = u32::try_from(sale.user_id.rem_euclid(i64::from(segments))).unwrap_or(0);
     let candidates: Vec<u32> = (0..segments)
@@ -92,7 +89,13 @@ async fn take_from_some_segment(
         let lock = locks
             .lock(sale.keys.segment_lock(segment))?
             .with_lease(settings.lock_lease);
-        let Some(guard) = lock.try_lock_for(left / still_to_try).await? else {
+        let waiting = tokio::time::Instant::now();
+        let acquired = lock.try_lock_for(left / still_to_try).await;
+        reserver
+            .metrics
+            .lock_wait_seconds
+            .observe(waiting.elapsed().as_secs_f64());
+        let Some(guard) = acquired? else {
             busy = true;
             continue;
         };

@@ -1,6 +1,8 @@
 //! Shared fixtures: services on private Redis, SQLite and PostgreSQL, and HTTP helpers.
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::future::Future;
 use std::time::Duration;
 

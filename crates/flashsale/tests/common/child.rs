@@ -1,0 +1,81 @@
+//! `flashsale serve` as a child process: started, announced, and its output drained.
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
+
+/// A `flashsale serve` child on a SQLite file in `dir`, up and announced.
+pub struct Served {
+    pub child: tokio::process::Child,
+    /// `http://ADDR`, from the startup line.
+    pub base: String,
+    /// Every stderr line up to and including the startup line.
+    pub startup: String,
+}
+
+/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url` and a SQLite file
+/// in `dir`, and waits for its startup line. The rest of its stderr is drained in the
+/// background.
+pub async fn serve(dir: &tempfile::TempDir, redis_url: &str, extra: &[&str]) -> Served {
+    let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+    let mut command = Command::new(BIN);
+    command
+        .env("REDIS_URL", redis_url)
+        .env("DATABASE_URL", &database);
+    start_serve(command, extra).await
+}
+
+/// Starts `flashsale serve` on its defaults (no REDIS_URL, no DATABASE_URL), in `dir` as
+/// its working directory, as a new user would.
+pub async fn serve_on_defaults(dir: &std::path::Path, extra: &[&str]) -> Served {
+    let mut command = Command::new(BIN);
+    command
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .current_dir(dir);
+    start_serve(command, extra).await
+}
+
+pub async fn start_serve(mut command: Command, extra: &[&str]) -> Served {
+    let mut child = command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut startup = Vec::new();
+    let mut base = None;
+    while let Some(line) = lines.next_line().await.expect("stderr") {
+        let announced = line
+            .strip_prefix("flashsale: http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|addr| format!("http://{addr}"));
+        startup.push(line);
+        if announced.is_some() {
+            base = announced;
+            break;
+        }
+    }
+    let startup = startup.join("\n");
+    let base = base.unwrap_or_else(|| panic!("no startup line:\n{startup}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served {
+        child,
+        base,
+        startup,
+    }
+}
+
+impl Served {
+    /// The child's pid.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        let pid = self.child.id().expect("the child is running");
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"))
+    }
+}

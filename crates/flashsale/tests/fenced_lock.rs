@@ -1,0 +1,206 @@
+//! The `lock` strategy under a holder paused past its lease: two `flashsale serve`
+//! processes share one Redis and one SQLite file; one of them is stopped (SIGSTOP, from a
+//! test hook, at the worst moment: holding the coupon's lock, its check done, its SQL write
+//! not yet sent) and continued after its lease ran out.
+
+mod common;
+
+use std::time::Duration;
+
+use common::child::{start_serve, Served, BIN};
+use common::{bounded, buy, open_coupon, stats};
+use distlock_testkit::RedisServer;
+use flashsale::db::Db;
+use nix::sys::signal::{kill, Signal};
+use redis::AsyncCommands;
+use tokio::process::Command;
+
+/// The stopped holder's lease. Short, so the tests are quick; long enough for the lease
+/// check at start.
+const LEASE_MS: &str = "1000";
+
+/// The user whose purchase makes instance A stop itself while holding the lock.
+const STOPPED_USER: i64 = 7;
+
+/// Two lock-strategy instances on one Redis and one SQLite file; the first stops itself
+/// while it holds the lock for [`STOPPED_USER`].
+async fn two_instances(redis: &RedisServer, dir: &tempfile::TempDir) -> (Served, Served) {
+    let start = |fault: bool| {
+        let mut command = Command::new(BIN);
+        command
+            .env("REDIS_URL", redis.url())
+            .env(
+                "DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("shop.db").display()),
+            )
+            .env_remove("FLASHSALE_FAULT_STOP_HOLDER_OF_USER");
+        if fault {
+            command.env(
+                "FLASHSALE_FAULT_STOP_HOLDER_OF_USER",
+                STOPPED_USER.to_string(),
+            );
+        }
+        start_serve(
+            command,
+            &["--strategy", "lock", "--lock-lease-ms", LEASE_MS],
+        )
+    };
+    let a = start(true).await;
+    let b = start(false).await;
+    (a, b)
+}
+
+/// Waits until `served` is stopped (state `T` in /proc).
+async fn stopped(served: &Served) {
+    let stat = format!("/proc/{}/stat", served.pid());
+    loop {
+        let text = tokio::fs::read_to_string(&stat).await.expect("read stat");
+        // The state follows the command name, which is in parentheses.
+        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of a counter line in the text of `/metrics`, 0 if absent.
+async fn metric(client: &reqwest::Client, base: &str, line_prefix: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    text.lines()
+        .find_map(|line| line.strip_prefix(line_prefix))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_stopped_past_its_lease_cannot_write_once_a_newer_holder_has() {
+    bounded(Duration::from_secs(90), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = two_instances(&redis, &dir).await;
+        let client = reqwest::Client::new();
+        let coupon = open_coupon(&client, &a.base, 2).await;
+
+        // A takes the lock for user 7, finds a unit left, and stops before writing.
+        let stalled = tokio::spawn({
+            let (client, base) = (client.clone(), a.base.clone());
+            async move { buy(&client, &base, coupon, STOPPED_USER).await }
+        });
+        stopped(&a).await;
+        // B waits out A's lease, takes the lock with a newer token and sells.
+        let newer = buy(&client, &b.base, coupon, 8).await;
+        assert_eq!(newer.status, 201, "{}", newer.body);
+        // A wakes up inside its critical section, a unit still left in SQL, and writes.
+        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+        let late = stalled.await.expect("join");
+        assert_eq!(
+            late.status, 503,
+            "the stale holder's write landed: {}",
+            late.body
+        );
+        assert_eq!(late.body["error"], "lock_lost", "{}", late.body);
+        assert_eq!(late.body["outcome"], "not_sold", "{}", late.body);
+        assert_eq!(
+            metric(
+                &client,
+                &a.base,
+                "flashsale_lock_writes_refused_total{reason=\"fenced\"} "
+            )
+            .await,
+            1
+        );
+
+        // Nothing is stuck: A sells the last unit, and then no more.
+        let last = buy(&client, &a.base, coupon, 9).await;
+        assert_eq!(last.status, 201, "{}", last.body);
+        let none_left = buy(&client, &b.base, coupon, 10).await;
+        assert_eq!(none_left.body["error"], "sold_out", "{}", none_left.body);
+
+        let db = Db::connect(&format!(
+            "sqlite://{}",
+            dir.path().join("shop.db").display()
+        ))
+        .await
+        .expect("db");
+        let mut buyers: Vec<i64> = db
+            .buyers(coupon)
+            .await
+            .expect("buyers")
+            .into_iter()
+            .map(|(user, _)| user)
+            .collect();
+        buyers.sort();
+        assert_eq!(
+            buyers,
+            vec![8, 9],
+            "SQL holds the stock's two orders, no more"
+        );
+        let figures = stats(&client, &b.base, coupon).await;
+        assert_eq!(figures["remaining"], 0, "{figures}");
+        assert_eq!(figures["orders_stored"], 2, "{figures}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_stopped_past_its_lease_rolls_back_when_it_wakes() {
+    bounded(Duration::from_secs(90), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, _b) = two_instances(&redis, &dir).await;
+        let client = reqwest::Client::new();
+        let coupon = open_coupon(&client, &a.base, 1).await;
+        let db = Db::connect(&format!(
+            "sqlite://{}",
+            dir.path().join("shop.db").display()
+        ))
+        .await
+        .expect("db");
+        let lock_key = db.keyspace().coupon(coupon).lock();
+
+        let stalled = tokio::spawn({
+            let (client, base) = (client.clone(), a.base.clone());
+            async move { buy(&client, &base, coupon, STOPPED_USER).await }
+        });
+        stopped(&a).await;
+        // Nobody else buys, so no newer token fences A out; but its lease expires.
+        let mut redis_conn = redis.connection().await.expect("redis");
+        while redis_conn
+            .exists::<_, bool>(&lock_key)
+            .await
+            .expect("exists")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+        let late = stalled.await.expect("join");
+        assert_eq!(
+            late.status, 503,
+            "a write past the lease landed: {}",
+            late.body
+        );
+        assert_eq!(late.body["error"], "lock_lost", "{}", late.body);
+        assert_eq!(
+            metric(
+                &client,
+                &a.base,
+                "flashsale_lock_writes_refused_total{reason=\"lease_lost\"} "
+            )
+            .await,
+            1
+        );
+        assert_eq!(db.order_count(coupon).await.expect("count"), 0);
+        // The unit is still for sale.
+        let retry = buy(&client, &a.base, coupon, 11).await;
+        assert_eq!(retry.status, 201, "{}", retry.body);
+    })
+    .await;
+}
