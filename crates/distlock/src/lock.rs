@@ -24,7 +24,9 @@ use crate::engine::detach::Detached;
 use crate::engine::watchdog::Lease;
 use crate::error::{is_connection_failure, Error, Result};
 use crate::keys::{release_channel, token_key, unlock_latch};
-use crate::scripts::{ScriptCall, LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE};
+use crate::scripts::{
+    ScriptCall, FENCE_ADVANCE, LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE,
+};
 
 /// The message Redisson publishes when a lock is freed.
 const RELEASE_MESSAGE: &str = "0";
@@ -192,6 +194,32 @@ impl Lock {
             })
             .await?;
         Ok(deleted == 1)
+    }
+
+    /// Raises this lock's fencing-token counter so that every later acquisition gets a
+    /// token larger than `floor`, and returns the counter's value. Never lowers it.
+    ///
+    /// For recovery: if Redis lost its data (a restart without persistence, a failover to
+    /// a lagging replica), tokens start again from 1 and a fenced resource refuses every
+    /// holder until they pass the highest token it accepted. Pass that token here and
+    /// they are accepted at once. Tokens must stay below 2^53.
+    pub async fn advance_fencing_counter(&self, floor: u64) -> Result<u64> {
+        if floor >= 1 << 53 {
+            return Err(Error::InvalidConfig {
+                what: "fencing-counter floor",
+                reason: format!("must be below 2^53, not {floor}"),
+            });
+        }
+        let counter: i64 = self
+            .client
+            .core()
+            .request(|mut connection| {
+                let mut advance = ScriptCall::new(&FENCE_ADVANCE, &[&self.token_key], 1);
+                advance.arg(floor);
+                async move { advance.invoke(&mut connection).await }
+            })
+            .await?;
+        Ok(counter.max(0).unsigned_abs())
     }
 
     fn guard(&self, hold: Hold) -> LockGuard {

@@ -22,6 +22,7 @@ script!(LOCK_REENTER, "lock_reenter.lua");
 script!(LOCK_RELEASE, "lock_release.lua");
 script!(LOCK_RENEW, "lock_renew.lua");
 script!(LOCK_FORCE_UNLOCK, "lock_force_unlock.lua");
+script!(FENCE_ADVANCE, "fence_advance.lua");
 
 /// Loads every script into the server's cache. Without this, the first use of a script
 /// costs NOSCRIPT, SCRIPT LOAD and a second EVALSHA, and a watchdog that sends many
@@ -33,6 +34,7 @@ pub(crate) async fn preload(connection: &Connection) -> redis::RedisResult<()> {
         &LOCK_RELEASE,
         &LOCK_RENEW,
         &LOCK_FORCE_UNLOCK,
+        &FENCE_ADVANCE,
     ];
     let loads = all.map(|script| {
         let mut connection = connection.clone();

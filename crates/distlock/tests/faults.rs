@@ -79,6 +79,43 @@ async fn a_server_restart_loses_the_lock_and_the_client_recovers() {
 }
 
 #[tokio::test]
+async fn after_a_restart_the_fencing_counter_is_advanced_past_what_a_resource_saw() {
+    let mut server = server().await;
+    let client = client_with_watchdog(&server, Duration::from_secs(5)).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("fenced-restart").unwrap();
+        let mut highest_seen = 0;
+        for _ in 0..5 {
+            let guard = lock.lock().await.unwrap();
+            highest_seen = guard.fencing_token();
+            guard.release().await.unwrap();
+        }
+        server.restart().await.unwrap();
+        // Without persistence the counter is gone: tokens start again below what the
+        // resource accepted, and it would refuse them.
+        let reset = lock.lock().await.unwrap();
+        assert!(reset.fencing_token() <= highest_seen);
+        reset.release().await.unwrap();
+
+        assert_eq!(
+            lock.advance_fencing_counter(highest_seen).await.unwrap(),
+            highest_seen
+        );
+        let guard = lock.lock().await.unwrap();
+        assert!(guard.fencing_token() > highest_seen);
+        guard.release().await.unwrap();
+        // Never lowered.
+        let now = lock.advance_fencing_counter(1).await.unwrap();
+        assert!(now > highest_seen, "{now}");
+        assert!(matches!(
+            lock.advance_fencing_counter(1 << 53).await,
+            Err(Error::InvalidConfig { .. })
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_call_to_a_paused_server_fails_within_the_response_timeout() {
     let server = server().await;
     let client = client_with_watchdog(&server, Duration::from_secs(5)).await;

@@ -21,6 +21,9 @@ static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 const ORDER_BY_ID: &str =
     "SELECT id, coupon_id, user_id, created_at, stored_at FROM orders WHERE id = $1";
 
+/// The highest token a coupon's orders were written under by the `lock` strategy.
+const LOCK_FENCE: &str = "SELECT token FROM lock_fences WHERE coupon_id = $1";
+
 /// How long a query may wait for a pooled connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -372,8 +375,12 @@ pub enum FencedSale {
         /// The order the user holds.
         order_id: String,
     },
-    /// A newer holder of the coupon's lock has written: this holder's lease ran out.
-    Fenced,
+    /// A newer holder of the coupon's lock has written: this holder's lease ran out (or
+    /// the token counter went back, Redis having lost it).
+    Fenced {
+        /// The highest token that has written.
+        highest: u64,
+    },
     /// The lease was no longer trusted just before the commit: rolled back.
     LeaseLost,
     /// No such coupon.
@@ -430,7 +437,15 @@ impl Db {
         };
         if raised == 0 {
             // The coupon exists, so the fence row was there and holds a larger token.
-            return Ok(FencedSale::Fenced);
+            let highest: i64 = sqlx::query(LOCK_FENCE)
+                .bind(order.coupon_id)
+                .fetch_one(&mut *tx)
+                .await
+                .and_then(|row| row.try_get("token"))
+                .map_err(FencedCommitError::before)?;
+            return Ok(FencedSale::Fenced {
+                highest: highest.max(0).unsigned_abs(),
+            });
         }
         let stock: i64 = row.try_get("stock").map_err(FencedCommitError::before)?;
         let sold: i64 = row.try_get("sold").map_err(FencedCommitError::before)?;
@@ -464,6 +479,17 @@ impl Db {
 }
 
 impl Db {
+    /// The highest fencing token the `lock` strategy has written coupon `coupon_id`'s
+    /// orders under, if it has.
+    pub async fn lock_fence(&self, coupon_id: i64) -> Result<Option<u64>, DbError> {
+        let row = sqlx::query(LOCK_FENCE)
+            .bind(coupon_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let token: Option<i64> = row.map(|row| row.try_get("token")).transpose()?;
+        Ok(token.map(|token| token.max(0).unsigned_abs()))
+    }
+
     /// The order `order_id` of coupon `coupon_id`, read once no sale of the coupon can
     /// still be committing: behind the coupon's fence row lock (PostgreSQL) or the write
     /// lock (SQLite), which a transaction still in flight holds until it ends. For a sale

@@ -133,6 +133,7 @@ impl StockLoader {
         }
         let loaded: i64 = script.invoke_async(&mut conn).await?;
         if loaded == 1 {
+            self.restore_fencing_counter(coupon).await?;
             tracing::info!(
                 coupon = coupon.id,
                 stock = coupon.stock,
@@ -142,6 +143,28 @@ impl StockLoader {
             );
         }
         Ok(loaded == 1)
+    }
+}
+
+impl StockLoader {
+    /// Raises the coupon lock's fencing counter above the highest token SQL accepted. A
+    /// Redis that lost its data starts its counters again from 1, and the `lock`
+    /// strategy's fence would refuse every sale until they caught up.
+    async fn restore_fencing_counter(&self, coupon: &Coupon) -> Result<(), LoadError> {
+        let Some(fence) = self.db.lock_fence(coupon.id).await? else {
+            return Ok(());
+        };
+        let lock = self
+            .locks
+            .lock(self.db.keyspace().coupon(coupon.id).lock())?;
+        let counter = lock.advance_fencing_counter(fence).await?;
+        tracing::info!(
+            coupon = coupon.id,
+            fence,
+            counter,
+            "fencing counter restored above the highest token SQL accepted"
+        );
+        Ok(())
     }
 }
 

@@ -204,3 +204,38 @@ async fn a_holder_stopped_past_its_lease_rolls_back_when_it_wakes() {
     })
     .await;
 }
+
+/// The token counter goes back while the stock survives (deleted here; a failover to a
+/// replica that lagged does the same): the first sale is fenced out, and puts the counter
+/// past SQL's fence, so the next one is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_counter_that_went_back_costs_one_refused_sale() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let service = flashsale::Service::start(common::sqlite_config(
+            flashsale::Strategy::Lock,
+            &dir,
+            Some(redis.url()),
+        ))
+        .await
+        .expect("service");
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        let coupon = open_coupon(&client, &base, 10).await;
+        for user in 1..=5 {
+            assert_eq!(buy(&client, &base, coupon, user).await.status, 201);
+        }
+        let mut conn = redis.connection().await.expect("redis");
+        let counters: Vec<String> = conn.keys("distlock_fence:*").await.expect("keys");
+        assert!(!counters.is_empty());
+        let () = conn.del(&counters).await.expect("del");
+
+        let refused = buy(&client, &base, coupon, 6).await;
+        assert_eq!(refused.body["error"], "lock_lost", "{}", refused.body);
+        let sold = buy(&client, &base, coupon, 7).await;
+        assert_eq!(sold.status, 201, "{}", sold.body);
+        assert_eq!(service.db().order_count(coupon).await.expect("count"), 6);
+        service.shutdown().await;
+    })
+    .await;
+}

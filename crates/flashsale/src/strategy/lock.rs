@@ -47,7 +47,7 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
     let Some(guard) = acquired? else {
         return Ok(Reservation::Busy);
     };
-    let outcome = sell_under(reserver, &mut conn, sale, &guard).await;
+    let outcome = sell_under(reserver, &mut conn, sale, &lock, &guard).await;
     // The outcome is decided; a release that fails (the lease ran out, Redis hiccuped)
     // does not change it, and the lease frees the lock anyway.
     if let Err(err) = guard.release().await {
@@ -75,6 +75,7 @@ async fn sell_under(
     reserver: &Reserver,
     conn: &mut distlock::Connection,
     sale: &Sale,
+    lock: &distlock::Lock,
     guard: &distlock::LockGuard,
 ) -> Result<Reservation, ReserveError> {
     if let Some(decided) = settled_in_redis(conn, sale).await? {
@@ -114,7 +115,14 @@ async fn sell_under(
                 order_id: Some(order_id),
             })
         }
-        Ok(FencedSale::Fenced) => refused("fenced"),
+        Ok(FencedSale::Fenced { highest }) => {
+            // A stale holder finds the counter past `highest` already. A counter that went
+            // back (Redis lost it) is put past it, so the next holder is not refused too.
+            if let Err(err) = lock.advance_fencing_counter(highest).await {
+                tracing::warn!(error = %err, "could not advance the coupon lock's fencing counter");
+            }
+            refused("fenced")
+        }
         Ok(FencedSale::LeaseLost) => refused("lease_lost"),
         Ok(FencedSale::NoCoupon) => Ok(Reservation::NotLoaded),
         Err(FencedCommitError::Before(err)) => Err(err.into()),
