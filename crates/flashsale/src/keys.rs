@@ -39,6 +39,7 @@ impl Keyspace {
             stock: format!("{tag}:stock"),
             buyers: format!("{tag}:buyers"),
             orders: format!("{tag}:orders"),
+            claims: format!("{tag}:claims"),
             tag,
         }
     }
@@ -67,10 +68,14 @@ pub struct CouponKeys {
     /// A hash from segment number ("0", "1", …) to the stock left in that segment. Every
     /// strategy but `segmented` uses the single segment "0".
     pub stock: String,
-    /// The set of user ids that bought this coupon.
+    /// A hash from each buyer's user id to the order id it holds (or a segmented claim,
+    /// `~…`, while its sale is in progress).
     pub buyers: String,
     /// The stream of order events, read by the workers' consumer group.
     pub orders: String,
+    /// The segmented strategy's claims in progress: a sorted set of user ids, scored by
+    /// the time each claim's sale is settled by (see `scripts/claim.lua`).
+    pub claims: String,
     tag: String,
 }
 
@@ -97,6 +102,7 @@ mod tests {
             &keys.stock,
             &keys.buyers,
             &keys.orders,
+            &keys.claims,
             &keys.lock(),
             &keys.segment_lock(3),
         ] {

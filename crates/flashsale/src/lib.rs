@@ -26,6 +26,7 @@ pub mod keys;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod reconcile;
 mod scripts;
 pub mod serve;
 pub mod service;

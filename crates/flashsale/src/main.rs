@@ -1,4 +1,4 @@
-//! `flashsale serve | load | bench`.
+//! `flashsale serve | load | bench | reconcile`.
 
 use std::process::ExitCode;
 
@@ -23,6 +23,8 @@ enum Command {
     Load(flashsale::load::LoadArgs),
     /// Measure purchases per second with wrk, against a PING endpoint of the same service.
     Bench(flashsale::bench::BenchArgs),
+    /// Remove stale segmented claims and report where Redis and SQL disagree (exit 3).
+    Reconcile(flashsale::reconcile::ReconcileArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,7 +32,7 @@ fn main() -> ExitCode {
     // The service logs what it does; the load generator keeps its report readable.
     let default_filter = match cli.command {
         Command::Serve(_) => "warn,flashsale=info",
-        Command::Load(_) | Command::Bench(_) => "warn",
+        Command::Load(_) | Command::Bench(_) | Command::Reconcile(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => flashsale::serve::run(args).await,
             Command::Load(args) => flashsale::load::run(args).await,
             Command::Bench(args) => flashsale::bench::run(args).await,
+            Command::Reconcile(args) => flashsale::reconcile::run(args).await,
         }
     });
     match outcome {

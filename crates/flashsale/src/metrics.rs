@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Sales the `lock` strategy refused to commit because its lease could no longer be
     /// trusted, by reason.
     pub lock_writes_refused: Family<ReasonLabel, Counter>,
+    /// Segmented claims removed because their sale could no longer happen (a crash).
+    pub claims_repaired: Counter,
     /// Orders the worker inserted.
     pub orders_stored: Counter,
     /// Order events skipped as already stored.
@@ -84,6 +86,12 @@ impl Metrics {
             "lock_writes_refused",
             "Sales the lock strategy refused to commit: a newer holder had written (fenced) or the lease ran out (lease_lost)",
             lock_writes_refused.clone(),
+        );
+        let claims_repaired = Counter::default();
+        registry.register(
+            "claims_repaired",
+            "Segmented claims removed after their settle-by time: left by a crash between claim and sale",
+            claims_repaired.clone(),
         );
         let orders_stored = Counter::default();
         registry.register(
@@ -133,6 +141,7 @@ impl Metrics {
             reservation_seconds,
             lock_wait_seconds,
             lock_writes_refused,
+            claims_repaired,
             orders_stored,
             orders_duplicate,
             orders_malformed,

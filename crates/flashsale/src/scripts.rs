@@ -10,6 +10,10 @@ pub(crate) static RESERVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/reserve.lua")));
 pub(crate) static RECORD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/record.lua")));
+pub(crate) static CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/claim.lua")));
+pub(crate) static REPAIR_CLAIMS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/repair_claims.lua")));
 pub(crate) static UNCLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/unclaim.lua")));
 pub(crate) static LOAD_STOCK: LazyLock<Script> =
@@ -18,7 +22,14 @@ pub(crate) static LOAD_STOCK: LazyLock<Script> =
 /// Loads every script into the server's cache at start, so the first purchases do not
 /// each pay NOSCRIPT and a reload.
 pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResult<()> {
-    for script in [&RESERVE, &RECORD, &UNCLAIM, &LOAD_STOCK] {
+    for script in [
+        &RESERVE,
+        &RECORD,
+        &CLAIM,
+        &UNCLAIM,
+        &REPAIR_CLAIMS,
+        &LOAD_STOCK,
+    ] {
         script.prepare_invoke().load_async(conn).await?;
     }
     Ok(())

@@ -29,6 +29,8 @@ pub struct Service {
     stop_worker: CancellationToken,
     http: JoinHandle<()>,
     worker: Option<JoinHandle<()>>,
+    /// Removes stale segmented claims every few seconds.
+    claim_repair: JoinHandle<()>,
     // Last, so the private Redis outlives everything that uses it.
     embedded: Option<Embedded>,
 }
@@ -85,6 +87,12 @@ impl Service {
             None => None,
         };
 
+        let claim_repair = crate::reconcile::spawn_claim_repair(
+            locks.clone(),
+            db.keyspace().clone(),
+            watched.clone(),
+            metrics.clone(),
+        );
         let state = Arc::new(AppState {
             reserver: Reserver::new(settings, locks.clone(), db.clone(), metrics.clone()),
             db,
@@ -130,6 +138,7 @@ impl Service {
             stop_worker,
             http,
             worker,
+            claim_repair,
             embedded,
         })
     }
@@ -186,6 +195,7 @@ impl Service {
                 self.http.abort();
             }
         }
+        self.claim_repair.abort();
         self.stop_worker.cancel();
         if let Some(worker) = self.worker.take() {
             if let Err(err) = worker.await {
@@ -204,6 +214,7 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         self.http.abort();
+        self.claim_repair.abort();
         if let Some(worker) = &self.worker {
             worker.abort();
         }

@@ -184,7 +184,7 @@ where
 }
 
 /// The users of every order event in the coupon's stream, acknowledged or not.
-async fn stream_buyers(
+pub(crate) async fn stream_buyers(
     conn: &mut distlock::Connection,
     keys: &CouponKeys,
 ) -> redis::RedisResult<Vec<(i64, String)>> {

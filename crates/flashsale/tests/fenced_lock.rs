@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::child::{start_serve, Served, BIN};
+use common::child::{start_serve, stopped, Served, BIN};
 use common::{bounded, buy, open_coupon, stats};
 use distlock_testkit::RedisServer;
 use flashsale::db::Db;
@@ -50,20 +50,6 @@ async fn two_instances(redis: &RedisServer, dir: &tempfile::TempDir) -> (Served,
     (a, b)
 }
 
-/// Waits until `served` is stopped (state `T` in /proc).
-async fn stopped(served: &Served) {
-    let stat = format!("/proc/{}/stat", served.pid());
-    loop {
-        let text = tokio::fs::read_to_string(&stat).await.expect("read stat");
-        // The state follows the command name, which is in parentheses.
-        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state == Some(Some('T')) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The value of a counter line in the text of `/metrics`, 0 if absent.
 async fn metric(client: &reqwest::Client, base: &str, line_prefix: &str) -> u64 {
     let text = client
@@ -94,7 +80,7 @@ async fn a_holder_stopped_past_its_lease_cannot_write_once_a_newer_holder_has() 
             let (client, base) = (client.clone(), a.base.clone());
             async move { buy(&client, &base, coupon, STOPPED_USER).await }
         });
-        stopped(&a).await;
+        stopped(a.pid()).await;
         // B waits out A's lease, takes the lock with a newer token and sells.
         let newer = buy(&client, &b.base, coupon, 8).await;
         assert_eq!(newer.status, 201, "{}", newer.body);
@@ -170,7 +156,7 @@ async fn a_holder_stopped_past_its_lease_rolls_back_when_it_wakes() {
             let (client, base) = (client.clone(), a.base.clone());
             async move { buy(&client, &base, coupon, STOPPED_USER).await }
         });
-        stopped(&a).await;
+        stopped(a.pid()).await;
         // Nobody else buys, so no newer token fences A out; but its lease expires.
         let mut redis_conn = redis.connection().await.expect("redis");
         while redis_conn

@@ -6,8 +6,9 @@
 -- after its fence writes nothing, so once the fence has passed the buyer's entry is final.
 --
 -- KEYS[1]  stock hash   (segment -> units left)
--- KEYS[2]  buyers hash  (user id -> order id)
+-- KEYS[2]  buyers hash  (user id -> order id, replacing a segmented claim)
 -- KEYS[3]  orders stream
+-- KEYS[4]  claims sorted set  (the buyer's claim, if any, is settled by this sale)
 -- ARGV[1]  segment
 -- ARGV[2]  coupon id
 -- ARGV[3]  user id
@@ -23,5 +24,6 @@ if now > tonumber(ARGV[6]) then
 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('XADD', KEYS[3], '*', 'order', ARGV[4], 'coupon', ARGV[2], 'user', ARGV[3], 'at', ARGV[5])
 return 1

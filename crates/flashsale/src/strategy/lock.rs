@@ -84,9 +84,7 @@ async fn sell_under(
     if Instant::now() >= sale.deadline {
         return Ok(Reservation::Expired);
     }
-    if reserver.settings.fault_stop_holder_of_user == Some(sale.user_id) {
-        stop_this_process();
-    }
+    reserver.settings.fault_point(sale);
     let sold = reserver
         .db
         .sell_fenced(&sale.event(), guard.fencing_token(), now_millis(), || {
@@ -130,15 +128,6 @@ async fn sell_under(
     }
 }
 
-/// The fault hook: stops the process here, holding the lock, as a GC pause or SIGSTOP
-/// would. Only a test sets it; it needs a SIGCONT from outside to go on.
-fn stop_this_process() {
-    tracing::warn!("fault hook: stopping this process while it holds a coupon lock");
-    if let Err(err) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP) {
-        tracing::error!(error = %err, "fault hook: could not stop this process");
-    }
-}
-
 /// Critical sections the start-up probe times.
 const PROBE_ROUNDS: usize = 32;
 
@@ -151,19 +140,12 @@ pub(super) async fn critical_section_p99(
     locks: &distlock::Client,
     db: &crate::db::Db,
 ) -> Result<std::time::Duration, ReserveError> {
-    let probe = Sale {
-        keys: db.keyspace().coupon(0),
-        coupon_id: 0,
-        user_id: 0,
-        order_id: String::new(),
-        at_ms: 0,
-        deadline: Instant::now(),
-    };
+    let probe_keys = db.keyspace().coupon(0);
     let mut conn = locks.connection();
     let mut took = Vec::with_capacity(PROBE_ROUNDS);
     for _ in 0..PROBE_ROUNDS {
         let started = Instant::now();
-        probe.peek(&mut conn, 0).await?;
+        super::peek(&mut conn, &probe_keys, 0, 0).await?;
         db.check_writable(now_millis()).await?;
         took.push(started.elapsed());
     }

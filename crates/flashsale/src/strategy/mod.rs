@@ -131,9 +131,10 @@ pub struct StrategySettings {
     pub lock_wait: Duration,
     /// The lease of a purchase's lock: how long it stays valid if the process stalls.
     pub lock_lease: Duration,
-    /// A test hook, never set in production: the `lock` strategy stops its own process
-    /// (SIGSTOP) while it holds the lock for this user's purchase, before its SQL write, as
-    /// a pause past the lease would. Set by `FLASHSALE_FAULT_STOP_HOLDER_OF_USER`.
+    /// A test hook, never set in production: the lock strategies stop their own process
+    /// (SIGSTOP) while they hold the lock for this user's purchase, before its write (for
+    /// segmented, after its claim), as a pause past the lease would. Set by
+    /// `FLASHSALE_FAULT_STOP_HOLDER_OF_USER`.
     pub fault_stop_holder_of_user: Option<i64>,
     /// How long a purchase may take from arrival to answer: one whose deadline passed
     /// before its write was sent is not sold, and lock waits end by it.
@@ -155,6 +156,21 @@ impl StrategySettings {
             fault_stop_holder_of_user: None,
             request_timeout: Duration::from_secs(15),
             queue_limit: 4_096,
+        }
+    }
+
+    /// The fault hook ([`Self::fault_stop_holder_of_user`]): stops this process here if
+    /// `sale` is the purchase named. It needs a SIGCONT (or a SIGKILL) from outside.
+    pub(crate) fn fault_point(&self, sale: &Sale) {
+        if self.fault_stop_holder_of_user != Some(sale.user_id) {
+            return;
+        }
+        tracing::warn!(
+            user = sale.user_id,
+            "fault hook: stopping this process while it holds a lock"
+        );
+        if let Err(err) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP) {
+            tracing::error!(error = %err, "fault hook: could not stop this process");
         }
     }
 
@@ -245,6 +261,8 @@ pub struct Reserver {
     db: Db,
     keyspace: Keyspace,
     metrics: Metrics,
+    /// Names this instance in the segmented strategy's claims.
+    instance: std::sync::Arc<str>,
     batcher: std::sync::Arc<lua::Batcher>,
 }
 
@@ -263,6 +281,7 @@ impl Reserver {
             keyspace: db.keyspace().clone(),
             db,
             metrics,
+            instance: instance_name().into(),
             batcher: Default::default(),
         }
     }
@@ -284,13 +303,20 @@ impl Reserver {
         user_id: i64,
         deadline: Instant,
     ) -> Result<Reservation, ReserveError> {
+        let at_ms = now_millis();
+        let left = deadline.saturating_duration_since(Instant::now());
         let sale = Sale {
             keys: self.keyspace.coupon(coupon_id),
             coupon_id,
             user_id,
             order_id: new_order_id(coupon_id, user_id),
-            at_ms: now_millis(),
+            at_ms,
             deadline,
+            // No write is sent after the deadline, and none lands after its fence.
+            settle_by_ms: at_ms.saturating_add(
+                i64::try_from((left + WRITE_WINDOW + CLOCK_GRACE).as_millis()).unwrap_or(i64::MAX),
+            ),
+            instance: self.instance.clone(),
         };
         let mut conn = self.locks.connection();
         let outcome = match self.settings.strategy {
@@ -396,6 +422,30 @@ pub(crate) struct Sale {
     pub(crate) at_ms: i64,
     /// When the purchase must be decided: no write is sent after it.
     pub(crate) deadline: Instant,
+    /// Unix ms by which this sale's write has landed or never will: the deadline plus the
+    /// write window and the clock grace. A segmented claim older than this is stale.
+    pub(crate) settle_by_ms: i64,
+    /// The instance running the purchase, named in its claim.
+    pub(crate) instance: std::sync::Arc<str>,
+}
+
+/// This process's name in claims: host and pid, so an operator can tell which instance
+/// left a claim behind. Only characters that cannot be confused with the claim's `:`
+/// separators are kept.
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        .take(64)
+        .collect();
+    let host = if host.is_empty() {
+        "host".to_owned()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
 }
 
 /// A fence for a write sent now, in Unix ms.
@@ -420,6 +470,7 @@ impl Sale {
             .key(&self.keys.stock)
             .key(&self.keys.buyers)
             .key(&self.keys.orders)
+            .key(&self.keys.claims)
             .arg(segment)
             .arg(self.coupon_id)
             .arg(self.user_id)
@@ -442,11 +493,7 @@ impl Sale {
         conn: &mut Connection,
         segment: u32,
     ) -> redis::RedisResult<(Option<i64>, Option<String>)> {
-        redis::pipe()
-            .hget(&self.keys.stock, segment)
-            .hget(&self.keys.buyers, self.user_id)
-            .query_async(conn)
-            .await
+        peek(conn, &self.keys, segment, self.user_id).await
     }
 
     /// The order event of this sale, as SQL stores it.
@@ -490,9 +537,10 @@ impl Sale {
         }
     }
 
-    /// This purchase's claim on the buyer, in the segmented strategy.
+    /// This purchase's claim on the buyer, in the segmented strategy:
+    /// `~SETTLE_BY:INSTANCE:ORDER` (see `scripts/claim.lua`).
     pub(crate) fn claim(&self) -> String {
-        format!("~{}", self.order_id)
+        format!("~{}:{}:{}", self.settle_by_ms, self.instance, self.order_id)
     }
 
     /// Withdraws this purchase's claim, if it is still there. A failure leaves a stale
@@ -500,12 +548,13 @@ impl Sale {
     pub(crate) async fn unclaim(&self, conn: &mut Connection) {
         let withdrawn: redis::RedisResult<i64> = UNCLAIM
             .key(&self.keys.buyers)
+            .key(&self.keys.claims)
             .arg(self.user_id)
             .arg(self.claim())
             .invoke_async(conn)
             .await;
         if let Err(err) = withdrawn {
-            tracing::error!(order = %self.order_id, user = self.user_id, error = %err, "could not withdraw a segmented claim; the user stays blocked until it is repaired");
+            tracing::error!(order = %self.order_id, user = self.user_id, error = %err, "could not withdraw a segmented claim; the claim repair removes it once its settle-by time passes");
         }
     }
 
@@ -530,6 +579,20 @@ pub(crate) fn already_purchased(held: String) -> Reservation {
     Reservation::AlreadyPurchased {
         order_id: (!held.starts_with('~')).then_some(held),
     }
+}
+
+/// The stock left in `segment` and `user_id`'s entry, in one round trip.
+pub(crate) async fn peek(
+    conn: &mut Connection,
+    keys: &CouponKeys,
+    segment: u32,
+    user_id: i64,
+) -> redis::RedisResult<(Option<i64>, Option<String>)> {
+    redis::pipe()
+        .hget(&keys.stock, segment)
+        .hget(&keys.buyers, user_id)
+        .query_async(conn)
+        .await
 }
 
 /// The stock left in one segment; `None` if the coupon is not loaded.

@@ -3,16 +3,16 @@
 //! one.
 //!
 //! One-per-user cannot be checked per segment, since two requests of one user may land on
-//! different segments. The buyer's entry is therefore claimed first with HSETNX (value
-//! `~ORDER`), whose reply is atomic: only one request of a user gets 1. The sale replaces
-//! the claim with the order id; a claim that finds every segment empty or busy is
-//! withdrawn.
+//! different segments. The buyer's entry is therefore claimed first (`claim.lua`, an
+//! HSETNX of `~SETTLE_BY:INSTANCE:ORDER`), whose reply is atomic: only one request of a
+//! user gets it. The sale replaces the claim with the order id; a claim that finds every
+//! segment empty or busy is withdrawn; a claim left by a crash is removed once its
+//! settle-by time has passed (`crate::reconcile`).
 
 use std::collections::HashMap;
 
-use redis::AsyncCommands;
-
 use super::{already_purchased, segment_stock, Reservation, ReserveError, Reserver, Sale};
+use crate::scripts::CLAIM;
 
 pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservation, ReserveError> {
     let mut conn = reserver.locks.connection();
@@ -34,15 +34,23 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
     if shares.values().all(|&left| left <= 0) {
         return Ok(Reservation::SoldOut);
     }
-    let claimed: bool = conn
-        .hset_nx(&sale.keys.buyers, sale.user_id, sale.claim())
+    let claimed: redis::Value = CLAIM
+        .key(&sale.keys.buyers)
+        .key(&sale.keys.claims)
+        .arg(sale.user_id)
+        .arg(sale.claim())
+        .arg(sale.settle_by_ms)
+        .invoke_async(&mut conn)
         .await?;
-    if !claimed {
-        let held: Option<String> = conn.hget(&sale.keys.buyers, sale.user_id).await?;
-        return Ok(held.map_or(
-            Reservation::AlreadyPurchased { order_id: None },
-            already_purchased,
-        ));
+    match claimed {
+        redis::Value::Int(1) => {}
+        redis::Value::BulkString(held) => {
+            return Ok(already_purchased(
+                String::from_utf8_lossy(&held).into_owned(),
+            ))
+        }
+        // The entry vanished between HSETNX and HGET (withdrawn): another request's.
+        _ => return Ok(Reservation::AlreadyPurchased { order_id: None }),
     }
     let outcome = take_from_some_segment(reserver, sale, segments, &shares).await;
     if matches!(
@@ -99,6 +107,7 @@ async fn take_from_some_segment(
             busy = true;
             continue;
         };
+        settings.fault_point(sale);
         match sell_in(locks, sale, segment, guard).await? {
             Some(decided) => return Ok(decided),
             None => continue,

@@ -79,3 +79,17 @@ impl Served {
         nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"))
     }
 }
+
+/// Waits until process `pid` is stopped (state `T` in /proc): a SIGSTOP took effect.
+pub async fn stopped(pid: nix::unistd::Pid) {
+    let stat = format!("/proc/{pid}/stat");
+    loop {
+        let text = tokio::fs::read_to_string(&stat).await.expect("read stat");
+        // The state follows the command name, which is in parentheses.
+        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,356 @@
+//! Keeping Redis and SQL honest with each other.
+//!
+//! - **Stale claims.** A segmented purchase claims its buyer before it sells; a crash in
+//!   between leaves the claim, and the user is refused as `already_purchased` with no
+//!   order. Every claim carries the time by which its sale is settled, so once that time
+//!   has passed a claim still there is known to be stale, and `repair_claims.lua` removes
+//!   it. Every `serve` runs this pass every [`CLAIM_REPAIR_INTERVAL`] over the coupons it
+//!   has seen.
+//! - **Drift.** `flashsale reconcile` also compares each coupon's Redis state with SQL and
+//!   reports what does not add up ([`CouponDrift`]); it repairs nothing but stale claims,
+//!   since which side is right depends on what went wrong.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use crate::config::{ConfigError, StoreArgs, DEFAULT_DATA_DIR};
+use crate::db::{Db, DbError};
+use crate::embedded::Embedded;
+use crate::http::stream_backlog;
+use crate::keys::{CouponKeys, Keyspace};
+use crate::metrics::Metrics;
+use crate::model::Coupon;
+use crate::scripts::REPAIR_CLAIMS;
+use crate::stock::{remaining_stock, stream_buyers};
+use crate::worker::Watched;
+use crate::CliResult;
+
+/// How often a running service removes stale claims.
+pub const CLAIM_REPAIR_INTERVAL: Duration = Duration::from_secs(5);
+/// Claims one script call looks at, so one call never holds Redis for long.
+const CLAIMS_PER_CALL: usize = 500;
+/// Examples of each kind of drift shown, of however many there are.
+const EXAMPLES: usize = 5;
+
+/// Removes every stale claim of one coupon; returns how many.
+pub async fn repair_claims(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+) -> redis::RedisResult<u64> {
+    let mut removed = 0;
+    loop {
+        let batch: u64 = REPAIR_CLAIMS
+            .key(&keys.buyers)
+            .key(&keys.claims)
+            .arg(CLAIMS_PER_CALL)
+            .invoke_async(conn)
+            .await?;
+        removed += batch;
+        if batch < CLAIMS_PER_CALL as u64 {
+            return Ok(removed);
+        }
+    }
+}
+
+/// Runs [`repair_claims`] every [`CLAIM_REPAIR_INTERVAL`] over the coupons in `watched`,
+/// until aborted.
+pub fn spawn_claim_repair(
+    locks: distlock::Client,
+    keyspace: Keyspace,
+    watched: Watched,
+    metrics: Metrics,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CLAIM_REPAIR_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let mut conn = locks.connection();
+            for coupon in watched.coupons() {
+                match repair_claims(&mut conn, &keyspace.coupon(coupon)).await {
+                    Ok(0) => {}
+                    Ok(removed) => {
+                        metrics.claims_repaired.inc_by(removed);
+                        tracing::warn!(coupon, removed, "removed segmented claims left by a crash");
+                    }
+                    Err(err) => {
+                        tracing::warn!(coupon, error = %err, "could not repair segmented claims")
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// How one coupon's Redis state compares with SQL.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CouponDrift {
+    /// The coupon.
+    pub coupon_id: i64,
+    /// Units for sale.
+    pub stock: i64,
+    /// Units left in Redis; `None` when Redis holds no stock for it (never loaded, or lost:
+    /// the next purchase reloads it from SQL).
+    pub redis_remaining: Option<i64>,
+    /// Buyers Redis holds an order id for.
+    pub redis_orders: usize,
+    /// Segmented claims still in progress (after the stale ones were removed).
+    pub claims_in_progress: usize,
+    /// Stale claims this pass removed.
+    pub stale_claims_removed: u64,
+    /// Orders in SQL.
+    pub sql_orders: usize,
+    /// Order events not yet stored by a worker.
+    pub queued: i64,
+    /// `redis_remaining + redis_orders − stock`: units Redis counts twice (positive) or
+    /// lost (negative). 0 when Redis holds no stock.
+    pub counter_drift: i64,
+    /// Order ids Redis holds for buyers with no order in SQL and no event in the stream:
+    /// sales a buyer was told about that nothing will store.
+    pub missing_in_sql: Vec<String>,
+    /// How many there are (`missing_in_sql` shows a few).
+    pub missing_in_sql_count: usize,
+    /// Orders in SQL whose buyer Redis does not hold (it could sell the user another).
+    pub missing_in_redis: Vec<String>,
+    /// How many there are.
+    pub missing_in_redis_count: usize,
+    /// Buyers whose order id differs between Redis and SQL.
+    pub different_order: Vec<String>,
+    /// How many there are.
+    pub different_order_count: usize,
+}
+
+impl CouponDrift {
+    /// True when Redis and SQL disagree.
+    pub fn drifted(&self) -> bool {
+        self.counter_drift != 0
+            || self.missing_in_sql_count > 0
+            || self.missing_in_redis_count > 0
+            || self.different_order_count > 0
+    }
+}
+
+/// Why a reconcile pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Removes `coupon`'s stale claims, then compares its Redis state with SQL.
+pub async fn reconcile_coupon(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    coupon: &Coupon,
+) -> Result<CouponDrift, ReconcileError> {
+    let keys = db.keyspace().coupon(coupon.id);
+    let stale_claims_removed = repair_claims(conn, &keys).await?;
+    let entries: HashMap<i64, String> = conn.hgetall(&keys.buyers).await?;
+    let redis_remaining = remaining_stock(conn, &keys).await?;
+    let streamed: HashSet<String> = stream_buyers(conn, &keys)
+        .await?
+        .into_iter()
+        .map(|(_, order)| order)
+        .collect();
+    let queued = stream_backlog(conn, &keys)
+        .await
+        .map(|backlog| backlog.lag + backlog.pending)?;
+    let stored = db.buyers(coupon.id).await?;
+
+    let redis_orders: HashMap<i64, &String> = entries
+        .iter()
+        .filter(|(_, entry)| !entry.starts_with('~'))
+        .map(|(user, order)| (*user, order))
+        .collect();
+    let stored_users: HashSet<i64> = stored.iter().map(|(user, _)| *user).collect();
+    // A buyer with another order in SQL is a different order, reported below.
+    let mut missing_in_sql: Vec<String> = redis_orders
+        .iter()
+        .filter(|(user, order)| !stored_users.contains(user) && !streamed.contains(order.as_str()))
+        .map(|(_, order)| order.to_string())
+        .collect();
+    let (mut missing_in_redis, mut different_order) = (Vec::new(), Vec::new());
+    if redis_remaining.is_some() {
+        for (user, order) in &stored {
+            match redis_orders.get(user) {
+                Some(held) if *held == order => {}
+                Some(held) => {
+                    different_order.push(format!("user {user}: SQL {order}, Redis {held}"))
+                }
+                None => missing_in_redis.push(order.clone()),
+            }
+        }
+    }
+    let counter_drift = redis_remaining.map_or(0, |left| {
+        left + i64::try_from(redis_orders.len()).unwrap_or(i64::MAX) - coupon.stock
+    });
+    let sample = |list: &mut Vec<String>| {
+        list.sort();
+        let count = list.len();
+        list.truncate(EXAMPLES);
+        count
+    };
+    Ok(CouponDrift {
+        coupon_id: coupon.id,
+        stock: coupon.stock,
+        redis_remaining,
+        redis_orders: redis_orders.len(),
+        claims_in_progress: entries.len() - redis_orders.len(),
+        stale_claims_removed,
+        sql_orders: stored.len(),
+        queued,
+        counter_drift,
+        missing_in_sql_count: sample(&mut missing_in_sql),
+        missing_in_sql,
+        missing_in_redis_count: sample(&mut missing_in_redis),
+        missing_in_redis,
+        different_order_count: sample(&mut different_order),
+        different_order,
+    })
+}
+
+/// Flags of `flashsale reconcile`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The data directory of an embedded `serve` (REDIS_URL unset). It must not be
+    /// running: it repairs its own claims.
+    #[arg(long, env = "FLASHSALE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// The SQLite file of the embedded mode [default: DATA_DIR/flashsale.db].
+    #[arg(long)]
+    pub sqlite_path: Option<PathBuf>,
+    /// Only this coupon [default: every coupon].
+    #[arg(long)]
+    pub coupon: Option<i64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The exit code when some coupon's Redis state and SQL disagree.
+pub const EXIT_DRIFT: u8 = 3;
+
+/// Removes stale claims and reports drift. Exits 0 when every coupon adds up,
+/// [`EXIT_DRIFT`] when one does not.
+pub async fn run(args: ReconcileArgs) -> CliResult {
+    let mut config = crate::ServiceConfig::new(crate::Strategy::Lua);
+    config.redis_url = args.store.redis_url.clone();
+    config.database_url = args.store.database_url.clone();
+    config.data_dir = args.data_dir.clone();
+    config.sqlite_path = args.sqlite_path.clone();
+    let (redis_url, embedded) = match &config.redis_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let sqlite = config.database_url.is_none().then(|| config.sqlite_file());
+            let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
+            (embedded.redis_url(), Some(embedded))
+        }
+    };
+    let locks = distlock::Client::connect(&redis_url)
+        .await
+        .map_err(ConfigError::Redis)?;
+    let db = Db::connect(&config.database_url())
+        .await
+        .map_err(ConfigError::Db)?;
+    let coupons = match args.coupon {
+        Some(id) => vec![db
+            .coupon(id)
+            .await?
+            .ok_or_else(|| ConfigError::invalid("--coupon", format!("there is no coupon {id}")))?],
+        None => db.coupons_ending_after(i64::MIN).await?,
+    };
+    let mut conn = locks.connection();
+    let mut report = Vec::with_capacity(coupons.len());
+    for coupon in &coupons {
+        report.push(reconcile_coupon(&db, &mut conn, coupon).await?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    db.close().await;
+    locks.shutdown().await;
+    if let Some(embedded) = embedded {
+        embedded.stop().await;
+    }
+    Ok(if report.iter().any(CouponDrift::drifted) {
+        ExitCode::from(EXIT_DRIFT)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_table(report: &[CouponDrift]) {
+    println!(
+        "{:>8} {:>8} {:>10} {:>12} {:>7} {:>13} {:>10} {:>7}  verdict",
+        "coupon",
+        "stock",
+        "redis left",
+        "redis orders",
+        "claims",
+        "stale removed",
+        "sql orders",
+        "queued"
+    );
+    for coupon in report {
+        let left = coupon
+            .redis_remaining
+            .map_or_else(|| "-".to_owned(), |left| left.to_string());
+        println!(
+            "{:>8} {:>8} {:>10} {:>12} {:>7} {:>13} {:>10} {:>7}  {}",
+            coupon.coupon_id,
+            coupon.stock,
+            left,
+            coupon.redis_orders,
+            coupon.claims_in_progress,
+            coupon.stale_claims_removed,
+            coupon.sql_orders,
+            coupon.queued,
+            if coupon.drifted() { "DRIFT" } else { "ok" }
+        );
+    }
+    for coupon in report.iter().filter(|coupon| coupon.drifted()) {
+        let id = coupon.coupon_id;
+        if coupon.counter_drift != 0 {
+            println!(
+                "coupon {id}: Redis's counter is off by {:+}: units left + buyers ≠ stock",
+                coupon.counter_drift
+            );
+        }
+        let lists = [
+            (
+                "orders Redis holds that SQL and the stream lack",
+                coupon.missing_in_sql_count,
+                &coupon.missing_in_sql,
+            ),
+            (
+                "orders in SQL whose buyer Redis does not hold",
+                coupon.missing_in_redis_count,
+                &coupon.missing_in_redis,
+            ),
+            (
+                "buyers with another order id in Redis than in SQL",
+                coupon.different_order_count,
+                &coupon.different_order,
+            ),
+        ];
+        for (what, count, examples) in lists {
+            if count > 0 {
+                println!("coupon {id}: {count} {what}, e.g. {}", examples.join(", "));
+            }
+        }
+    }
+}

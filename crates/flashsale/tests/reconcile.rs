@@ -1,0 +1,212 @@
+//! Claims left by a crash are repaired, and `flashsale reconcile` reports where Redis and
+//! SQL disagree.
+
+mod common;
+
+use std::time::Duration;
+
+use common::child::{start_serve, stopped, BIN};
+use common::{bounded, buy, open_coupon, sqlite_config};
+use distlock_testkit::RedisServer;
+use flashsale::db::Db;
+use flashsale::{Service, Strategy};
+use redis::AsyncCommands;
+use tokio::process::Command;
+
+/// A segmented instance is killed between claiming a buyer and selling: the buyer is
+/// refused (`already_purchased`, no order) until the claim's settle-by time passes, and
+/// then the other instance's repair removes the claim and the buyer can buy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_by_a_killed_instance_is_repaired_and_the_user_can_buy() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let mut command = Command::new(BIN);
+        command
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", &database)
+            .env("FLASHSALE_FAULT_STOP_HOLDER_OF_USER", "7");
+        let mut doomed = start_serve(
+            command,
+            &[
+                "--strategy",
+                "segmented",
+                "--request-timeout-ms",
+                "1000",
+                "--lock-lease-ms",
+                "1000",
+            ],
+        )
+        .await;
+        let mut config = sqlite_config(Strategy::Segmented, &dir, Some(redis.url()));
+        config.sqlite_path = None;
+        config.database_url = Some(database.clone());
+        let survivor = Service::start(config).await.expect("survivor");
+        let (client, base) = (reqwest::Client::new(), survivor.base_url());
+        let coupon = open_coupon(&client, &base, 10).await;
+
+        // The doomed instance claims user 7, takes a segment's lock and stops; then dies.
+        let doomed_base = doomed.base.clone();
+        let (doomed_client, in_flight) = (client.clone(), coupon);
+        let _abandoned = tokio::spawn(async move {
+            let _ = doomed_client
+                .post(format!("{doomed_base}/api/coupons/{in_flight}/seckill"))
+                .header("x-user-id", 7)
+                .send()
+                .await;
+        });
+        stopped(doomed.pid()).await;
+        doomed.child.kill().await.expect("kill -9");
+
+        let blocked = buy(&client, &base, coupon, 7).await;
+        assert_eq!(
+            blocked.body["error"], "already_purchased",
+            "{}",
+            blocked.body
+        );
+        assert!(blocked.body["order_id"].is_null(), "{}", blocked.body);
+
+        // Once the claim's sale is settled (1 s deadline + 2.5 s), the repair removes it.
+        let buyers = survivor.db().keyspace().coupon(coupon).buyers;
+        let mut conn = redis.connection().await.expect("redis");
+        while conn
+            .hexists::<_, _, bool>(&buyers, 7)
+            .await
+            .expect("hexists")
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let bought = buy(&client, &base, coupon, 7).await;
+        assert_eq!(bought.status, 201, "{}", bought.body);
+        let metrics = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            metrics.contains("flashsale_claims_repaired_total 1"),
+            "{metrics}"
+        );
+        survivor.shutdown().await;
+    })
+    .await;
+}
+
+/// Runs `flashsale reconcile --json EXTRA…` on `redis_url` and `database`, and returns its
+/// exit code and report.
+async fn reconcile(redis_url: &str, database: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let output = Command::new(BIN)
+        .args(["reconcile", "--json"])
+        .args(extra)
+        .env("REDIS_URL", redis_url)
+        .env("DATABASE_URL", database)
+        .output()
+        .await
+        .expect("run reconcile");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|err| {
+        panic!(
+            "not JSON ({err}): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().unwrap_or(-1), report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_removes_only_stale_claims_and_reports_each_kind_of_drift() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
+            .await
+            .expect("service");
+        let database = format!("sqlite://{}", dir.path().join("flashsale.db").display());
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        let clean = open_coupon(&client, &base, 5).await;
+        let drifted = open_coupon(&client, &base, 10).await;
+        for user in 1..=4 {
+            assert_eq!(buy(&client, &base, clean, user).await.status, 201);
+            assert_eq!(buy(&client, &base, drifted, user).await.status, 201);
+        }
+        common::drain(&client, &base, drifted).await;
+        common::drain(&client, &base, clean).await;
+        service.shutdown().await;
+
+        let (code, report) = reconcile(&redis.url(), &database, &[]).await;
+        assert_eq!(code, 0, "{report:#}");
+
+        // Break the drifted coupon in each way reconcile must see.
+        let db = Db::connect(&database).await.expect("db");
+        let keys = db.keyspace().coupon(drifted);
+        let mut conn = redis.connection().await.expect("redis");
+        let now_ms = flashsale::model::now_millis();
+        let stale = format!("~{}:gone-1:c{drifted}-u50-dead", now_ms - 1_000);
+        let fresh = format!("~{}:alive-2:c{drifted}-u51-busy", now_ms + 600_000);
+        let () = redis::pipe()
+            .hset(&keys.buyers, 50, &stale)
+            .zadd(&keys.claims, 50, now_ms - 1_000)
+            .hset(&keys.buyers, 51, &fresh)
+            .zadd(&keys.claims, 51, now_ms + 600_000)
+            // A sale Redis told a buyer about that nothing will store.
+            .hset(&keys.buyers, 60, format!("c{drifted}-u60-lost"))
+            .hincr(&keys.stock, 0, -1)
+            // A stored order whose buyer Redis forgot, and one it remembers differently.
+            .hdel(&keys.buyers, 1)
+            .hset(&keys.buyers, 2, format!("c{drifted}-u2-other"))
+            // A counter that counts three units too many.
+            .hincr(&keys.stock, 0, 3)
+            .query_async(&mut conn)
+            .await
+            .expect("break");
+
+        let (code, report) = reconcile(&redis.url(), &database, &[]).await;
+        assert_eq!(code, 3, "{report:#}");
+        let find = |id: i64| {
+            report
+                .as_array()
+                .expect("array")
+                .iter()
+                .find(|coupon| coupon["coupon_id"] == id)
+                .expect("coupon in report")
+                .clone()
+        };
+        let ok = find(clean);
+        assert_eq!(
+            (
+                ok["counter_drift"].as_i64(),
+                ok["missing_in_sql_count"].as_i64()
+            ),
+            (Some(0), Some(0)),
+            "{ok:#}"
+        );
+        let bad = find(drifted);
+        assert_eq!(bad["stale_claims_removed"], 1, "{bad:#}");
+        assert_eq!(bad["claims_in_progress"], 1, "{bad:#}");
+        assert_eq!(
+            bad["missing_in_sql"],
+            serde_json::json!([format!("c{drifted}-u60-lost")])
+        );
+        assert_eq!(bad["missing_in_redis_count"], 1, "{bad:#}");
+        assert_eq!(bad["different_order_count"], 1, "{bad:#}");
+        // Left: 10 − 4 sold − 1 (user 60) + 3 = 8; orders in Redis: 2, 3, 4, 60. The
+        // counter's +3 shows, less the unit of the buyer Redis forgot.
+        assert_eq!(bad["counter_drift"], 3 - 1, "{bad:#}");
+        let entries: std::collections::HashMap<i64, String> =
+            conn.hgetall(&keys.buyers).await.expect("buyers");
+        assert!(!entries.contains_key(&50), "the stale claim is gone");
+        assert_eq!(
+            entries.get(&51),
+            Some(&fresh),
+            "a claim in progress is kept"
+        );
+
+        let (code, _) = reconcile(&redis.url(), &database, &["--coupon", &clean.to_string()]).await;
+        assert_eq!(code, 0);
+    })
+    .await;
+}
