@@ -120,10 +120,15 @@ pub struct ServiceConfig {
     /// How long a graceful shutdown lets requests in flight finish before it cuts their
     /// connections (a client that stops sending must not keep the service up).
     pub shutdown_timeout: Duration,
+    /// How long a client may take to send a request's headers, and then its body.
+    pub read_timeout: Duration,
 }
 
 /// Where `serve` keeps its data when REDIS_URL is unset, relative to the working directory.
 pub const DEFAULT_DATA_DIR: &str = "flashsale-data";
+
+/// How long a client may take to send a request's headers, and then its body, by default.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a graceful shutdown waits for requests in flight by default.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -141,6 +146,7 @@ impl ServiceConfig {
             strategy: StrategySettings::new(strategy),
             worker: Some(WorkerSettings::new()),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            read_timeout: DEFAULT_READ_TIMEOUT,
         }
     }
 

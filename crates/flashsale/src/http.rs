@@ -20,8 +20,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -55,20 +56,26 @@ pub struct AppState {
     pub(crate) runs_worker: bool,
     /// When the service started: a worker gets that long to finish its first round.
     pub(crate) started: Instant,
+    /// How long a request body may take to arrive.
+    pub(crate) read_timeout: Duration,
 }
+
+/// The purchase route, which bounds itself by its own deadline (see [`observe`]).
+const SECKILL_ROUTE: &str = "/api/coupons/{id}/seckill";
 
 /// The service's routes.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/api/coupons", post(create_coupon))
         .route("/api/coupons/{id}", get(get_coupon))
-        .route("/api/coupons/{id}/seckill", post(seckill))
+        .route(SECKILL_ROUTE, post(seckill))
         .route("/api/coupons/{id}/stats", get(coupon_stats))
         .route("/api/users/{id}/orders", get(user_orders))
         .route("/api/orders/{id}", get(order_lookup))
         .route("/healthz", get(healthz))
         .route("/ping", get(ping))
         .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), observe))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -78,6 +85,38 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// Every routed request: bounded by the request timeout, and timed by route and status.
+///
+/// A purchase is not cut here: it is bounded by its own deadline, and answering a timeout
+/// while its sale is being resolved could deny a sale that happened.
+async fn observe(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let started = Instant::now();
+    let response = if route == SECKILL_ROUTE {
+        next.run(request).await
+    } else {
+        let limit = state.reserver.settings().request_timeout;
+        match tokio::time::timeout(limit, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "request_timeout",
+                format!("the service could not answer within {limit:?}; try again"),
+            )
+            .retry_after(1)
+            .into_response(),
+        }
+    };
+    state
+        .metrics
+        .observe_http(&route, response.status().as_u16(), started.elapsed());
+    response
 }
 
 /// Parses a positive id the way every route does: ASCII digits only, 1 to 2^63 − 1.
@@ -157,8 +196,25 @@ impl AppState {
 
 async fn create_coupon(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<NewCoupon>, JsonRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    // The body is read under its own deadline: a client that trickles it must not hold a
+    // connection and a task for as long as it likes.
+    let body = tokio::time::timeout(
+        state.read_timeout,
+        Json::<NewCoupon>::from_request(request, &state),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {:?}",
+                state.read_timeout
+            ),
+        )
+    })?;
     let Json(new) = body.map_err(|rejection| match rejection {
         JsonRejection::MissingJsonContentType(_) => ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -29,6 +29,7 @@ pub mod model;
 pub mod reconcile;
 mod scripts;
 pub mod serve;
+pub mod server;
 pub mod service;
 pub mod stock;
 pub mod strategy;

@@ -24,12 +24,31 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// The labels of an HTTP request: its route pattern and response status.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabel {
+    /// The route, as declared (`/api/coupons/{id}/seckill`).
+    pub route: String,
+    /// The response status.
+    pub status: u16,
+}
+
+/// A histogram family whose histograms share one set of buckets.
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// 100 µs to about 52 s.
+fn http_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
+}
+
 /// Every metric of one service instance. Cheap to clone; clones share the values.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
     /// Purchase requests by outcome.
     pub purchases: Family<OutcomeLabel, Counter>,
+    /// Seconds from request to response, by route and status.
+    pub http_seconds: Histograms<HttpLabel>,
     /// Seconds spent reserving in Redis (the strategy's work, not HTTP).
     pub reservation_seconds: Histogram,
     /// Seconds a purchase waited for a coupon or segment lock, acquired or not.
@@ -66,6 +85,12 @@ impl Metrics {
             "purchases",
             "Purchase requests by outcome",
             purchases.clone(),
+        );
+        let http_seconds: Histograms<HttpLabel> = Family::new_with_constructor(http_histogram);
+        registry.register(
+            "http_request_seconds",
+            "Time from request to response, by route and status",
+            http_seconds.clone(),
         );
         // 50 µs to about 1.6 s: a script round trip sits at the bottom, a lock wait in the middle.
         let reservation_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
@@ -138,6 +163,7 @@ impl Metrics {
         Metrics {
             registry: Arc::new(registry),
             purchases,
+            http_seconds,
             reservation_seconds,
             lock_wait_seconds,
             lock_writes_refused,
@@ -159,6 +185,16 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// Records one HTTP request.
+    pub fn observe_http(&self, route: &str, status: u16, took: std::time::Duration) {
+        self.http_seconds
+            .get_or_create(&HttpLabel {
+                route: route.to_owned(),
+                status,
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts one write the `lock` strategy refused.

@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// it cuts their connections; the order worker then still stores what was sold.
     #[arg(long, default_value_t = 10)]
     pub shutdown_timeout: u64,
+    /// How long a client may take to send a request's headers, and then its body, in ms;
+    /// a slower one is cut off (headers) or answered 408 (body).
+    #[arg(long, default_value_t = 10_000)]
+    pub read_timeout_ms: u64,
     /// Serve `--strategy unsafe` anyway. It oversells by design (a GET, then a DECR): it
     /// exists to show what the other strategies prevent, not to take real orders.
     #[arg(long)]
@@ -65,6 +69,12 @@ impl ServeArgs {
                 "must be at least 100",
             ));
         }
+        if !(100..=600_000).contains(&self.read_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "--read-timeout-ms",
+                "must be between 100 and 600000",
+            ));
+        }
         let worker = (!self.no_worker).then(|| WorkerSettings {
             reclaim_idle: Duration::from_millis(self.reclaim_idle_ms),
             ..WorkerSettings::new()
@@ -78,6 +88,7 @@ impl ServeArgs {
             strategy: self.knobs.settings(self.strategy)?,
             worker,
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+            read_timeout: Duration::from_millis(self.read_timeout_ms),
         })
     }
 }

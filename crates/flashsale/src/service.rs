@@ -103,6 +103,7 @@ impl Service {
             coupons: Default::default(),
             runs_worker: worker.is_some(),
             started: std::time::Instant::now(),
+            read_timeout: config.read_timeout,
         });
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -119,14 +120,12 @@ impl Service {
         let stop_http = CancellationToken::new();
         let app = router(state.clone());
         let stopped = stop_http.clone();
-        let http = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopped.cancelled().await })
-                .await;
-            if let Err(err) = served {
-                tracing::error!(error = %err, "the HTTP server failed");
-            }
-        });
+        let http = tokio::spawn(crate::server::serve(
+            listener,
+            app,
+            config.read_timeout,
+            stopped,
+        ));
         tracing::info!(%addr, strategy = %state.reserver.settings().strategy, "flashsale listening");
         Ok(Service {
             addr,

@@ -1,0 +1,132 @@
+//! Slow clients and a slow store: headers, bodies and requests each have a deadline, and
+//! every request is timed by route and status.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bounded, send, sqlite_config};
+use distlock_testkit::RedisServer;
+use flashsale::{Service, Strategy};
+use sqlx::Connection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A service whose clients get 500 ms for headers and bodies, and requests 1 s.
+async fn impatient() -> (Service, RedisServer, tempfile::TempDir) {
+    let redis = RedisServer::start().await.expect("redis");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut config = sqlite_config(Strategy::Lua, &dir, Some(redis.url()));
+    config.read_timeout = Duration::from_millis(500);
+    config.strategy.request_timeout = Duration::from_secs(1);
+    let service = Service::start(config).await.expect("service");
+    (service, redis, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_trickles_its_headers_is_cut_off() {
+    bounded(Duration::from_secs(30), async {
+        let (service, _redis, _dir) = impatient().await;
+        let mut slow = tokio::net::TcpStream::connect(service.addr())
+            .await
+            .expect("connect");
+        slow.write_all(b"GET /ping HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("write");
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        // The server closes the connection (perhaps after a 408) instead of waiting.
+        let _ = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest))
+            .await
+            .expect("the connection is still open 10 s later");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        service.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_trickles_its_body_gets_408() {
+    bounded(Duration::from_secs(30), async {
+        let (service, _redis, _dir) = impatient().await;
+        let mut slow = tokio::net::TcpStream::connect(service.addr())
+            .await
+            .expect("connect");
+        slow.write_all(
+            b"POST /api/coupons HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"title\"",
+        )
+        .await
+        .expect("write");
+        let started = Instant::now();
+        let mut answer = vec![0; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut answer))
+            .await
+            .expect("no answer 10 s later")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("request_timeout"), "{answer}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        service.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stuck_on_the_database_is_answered_at_its_deadline_and_timed() {
+    bounded(Duration::from_secs(30), async {
+        let (service, _redis, dir) = impatient().await;
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        // Another process holds the SQLite file's write lock; a write waits for it (5 s).
+        let path = dir.path().join("flashsale.db");
+        let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("second connection");
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut other)
+            .await
+            .expect("lock the file");
+        let started = Instant::now();
+        let stuck = send(
+            client
+                .post(format!("{base}/api/coupons"))
+                .header("content-type", "application/json")
+                .body(
+                    serde_json::json!({
+                        "title": "stuck", "stock": 1, "price": 1,
+                        "starts_at": "2026-01-01T00:00:00Z", "ends_at": "2036-01-01T00:00:00Z"
+                    })
+                    .to_string(),
+                ),
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(stuck.status, 503, "{}", stuck.body);
+        assert_eq!(stuck.body["error"], "request_timeout", "{}", stuck.body);
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        sqlx::query("ROLLBACK")
+            .execute(&mut other)
+            .await
+            .expect("unlock");
+
+        let metrics = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            metrics.contains(
+                "flashsale_http_request_seconds_count{route=\"/api/coupons\",status=\"503\"} 1"
+            ),
+            "{metrics}"
+        );
+        service.shutdown().await;
+    })
+    .await;
+}
