@@ -150,11 +150,36 @@ impl ServiceConfig {
         }
     }
 
-    /// The database URL in effect.
+    /// The database URL in effect. A path is percent-encoded where a URL would read it
+    /// otherwise (`%`, `?`, `#`), so `/data/50%20off` names that directory.
     pub fn database_url(&self) -> String {
-        self.database_url
-            .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", self.sqlite_file().display()))
+        self.database_url.clone().unwrap_or_else(|| {
+            let path = self.sqlite_file().display().to_string();
+            let mut encoded = String::with_capacity(path.len());
+            for c in path.chars() {
+                match c {
+                    '%' => encoded.push_str("%25"),
+                    '?' => encoded.push_str("%3F"),
+                    '#' => encoded.push_str("%23"),
+                    c => encoded.push(c),
+                }
+            }
+            format!("sqlite://{encoded}")
+        })
+    }
+
+    /// The SQLite file the database URL in effect names, if it is SQLite: the file an
+    /// embedded instance must hold alone.
+    pub fn sqlite_file_in_use(&self) -> Option<PathBuf> {
+        let Some(url) = &self.database_url else {
+            return Some(self.sqlite_file());
+        };
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))?;
+        let path = rest.split('?').next().unwrap_or_default();
+        let path = percent_decode(path);
+        (!path.is_empty() && path != ":memory:").then(|| PathBuf::from(path))
     }
 
     /// The SQLite file in effect when `database_url` is `None`.
@@ -163,6 +188,31 @@ impl ServiceConfig {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("flashsale.db"))
     }
+}
+
+/// Decodes `%XX` escapes, as sqlx does for a SQLite URL's path; a malformed escape is
+/// kept as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Why the service could not start.
@@ -216,6 +266,14 @@ pub enum ConfigError {
         /// The measured p99 of the critical section.
         p99: Duration,
     },
+    /// Another embedded instance uses this PostgreSQL database.
+    #[error(
+        "the database is in use by another flashsale serve in the embedded mode (REDIS_URL \
+         unset): two private Redis servers would sell the same stock twice. Give each \
+         embedded instance its own database, or run a fleet by setting REDIS_URL and \
+         DATABASE_URL on every instance"
+    )]
+    DatabaseInUse,
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
     Db(#[source] DbError),
@@ -341,5 +399,30 @@ impl Sandbox {
             ""
         };
         format!("{redis}, {database}{note}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_with_url_syntax_in_its_name_names_that_directory() {
+        let mut config = ServiceConfig::new(Strategy::Lua);
+        config.data_dir = PathBuf::from("/srv/50%20off?#x");
+        let url = config.database_url();
+        assert_eq!(url, "sqlite:///srv/50%2520off%3F%23x/flashsale.db");
+        assert_eq!(
+            ServiceConfig {
+                database_url: Some(url),
+                ..config.clone()
+            }
+            .sqlite_file_in_use(),
+            Some(PathBuf::from("/srv/50%20off?#x/flashsale.db"))
+        );
+        config.database_url = Some("sqlite:shop.db?mode=rwc".into());
+        assert_eq!(config.sqlite_file_in_use(), Some(PathBuf::from("shop.db")));
+        config.database_url = Some("postgres://u@h/db".into());
+        assert_eq!(config.sqlite_file_in_use(), None);
     }
 }

@@ -182,6 +182,28 @@ impl Db {
         self.dialect
     }
 
+    /// PostgreSQL: takes a session-level advisory lock on this store (keyed by its
+    /// namespace) on a connection of its own, held for as long as that connection lives.
+    /// `None` when another session holds it. An embedded instance holds its database this
+    /// way, as it holds a SQLite file with a lock file.
+    pub async fn lock_exclusively(&self) -> Result<Option<sqlx::AnyConnection>, DbError> {
+        let key = i64::from_str_radix(
+            self.keyspace
+                .namespace()
+                .get(..15)
+                .unwrap_or(self.keyspace.namespace()),
+            16,
+        )
+        .unwrap_or(0);
+        let mut connection = self.pool.acquire().await?.detach();
+        let held: bool = sqlx::query("SELECT pg_try_advisory_lock($1) AS held")
+            .bind(key)
+            .fetch_one(&mut connection)
+            .await?
+            .try_get("held")?;
+        Ok(held.then_some(connection))
+    }
+
     /// Closes every connection.
     pub async fn close(&self) {
         self.pool.close().await;

@@ -29,8 +29,9 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    /// Takes `data_dir` (created if missing) and, when the database is a SQLite file
-    /// elsewhere, that file too; then starts the private Redis on the directory's data.
+    /// Takes `data_dir` (created if missing, readable by its owner only) and, when the
+    /// database is a SQLite file, that file too; then starts the private Redis on the
+    /// directory's data.
     pub async fn open(
         data_dir: &Path,
         sqlite_path: Option<&Path>,
@@ -41,6 +42,12 @@ impl Embedded {
                 format!("cannot create {}: {err}", data_dir.display()),
             )
         })?;
+        // Orders, and the Redis password, are nobody else's business.
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(err) = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))
+        {
+            tracing::warn!(error = %err, dir = %data_dir.display(), "could not make the data directory private");
+        }
         let data_dir = std::fs::canonicalize(data_dir).map_err(|err| {
             ConfigError::invalid(
                 "--data-dir",
@@ -49,11 +56,10 @@ impl Embedded {
         })?;
         let mut locks = vec![take(&data_dir.join(LOCK_FILE), &data_dir)?];
         // Two instances with private Redis servers on one SQLite file would each sell the
-        // whole stock, so the file is held as well when it lives outside the directory.
-        if let Some(sqlite) = sqlite_path
-            .map(resolve_file)
-            .filter(|path| !path.starts_with(&data_dir))
-        {
+        // whole stock, so the file is held too, wherever it is and however it was named
+        // (the default, --sqlite-path or DATABASE_URL): a data directory of its own does
+        // not make the database its own.
+        if let Some(sqlite) = sqlite_path.map(resolve_file) {
             let mut lock = sqlite.as_os_str().to_owned();
             lock.push(".lock");
             locks.push(take(Path::new(&lock), &data_dir)?);

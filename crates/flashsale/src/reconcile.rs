@@ -253,7 +253,7 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     let (redis_url, embedded) = match &config.redis_url {
         Some(url) => (url.clone(), None),
         None => {
-            let sqlite = config.database_url.is_none().then(|| config.sqlite_file());
+            let sqlite = config.sqlite_file_in_use();
             let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
             (embedded.redis_url(), Some(embedded))
         }

@@ -31,6 +31,8 @@ pub struct Service {
     worker: Option<JoinHandle<()>>,
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
+    /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
+    _store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
     embedded: Option<Embedded>,
 }
@@ -43,7 +45,7 @@ impl Service {
         let (redis_url, embedded) = match &config.redis_url {
             Some(url) => (url.clone(), None),
             None => {
-                let sqlite = config.database_url.is_none().then(|| config.sqlite_file());
+                let sqlite = config.sqlite_file_in_use();
                 let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
                 (embedded.redis_url(), Some(embedded))
             }
@@ -57,6 +59,15 @@ impl Service {
         let db = Db::connect(&config.database_url())
             .await
             .map_err(ConfigError::Db)?;
+        let store_lock = match (&embedded, db.dialect()) {
+            (Some(_), crate::db::Dialect::Postgres) => Some(
+                db.lock_exclusively()
+                    .await
+                    .map_err(ConfigError::Db)?
+                    .ok_or(ConfigError::DatabaseInUse)?,
+            ),
+            _ => None,
+        };
         crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();
         let watched = Watched::default();
@@ -138,6 +149,7 @@ impl Service {
             http,
             worker,
             claim_repair,
+            _store_lock: store_lock,
             embedded,
         })
     }

@@ -232,10 +232,6 @@ async fn kill_9_mid_burst_on_the_defaults_then_a_restart_keeps_every_order_a_buy
         let dir = tempfile::tempdir().expect("dir");
         let data = dir.path().join("flashsale-data");
         let mut first = serve_on_defaults(dir.path(), &[]).await;
-        assert!(
-            !data.join("flashsale.db.lock").exists(),
-            "the default SQLite file, inside the locked data directory, got a lock of its own"
-        );
         let redis_dir = std::fs::canonicalize(&data)
             .expect("data dir")
             .join("redis");
@@ -464,6 +460,69 @@ async fn a_second_embedded_serve_on_the_same_sqlite_file_is_refused() {
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains("shared.db.lock"), "{stderr}");
         assert!(stderr.contains("DATABASE_URL"), "{stderr}");
+    })
+    .await;
+}
+
+/// The first instance uses the default SQLite file inside its data directory; others
+/// name that file from their own data directories, by --sqlite-path or DATABASE_URL.
+/// Each would sell the whole stock again from its own private Redis (found by review:
+/// 99 orders for 50 units).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_serve_on_another_instances_default_sqlite_file_is_refused() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let _first = serve_on_defaults(dir.path(), &["--data-dir", "first"]).await;
+        let taken = dir.path().join("first").join("flashsale.db");
+        let taken = taken.to_str().expect("utf-8 path");
+        let second_dir = dir.path().join("second");
+        let second_dir = second_dir.to_str().expect("utf-8 path");
+        let by_url = format!("sqlite://{taken}");
+        for (how, args, env) in [
+            ("--sqlite-path", vec!["--sqlite-path", taken], vec![]),
+            (
+                "DATABASE_URL",
+                vec![],
+                vec![("DATABASE_URL", by_url.as_str())],
+            ),
+        ] {
+            let mut argv = vec!["serve", "--listen", "127.0.0.1:0", "--data-dir", second_dir];
+            argv.extend(args);
+            let (code, stderr) = run(&argv, &env).await;
+            assert_eq!(code, 2, "{how}: {stderr}");
+            assert!(stderr.contains("flashsale.db.lock"), "{how}: {stderr}");
+        }
+    })
+    .await;
+}
+
+/// An embedded instance holds a PostgreSQL store too (an advisory lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused() {
+    bounded(Duration::from_secs(60), async {
+        let postgres = distlock_testkit::PostgresServer::start()
+            .await
+            .expect("postgres");
+        let dir = tempfile::tempdir().expect("dir");
+        let mut first = Command::new(BIN);
+        first
+            .env_remove("REDIS_URL")
+            .env("DATABASE_URL", postgres.url())
+            .current_dir(dir.path());
+        let _first = common::child::start_serve(first, &["--data-dir", "first"]).await;
+        let (code, stderr) = run(
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                dir.path().join("second").to_str().expect("utf-8 path"),
+            ],
+            &[("DATABASE_URL", &postgres.url())],
+        )
+        .await;
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("the database is in use"), "{stderr}");
     })
     .await;
 }
