@@ -148,6 +148,10 @@ pub struct Worker {
     last_reclaim: Option<Instant>,
     /// Whether a sole consumer has taken over everything an earlier run left pending.
     adopted: bool,
+    /// Whether entries may be pending for this very consumer that it never stored: a read
+    /// whose reply was lost (Redis had already delivered them) or a commit that failed.
+    /// Then the next round reads its own history (`XREADGROUP … 0`) first.
+    own_pending_unread: bool,
 }
 
 impl Worker {
@@ -174,6 +178,7 @@ impl Worker {
             last_refresh: None,
             last_reclaim: None,
             adopted: false,
+            own_pending_unread: false,
         })
     }
 
@@ -181,6 +186,22 @@ impl Worker {
     /// wait when `None`). The entries are pending for this worker until committed.
     pub async fn read_new(
         &mut self,
+        block: Option<Duration>,
+    ) -> Result<Vec<Delivery>, WorkerError> {
+        self.read(">", block).await
+    }
+
+    /// Reads the entries delivered to this worker and not yet acknowledged (its own
+    /// history, `XREADGROUP … 0`): what a lost read reply or a failed commit left behind.
+    pub async fn read_own_pending(&mut self) -> Result<Vec<Delivery>, WorkerError> {
+        self.read("0", None).await
+    }
+
+    /// `XREADGROUP` from `from` (`>` new entries, `0` this consumer's pending ones) on
+    /// every watched stream.
+    async fn read(
+        &mut self,
+        from: &str,
         block: Option<Duration>,
     ) -> Result<Vec<Delivery>, WorkerError> {
         self.refresh_watched().await?;
@@ -191,7 +212,7 @@ impl Worker {
             }
             return Ok(Vec::new());
         }
-        let ids = vec![">"; streams.len()];
+        let ids = vec![from; streams.len()];
         let mut options = StreamReadOptions::default()
             .group(ORDER_GROUP, &self.settings.consumer)
             .count(self.settings.batch);
@@ -309,8 +330,8 @@ impl Worker {
     }
 
     /// Reads, stores and acknowledges until `shutdown` fires, then drains: it keeps going
-    /// until a read finds nothing new, so every event appended before the HTTP server
-    /// stopped is stored before the process exits.
+    /// until a round finds nothing new and nothing of its own pending, so every event
+    /// appended before the HTTP server stopped is stored before the process exits.
     pub async fn run(mut self, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
             match self.round(Some(self.settings.block)).await {
@@ -319,16 +340,20 @@ impl Worker {
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "order worker round failed; retrying");
+                    self.own_pending_unread = true;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
         }
         let deadline = Instant::now() + Duration::from_secs(30);
+        // Whatever happened before, nothing this consumer holds is left unstored.
+        self.own_pending_unread = true;
         loop {
             match self.round(None).await {
-                Ok(0) => break,
+                Ok(0) if !self.own_pending_unread => break,
                 Ok(_) => {}
                 Err(err) if Instant::now() < deadline => {
+                    self.own_pending_unread = true;
                     tracing::warn!(error = %err, "order worker drain round failed; retrying");
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
@@ -341,12 +366,21 @@ impl Worker {
         tracing::info!(consumer = %self.settings.consumer, "order worker drained");
     }
 
-    /// One round: reclaim if due, read new entries, commit. Returns the entries handled.
+    /// One round: this consumer's own unstored entries if any may exist, reclaim if due,
+    /// read new entries, commit. Returns the entries handled.
     async fn round(&mut self, block: Option<Duration>) -> Result<usize, WorkerError> {
         let reclaim_due = self
             .last_reclaim
             .is_none_or(|at| at.elapsed() >= self.settings.reclaim_idle / 2);
         let mut handled = 0;
+        if self.own_pending_unread {
+            let mine = self.read_own_pending().await?;
+            handled += mine.len();
+            self.commit(&mine).await?;
+            if mine.len() < self.settings.batch {
+                self.own_pending_unread = false;
+            }
+        }
         if reclaim_due || (self.settings.sole_consumer && !self.adopted) {
             self.last_reclaim = Some(Instant::now());
             let claimed = self.reclaim().await?;
