@@ -80,6 +80,12 @@ impl Embedded {
         self.redis.url()
     }
 
+    /// `Some(its last log lines)` once the private Redis has exited on its own: the
+    /// service cannot go on without it.
+    pub fn redis_exited(&mut self) -> Option<Vec<String>> {
+        self.redis.has_exited().then(|| self.redis.recent_log())
+    }
+
     /// The data directory, absolute.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir

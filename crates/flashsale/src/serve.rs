@@ -93,12 +93,15 @@ impl ServeArgs {
     }
 }
 
+/// How often `serve` checks that its private Redis still runs.
+const REDIS_WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Serves until SIGTERM or SIGINT, then shuts down gracefully: in-flight requests finish
 /// and the worker stores every queued order it can read.
 pub async fn run(args: ServeArgs) -> CliResult {
     let config = args.config()?;
     let database = crate::db::mask_password(&config.database_url());
-    let service = Service::start(config).await?;
+    let mut service = Service::start(config).await?;
     if let Some(data_dir) = service.data_dir() {
         eprintln!(
             "flashsale: embedded mode: a private Redis keeps its data in {redis}, with an \
@@ -115,9 +118,25 @@ pub async fn run(args: ServeArgs) -> CliResult {
         crate::db::mask_password(service.redis_url())
     );
     let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let mut watch = tokio::time::interval(REDIS_WATCH_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = watch.tick() => {
+                let Some(log) = service.private_redis_exited() else { continue };
+                // Nothing can be sold or stored without it, and the data directory stays
+                // locked while this process lives: exit, so a supervisor restarts the
+                // service, whose new Redis replays the append-only file.
+                eprintln!(
+                    "flashsale: the private redis-server exited unexpectedly; stopping (a \
+                     restart replays its append-only file). Its last lines:\n{}",
+                    log.join("\n")
+                );
+                drop(service);
+                return Ok(ExitCode::FAILURE);
+            }
+        }
     }
     eprintln!("flashsale: shutting down; draining the order queue");
     service.shutdown().await;

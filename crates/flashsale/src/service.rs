@@ -174,6 +174,11 @@ impl Service {
         self.embedded.as_ref().map(Embedded::data_dir)
     }
 
+    /// `Some(its last log lines)` if this instance's private Redis has exited on its own.
+    pub fn private_redis_exited(&mut self) -> Option<Vec<String>> {
+        self.embedded.as_mut().and_then(Embedded::redis_exited)
+    }
+
     /// What loading stock at start did.
     pub fn load_report(&self) -> &LoadReport {
         &self.load_report

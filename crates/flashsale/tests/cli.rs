@@ -526,3 +526,38 @@ async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused() {
     })
     .await;
 }
+
+/// The private Redis dies under a running embedded serve (found by review: the service
+/// stayed up holding the data directory, answering every purchase `outcome_unknown`
+/// after 5.5 s). It must exit, so a supervisor restarts it on its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_serve_whose_redis_dies_exits_and_restarts_on_its_data() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let Served {
+            mut child, base, ..
+        } = serve_on_defaults(dir.path(), &[]).await;
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &base, 5).await;
+        assert_eq!(buy(&http, &base, coupon, 1).await.status, 201);
+        let pid_file = dir.path().join("flashsale-data/redis/redis-server.pid");
+        let redis_pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        kill(Pid::from_raw(redis_pid), Signal::SIGKILL).expect("kill redis");
+        let exited = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("serve still up 10 s after its Redis died")
+            .expect("wait");
+        assert_eq!(exited.code(), Some(1));
+
+        let restarted = serve_on_defaults(dir.path(), &[]).await;
+        let base = &restarted.base;
+        let again = buy(&http, base, coupon, 1).await;
+        assert_eq!(again.body["error"], "already_purchased", "{}", again.body);
+        assert_eq!(buy(&http, base, coupon, 2).await.status, 201);
+    })
+    .await;
+}

@@ -97,6 +97,8 @@ pub(crate) async fn stop_stale_server(dir: &Path, pid_file: &Path) -> Result<Opt
     };
     tracing::warn!(pid, dir = %dir.display(), "stopping a redis-server left by an earlier run");
     let target = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+    // A stopped server (SIGSTOP) could not act on SIGTERM until continued.
+    let _ = kill(target, Signal::SIGCONT);
     // SIGTERM lets it finish its append-only file; SIGKILL is for one that hangs.
     for (signal, grace) in [
         (Signal::SIGTERM, STALE_TERM_GRACE),

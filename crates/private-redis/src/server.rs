@@ -419,6 +419,14 @@ impl PrivateRedis {
         Ok(())
     }
 
+    /// Whether the server process has exited (crashed, or was killed from outside) since it
+    /// was started. `false` after [`kill`](Self::kill): nothing runs then by design.
+    pub fn has_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| !matches!(child.try_wait(), Ok(None)))
+    }
+
     /// The last lines (up to 50) the server wrote to stdout and stderr, oldest first.
     /// Stderr lines are prefixed with `stderr: `.
     pub fn recent_log(&self) -> Vec<String> {

@@ -128,10 +128,7 @@ async fn drain(
             for (index, pending) in batch.into_iter().enumerate() {
                 let answer = match &outcome {
                     Ok(codes) => decode(codes.get(index), pending.order_id),
-                    Err(err) => Err(ReserveError::InDoubt {
-                        fence_ms,
-                        source: err.clone(),
-                    }),
+                    Err(err) => Err(ReserveError::after_send(fence_ms, err.clone())),
                 };
                 // The caller may have gone away; the outcome stands regardless.
                 let _ = pending.reply.send(answer);

@@ -253,6 +253,20 @@ pub enum ReserveError {
     },
 }
 
+impl ReserveError {
+    /// The error of a write sent with fence `fence_ms` that failed with `source`: in doubt
+    /// unless the failure proves the write never ran. A refused connection never carried
+    /// it, and a server's error reply means Redis rejected the call before running it
+    /// (our scripts raise no error after a write).
+    pub(crate) fn after_send(fence_ms: i64, source: redis::RedisError) -> ReserveError {
+        if source.is_connection_refusal() || matches!(source.kind(), redis::ErrorKind::Server(_)) {
+            ReserveError::Redis(source)
+        } else {
+            ReserveError::InDoubt { fence_ms, source }
+        }
+    }
+}
+
 /// Runs purchases with one strategy. Cheap to clone.
 #[derive(Clone)]
 pub struct Reserver {
@@ -482,7 +496,7 @@ impl Sale {
         match recorded {
             Ok(1) => Ok(self.reserved()),
             Ok(_) => Ok(Reservation::Expired),
-            Err(source) => Err(ReserveError::InDoubt { fence_ms, source }),
+            Err(source) => Err(ReserveError::after_send(fence_ms, source)),
         }
     }
 
