@@ -41,6 +41,14 @@ fn http_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
 }
 
+/// Why stock was loaded: `new` (a coupon with no sales yet) or `reload` (a coupon that
+/// had sales: Redis lost its counter).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: String,
+}
+
 /// Every metric of one service instance. Cheap to clone; clones share the values.
 #[derive(Clone)]
 pub struct Metrics {
@@ -58,6 +66,12 @@ pub struct Metrics {
     pub lock_writes_refused: Family<ReasonLabel, Counter>,
     /// Segmented claims removed because their sale could no longer happen (a crash).
     pub claims_repaired: Counter,
+    /// Stock loads into Redis, by kind. A `reload` is the one sign that Redis lost data.
+    pub stock_loads: Family<KindLabel, Counter>,
+    /// Seconds one worker commit (SQL transaction and acknowledgements) took.
+    pub worker_commit_seconds: Histogram,
+    /// Worker rounds that failed (Redis or SQL), each retried.
+    pub worker_errors: Counter,
     /// Orders the worker inserted.
     pub orders_stored: Counter,
     /// Order events skipped as already stored.
@@ -118,6 +132,24 @@ impl Metrics {
             "Segmented claims removed after their settle-by time: left by a crash between claim and sale",
             claims_repaired.clone(),
         );
+        let stock_loads = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "stock_loads",
+            "Stock loaded into Redis: new (no sales yet) or reload (the coupon had sales, so Redis lost its counter)",
+            stock_loads.clone(),
+        );
+        let worker_commit_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        registry.register(
+            "worker_commit_seconds",
+            "Time one order worker commit took: the SQL transaction and the acknowledgements",
+            worker_commit_seconds.clone(),
+        );
+        let worker_errors = Counter::default();
+        registry.register(
+            "worker_errors",
+            "Order worker rounds that failed and were retried",
+            worker_errors.clone(),
+        );
         let orders_stored = Counter::default();
         registry.register(
             "orders_stored",
@@ -168,6 +200,9 @@ impl Metrics {
             lock_wait_seconds,
             lock_writes_refused,
             claims_repaired,
+            stock_loads,
+            worker_commit_seconds,
+            worker_errors,
             orders_stored,
             orders_duplicate,
             orders_malformed,
@@ -195,6 +230,15 @@ impl Metrics {
                 status,
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one stock load of `kind`.
+    pub fn count_stock_load(&self, kind: &str) {
+        self.stock_loads
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one write the `lock` strategy refused.

@@ -72,7 +72,12 @@ impl Service {
         let metrics = Metrics::new();
         let watched = Watched::default();
         let settings: StrategySettings = config.strategy.clone();
-        let loader = StockLoader::new(locks.clone(), db.clone(), settings.stock_segments());
+        let loader = StockLoader::new(
+            locks.clone(),
+            db.clone(),
+            settings.stock_segments(),
+            metrics.clone(),
+        );
         let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
         tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
 

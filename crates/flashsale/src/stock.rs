@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, ORDER_GROUP};
+use crate::metrics::Metrics;
 use crate::model::{now_millis, Coupon};
 use crate::scripts::LOAD_STOCK;
 
@@ -60,15 +61,18 @@ pub struct StockLoader {
     locks: distlock::Client,
     db: Db,
     segments: u32,
+    metrics: Metrics,
 }
 
 impl StockLoader {
-    /// A loader writing `segments` stock fields per coupon.
-    pub fn new(locks: distlock::Client, db: Db, segments: u32) -> Self {
+    /// A loader writing `segments` stock fields per coupon, counting its loads in
+    /// `metrics`.
+    pub fn new(locks: distlock::Client, db: Db, segments: u32, metrics: Metrics) -> Self {
         StockLoader {
             locks,
             db,
             segments: segments.max(1),
+            metrics,
         }
     }
 
@@ -133,6 +137,16 @@ impl StockLoader {
         }
         let loaded: i64 = script.invoke_async(&mut conn).await?;
         if loaded == 1 {
+            // A coupon that had sales lost its counter: Redis lost data.
+            let kind = if sold > 0 { "reload" } else { "new" };
+            self.metrics.count_stock_load(kind);
+            if sold > 0 {
+                tracing::warn!(
+                    coupon = coupon.id,
+                    already_sold = sold,
+                    "reloading the stock of a coupon that had sales: Redis lost its counter"
+                );
+            }
             self.restore_fencing_counter(coupon).await?;
             tracing::info!(
                 coupon = coupon.id,

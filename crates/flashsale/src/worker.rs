@@ -303,6 +303,7 @@ impl Worker {
         if deliveries.is_empty() {
             return Ok(Committed::default());
         }
+        let started = Instant::now();
         let orders: Vec<OrderEvent> = deliveries.iter().filter_map(|d| d.event.clone()).collect();
         let stored = self.db.store_orders(&orders, now_millis()).await?;
         let committed = Committed {
@@ -323,6 +324,9 @@ impl Worker {
         for (stream, ids) in by_stream {
             let _: i64 = self.conn.xack(stream, ORDER_GROUP, &ids).await?;
         }
+        self.metrics
+            .worker_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
         self.metrics.orders_stored.inc_by(committed.stored);
         self.metrics.orders_duplicate.inc_by(committed.duplicates);
         self.metrics.orders_malformed.inc_by(committed.malformed);
@@ -340,6 +344,7 @@ impl Worker {
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "order worker round failed; retrying");
+                    self.metrics.worker_errors.inc();
                     self.own_pending_unread = true;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
@@ -353,6 +358,7 @@ impl Worker {
                 Ok(0) if !self.own_pending_unread => break,
                 Ok(_) => {}
                 Err(err) if Instant::now() < deadline => {
+                    self.metrics.worker_errors.inc();
                     self.own_pending_unread = true;
                     tracing::warn!(error = %err, "order worker drain round failed; retrying");
                     tokio::time::sleep(RETRY_PAUSE).await;

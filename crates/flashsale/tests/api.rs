@@ -73,9 +73,17 @@ async fn a_purchase_from_coupon_to_stored_order() {
             "flashsale_orders_stored_total 2",
             "flashsale_stream_lag 0",
             "flashsale_stream_pending 0",
+            "flashsale_worker_errors_total 0",
+            r#"flashsale_stock_loads_total{kind="new"} 1"#,
+            r#"flashsale_http_request_seconds_count{route="/api/coupons/{id}/seckill",status="201"} 2"#,
         ] {
             assert!(metrics.lines().any(|l| l == line), "missing {line:?} in:\n{metrics}");
         }
+        let commits = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("flashsale_worker_commit_seconds_count "))
+            .and_then(|n| n.parse::<u64>().ok());
+        assert!(commits.is_some_and(|n| n >= 1), "{metrics}");
         service.shutdown().await;
     })
     .await;
