@@ -77,7 +77,7 @@ pub fn spawn_claim_repair(
                     Ok(0) => {}
                     Ok(removed) => {
                         metrics.claims_repaired.inc_by(removed);
-                        tracing::warn!(coupon, removed, "removed segmented claims left by a crash");
+                        tracing::warn!(coupon, removed, "removed segmented claims whose sale can no longer happen (a crash, or a withdrawal that failed)");
                     }
                     Err(err) => {
                         tracing::warn!(coupon, error = %err, "could not repair segmented claims")

@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::{assert_clean, bounded, heavy_plan, sqlite_service};
 use flashsale::load::{run_against, StrategyReport};
 use flashsale::Strategy;
+use redis::AsyncCommands;
 
 async fn load(strategy: Strategy, stock: i64) -> StrategyReport {
     load_counting_scripts(strategy, stock).await.0
@@ -127,6 +128,62 @@ async fn segmented_waits_at_most_lock_wait_in_all_when_every_segment_is_busy() {
         let retry = common::buy(&http, &base, coupon, 7).await;
         assert_eq!(retry.status, 201, "{}", retry.body);
         drop(held);
+        rival.shutdown().await;
+        service.shutdown().await;
+    })
+    .await;
+}
+
+/// Segmented: a purchase whose client gives up while it waits for a segment (its future
+/// dropped by the server) withdraws its claim at once; it does not block the user until
+/// the repair pass (found by review: the claim stayed for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segmented_purchase_abandoned_by_its_client_leaves_no_claim() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = common::sqlite_config(Strategy::Segmented, &dir, None);
+        let service = flashsale::Service::start(config).await.expect("start");
+        let base = service.base_url();
+        let http = reqwest::Client::new();
+        let coupon = common::open_coupon(&http, &base, 80).await;
+        let rival = distlock::Client::connect(service.redis_url())
+            .await
+            .expect("rival");
+        let keys = service.db().keyspace().coupon(coupon);
+        let mut held = Vec::new();
+        for segment in 0..8 {
+            held.push(
+                rival
+                    .lock(keys.segment_lock(segment))
+                    .unwrap()
+                    .lock()
+                    .await
+                    .expect("hold a segment"),
+            );
+        }
+        let impatient = http
+            .post(format!("{base}/api/coupons/{coupon}/seckill"))
+            .header("x-user-id", 7)
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await;
+        assert!(impatient.is_err(), "the purchase should still be waiting");
+        let mut redis = service.locks().connection();
+        let gave_up = std::time::Instant::now();
+        while redis
+            .hexists::<_, _, bool>(&keys.buyers, 7)
+            .await
+            .expect("hexists")
+        {
+            assert!(
+                gave_up.elapsed() < Duration::from_secs(2),
+                "the abandoned purchase's claim is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(held);
+        let retry = common::buy(&http, &base, coupon, 7).await;
+        assert_eq!(retry.status, 201, "{}", retry.body);
         rival.shutdown().await;
         service.shutdown().await;
     })

@@ -557,19 +557,9 @@ impl Sale {
         format!("~{}:{}:{}", self.settle_by_ms, self.instance, self.order_id)
     }
 
-    /// Withdraws this purchase's claim, if it is still there. A failure leaves a stale
-    /// claim behind, which is logged: the user is refused until it is repaired.
+    /// Withdraws this purchase's claim, if it is still there.
     pub(crate) async fn unclaim(&self, conn: &mut Connection) {
-        let withdrawn: redis::RedisResult<i64> = UNCLAIM
-            .key(&self.keys.buyers)
-            .key(&self.keys.claims)
-            .arg(self.user_id)
-            .arg(self.claim())
-            .invoke_async(conn)
-            .await;
-        if let Err(err) = withdrawn {
-            tracing::error!(order = %self.order_id, user = self.user_id, error = %err, "could not withdraw a segmented claim; the claim repair removes it once its settle-by time passes");
-        }
+        unclaim(conn, &self.keys, self.user_id, &self.claim()).await;
     }
 
     /// What the buyer's entry, read after this sale's fence passed, says about it.
@@ -592,6 +582,21 @@ impl Sale {
 pub(crate) fn already_purchased(held: String) -> Reservation {
     Reservation::AlreadyPurchased {
         order_id: (!held.starts_with('~')).then_some(held),
+    }
+}
+
+/// Withdraws `claim` on `user_id`, if it is still there. A failure is logged: the claim
+/// repair removes it once its settle-by time has passed.
+pub(crate) async fn unclaim(conn: &mut Connection, keys: &CouponKeys, user_id: i64, claim: &str) {
+    let withdrawn: redis::RedisResult<i64> = UNCLAIM
+        .key(&keys.buyers)
+        .key(&keys.claims)
+        .arg(user_id)
+        .arg(claim)
+        .invoke_async(conn)
+        .await;
+    if let Err(err) = withdrawn {
+        tracing::error!(user = user_id, claim, error = %err, "could not withdraw a segmented claim; the claim repair removes it once its settle-by time passes");
     }
 }
 

@@ -11,7 +11,8 @@
 
 use std::collections::HashMap;
 
-use super::{already_purchased, segment_stock, Reservation, ReserveError, Reserver, Sale};
+use super::{already_purchased, segment_stock, unclaim, Reservation, ReserveError, Reserver, Sale};
+use crate::keys::CouponKeys;
 use crate::scripts::CLAIM;
 
 pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservation, ReserveError> {
@@ -52,6 +53,9 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
         // The entry vanished between HSETNX and HGET (withdrawn): another request's.
         _ => return Ok(Reservation::AlreadyPurchased { order_id: None }),
     }
+    // From here until the outcome is decided, an abandoned purchase (its client gone, or
+    // cut at the shutdown deadline: its future dropped) withdraws its claim on the way out.
+    let abandoned = WithdrawOnDrop::new(sale, conn.clone());
     let outcome = take_from_some_segment(reserver, sale, segments, &shares).await;
     if matches!(
         outcome,
@@ -62,7 +66,40 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
         // back. Not after a lost write reply: resolving it decides the claim.
         sale.unclaim(&mut conn).await;
     }
+    abandoned.disarm();
     outcome
+}
+
+/// Withdraws a purchase's claim if dropped while armed: a purchase abandoned mid-way
+/// (hyper drops a handler's future when its client disconnects) would otherwise leave the
+/// claim until the repair pass, and the user refused meanwhile. The withdrawal is
+/// conditional, so one that races the sale's write does no harm.
+struct WithdrawOnDrop {
+    claim: Option<(CouponKeys, i64, String, distlock::Connection)>,
+}
+
+impl WithdrawOnDrop {
+    fn new(sale: &Sale, conn: distlock::Connection) -> Self {
+        WithdrawOnDrop {
+            claim: Some((sale.keys.clone(), sale.user_id, sale.claim(), conn)),
+        }
+    }
+
+    /// The outcome is decided: nothing to do on drop.
+    fn disarm(mut self) {
+        self.claim = None;
+    }
+}
+
+impl Drop for WithdrawOnDrop {
+    fn drop(&mut self) {
+        let Some((keys, user_id, claim, mut conn)) = self.claim.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { unclaim(&mut conn, &keys, user_id, &claim).await });
+        }
+    }
 }
 
 /// Takes stock from a segment, starting at the user's own and moving on to the next while
