@@ -16,6 +16,8 @@ pub(crate) static REPAIR_CLAIMS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/repair_claims.lua")));
 pub(crate) static UNCLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/unclaim.lua")));
+pub(crate) static RESPLIT_STOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/resplit_stock.lua")));
 pub(crate) static LOAD_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/load_stock.lua")));
 
@@ -29,6 +31,7 @@ pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResu
         &UNCLAIM,
         &REPAIR_CLAIMS,
         &LOAD_STOCK,
+        &RESPLIT_STOCK,
     ] {
         script.prepare_invoke().load_async(conn).await?;
     }

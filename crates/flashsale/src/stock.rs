@@ -20,7 +20,7 @@ use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, Coupon};
-use crate::scripts::LOAD_STOCK;
+use crate::scripts::{LOAD_STOCK, RESPLIT_STOCK};
 
 /// How long an instance waits for another to finish loading before it gives up.
 const LOADER_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -117,6 +117,19 @@ impl StockLoader {
         ensure_group(&mut conn, &keys).await?;
         let live: bool = conn.exists(&keys.stock).await?;
         if live {
+            let resplit: i64 = RESPLIT_STOCK
+                .key(&keys.stock)
+                .arg(self.segments)
+                .invoke_async(&mut conn)
+                .await?;
+            if resplit == 1 {
+                tracing::warn!(
+                    coupon = coupon.id,
+                    segments = self.segments,
+                    "the stock counter had another strategy's layout; re-split it for this one \
+                     (run every instance of a fleet with the same strategy)"
+                );
+            }
             return Ok(false);
         }
         // A user in both (stored, and still in the stream) counts once, with one order id.

@@ -189,3 +189,46 @@ async fn segmented_purchase_abandoned_by_its_client_leaves_no_claim() {
     })
     .await;
 }
+
+/// A data directory that sold under `segmented` (8 stock fields) restarts under `lua`
+/// (field "0" only), and back: every unit still sells, and no more (found by review: 10
+/// of 80 sold, then `sold_out` for the other 70).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_strategy_across_a_restart_sells_the_whole_stock() {
+    bounded(Duration::from_secs(90), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let http = reqwest::Client::new();
+        let mut coupon = None;
+        let mut next_user = 1;
+        for (strategy, sales) in [
+            (Strategy::Segmented, 10),
+            (Strategy::Lua, 30),
+            (Strategy::Segmented, 40),
+        ] {
+            let service = flashsale::Service::start(common::sqlite_config(strategy, &dir, None))
+                .await
+                .expect("start");
+            let base = service.base_url();
+            let id = match coupon {
+                Some(id) => id,
+                None => *coupon.insert(common::open_coupon(&http, &base, 80).await),
+            };
+            for _ in 0..sales {
+                let answer = common::buy(&http, &base, id, next_user).await;
+                assert_eq!(
+                    answer.status, 201,
+                    "{strategy}, user {next_user}: {}",
+                    answer.body
+                );
+                next_user += 1;
+            }
+            if sales == 40 {
+                let after = common::buy(&http, &base, id, next_user).await;
+                assert_eq!(after.body["error"], "sold_out", "{}", after.body);
+            }
+            common::drain(&http, &base, id).await;
+            service.shutdown().await;
+        }
+    })
+    .await;
+}
