@@ -102,11 +102,12 @@ impl Drop for WithdrawOnDrop {
     }
 }
 
-/// Takes stock from a segment, starting at the user's own and moving on to the next while
-/// segments are busy or empty. The whole wait is bounded by `lock_wait`, however many
-/// segments there are: each segment gets an equal share of what is left of it, so one
-/// stuck segment (a stalled holder) costs a fraction of the wait, not all of it. `shares`
-/// is the stock seen before the claim; a segment empty then is empty for good.
+/// Takes stock from a segment, starting at the user's own: first every segment without
+/// waiting (`try_lock`), so a free one sells at once; then the busy ones in turn. The whole
+/// wait is bounded by `lock_wait`, however many segments there are: each busy segment gets
+/// an equal share of what is left of it, so one stuck segment (a stalled holder) costs a
+/// fraction of the wait, not all of it. `shares` is the stock seen before the claim; a
+/// segment empty then is empty for good.
 ///
 /// Waiting on every segment at once for whichever frees first was tried: under a rush it
 /// multiplies lock traffic by the number of segments, and the bench's segmented rate fell
@@ -124,16 +125,32 @@ async fn take_from_some_segment(
         .map(|step| (home + step) % segments)
         .filter(|segment| shares.get(segment).is_some_and(|&left| left > 0))
         .collect();
+    // First every segment without waiting: a free one sells at once, whichever it is.
+    let mut waiting_for = Vec::with_capacity(candidates.len());
+    for &segment in &candidates {
+        let lock = locks
+            .lock(sale.keys.segment_lock(segment))?
+            .with_lease(settings.lock_lease);
+        match lock.try_lock().await? {
+            Some(guard) => {
+                settings.fault_point(sale);
+                if let Some(decided) = sell_in(locks, sale, segment, guard).await? {
+                    return Ok(decided);
+                }
+            }
+            None => waiting_for.push((segment, lock)),
+        }
+    }
+    // Then wait on the busy ones in turn, each for an equal share of what is left of the
+    // wait, so the total stays within lock_wait however many there are.
     let mut busy = false;
-    for (tried, &segment) in candidates.iter().enumerate() {
+    let count = waiting_for.len();
+    for (tried, (segment, lock)) in waiting_for.into_iter().enumerate() {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             return Ok(Reservation::Busy);
         }
-        let still_to_try = u32::try_from(candidates.len() - tried).unwrap_or(u32::MAX);
-        let lock = locks
-            .lock(sale.keys.segment_lock(segment))?
-            .with_lease(settings.lock_lease);
+        let still_to_try = u32::try_from(count - tried).unwrap_or(u32::MAX);
         let waiting = tokio::time::Instant::now();
         let acquired = lock.try_lock_for(left / still_to_try).await;
         reserver
