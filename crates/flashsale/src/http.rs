@@ -546,9 +546,21 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         } else {
             "stale"
         };
-        let ago = (last > 0).then(|| now - last);
+        // Clamped: the clock may step back between the worker's write and this read.
+        let ago = (last > 0).then(|| (now - last).max(0));
+        let (queued, pending) =
+            tokio::time::timeout(HEALTH_CHECK_TIMEOUT, backlog_of_watched(&state))
+                .await
+                .map_or((None, None), |(queued, pending)| {
+                    (Some(queued), Some(pending))
+                });
         (
-            json!({ "status": status, "last_success_ms_ago": ago }),
+            json!({
+                "status": status,
+                "last_success_ms_ago": ago,
+                "queued": queued,
+                "pending": pending,
+            }),
             status != "stale",
         )
     } else {
@@ -579,7 +591,9 @@ async fn ping(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Val
     Ok(Json(json!({ "pong": true })))
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+/// Order events not yet delivered to a worker, and delivered but not yet stored, over
+/// the coupons this instance watches.
+async fn backlog_of_watched(state: &AppState) -> (i64, i64) {
     let mut conn = state.locks.connection();
     let (mut lag, mut pending) = (0, 0);
     for coupon in state.watched.coupons() {
@@ -591,6 +605,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             Err(err) => tracing::warn!(error = %err, coupon, "could not read the stream backlog"),
         }
     }
+    (lag, pending)
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let (lag, pending) = backlog_of_watched(&state).await;
     state.metrics.stream_lag.set(lag);
     state.metrics.stream_pending.set(pending);
     (

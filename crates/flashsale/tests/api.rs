@@ -107,6 +107,12 @@ async fn healthz_reports_a_database_that_cannot_write() {
             .as_str()
             .unwrap_or_default();
         assert!(matches!(worker, "ok" | "starting"), "{}", healthy.body);
+        assert_eq!(healthy.body["worker"]["pending"], 0, "{}", healthy.body);
+        assert!(
+            healthy.body["worker"]["queued"].is_i64(),
+            "{}",
+            healthy.body
+        );
 
         // Another process holds the SQLite file's write lock: reads still work.
         let path = dir.path().join("flashsale.db");
