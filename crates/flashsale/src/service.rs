@@ -77,7 +77,8 @@ impl Service {
             db.clone(),
             settings.stock_segments(),
             metrics.clone(),
-        );
+        )
+        .sole_owner(embedded.is_some());
         let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
         tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
 

@@ -62,6 +62,9 @@ pub struct StockLoader {
     db: Db,
     segments: u32,
     metrics: Metrics,
+    /// Whether this instance alone uses its Redis (the embedded mode), so a counter in
+    /// another strategy's layout was left by an earlier run, not by a running neighbour.
+    sole_owner: bool,
 }
 
 impl StockLoader {
@@ -73,7 +76,15 @@ impl StockLoader {
             db,
             segments: segments.max(1),
             metrics,
+            sole_owner: false,
         }
+    }
+
+    /// Marks this loader the only one on its Redis (the embedded mode): at start it then
+    /// re-splits a counter left in another strategy's layout by an earlier run.
+    pub fn sole_owner(mut self, sole: bool) -> Self {
+        self.sole_owner = sole;
+        self
     }
 
     /// Loads every coupon whose sale has not ended, under the loader lock.
@@ -117,19 +128,7 @@ impl StockLoader {
         ensure_group(&mut conn, &keys).await?;
         let live: bool = conn.exists(&keys.stock).await?;
         if live {
-            let resplit: i64 = RESPLIT_STOCK
-                .key(&keys.stock)
-                .arg(self.segments)
-                .invoke_async(&mut conn)
-                .await?;
-            if resplit == 1 {
-                tracing::warn!(
-                    coupon = coupon.id,
-                    segments = self.segments,
-                    "the stock counter had another strategy's layout; re-split it for this one \
-                     (run every instance of a fleet with the same strategy)"
-                );
-            }
+            self.fit_layout(coupon, &keys).await?;
             return Ok(false);
         }
         // A user in both (stored, and still in the stream) counts once, with one order id.
@@ -174,6 +173,41 @@ impl StockLoader {
 }
 
 impl StockLoader {
+    /// Gives a live counter this strategy's segment layout when this instance alone uses
+    /// the Redis (an earlier run used another strategy). Otherwise another instance may be
+    /// running another strategy right now, and re-splitting under it would flip the layout
+    /// back and forth: then a mismatch is only reported.
+    async fn fit_layout(&self, coupon: &Coupon, keys: &CouponKeys) -> Result<(), LoadError> {
+        let mut conn = self.locks.connection();
+        let fields: u32 = conn.hlen(&keys.stock).await?;
+        if fields == self.segments {
+            return Ok(());
+        }
+        if !self.sole_owner {
+            tracing::warn!(
+                coupon = coupon.id,
+                fields,
+                segments = self.segments,
+                "the stock counter has another strategy's layout: run every instance of a fleet \
+                 with the same strategy, and drain a sale before changing it"
+            );
+            return Ok(());
+        }
+        let resplit: i64 = RESPLIT_STOCK
+            .key(&keys.stock)
+            .arg(self.segments)
+            .invoke_async(&mut conn)
+            .await?;
+        if resplit == 1 {
+            tracing::warn!(
+                coupon = coupon.id,
+                segments = self.segments,
+                "the stock counter had an earlier run's strategy layout; re-split it for this one"
+            );
+        }
+        Ok(())
+    }
+
     /// Raises the coupon lock's fencing counter above the highest token SQL accepted. A
     /// Redis that lost its data starts its counters again from 1, and the `lock`
     /// strategy's fence would refuse every sale until they caught up.
