@@ -184,7 +184,8 @@ impl StockLoader {
             return Ok(());
         }
         if !self.sole_owner {
-            tracing::warn!(
+            // Info, not a warning: `load` and `bench` run four strategies on one Redis.
+            tracing::info!(
                 coupon = coupon.id,
                 fields,
                 segments = self.segments,
