@@ -75,6 +75,19 @@ impl Embedded {
         })
     }
 
+    /// The Redis to use for `config`: its REDIS_URL, or else this mode, opened on its data
+    /// directory and database (the URL is then the private Redis's).
+    pub async fn open_unless_redis_url(
+        config: &crate::ServiceConfig,
+    ) -> Result<(String, Option<Embedded>), ConfigError> {
+        if let Some(url) = &config.redis_url {
+            return Ok((url.clone(), None));
+        }
+        let sqlite = config.sqlite_file_in_use();
+        let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
+        Ok((embedded.redis_url(), Some(embedded)))
+    }
+
     /// The URL of the private Redis (with its password).
     pub fn redis_url(&self) -> String {
         self.redis.url()

@@ -250,14 +250,7 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     config.database_url = args.store.database_url.clone();
     config.data_dir = args.data_dir.clone();
     config.sqlite_path = args.sqlite_path.clone();
-    let (redis_url, embedded) = match &config.redis_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let sqlite = config.sqlite_file_in_use();
-            let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
-            (embedded.redis_url(), Some(embedded))
-        }
-    };
+    let (redis_url, embedded) = Embedded::open_unless_redis_url(&config).await?;
     let locks = distlock::Client::connect(&redis_url)
         .await
         .map_err(ConfigError::Redis)?;

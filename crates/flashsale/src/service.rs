@@ -42,14 +42,7 @@ impl Service {
     /// directory and starts the private redis-server), migrates the database, loads active
     /// coupons' stock under the loader lock, starts the worker and serves HTTP.
     pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
-        let (redis_url, embedded) = match &config.redis_url {
-            Some(url) => (url.clone(), None),
-            None => {
-                let sqlite = config.sqlite_file_in_use();
-                let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
-                (embedded.redis_url(), Some(embedded))
-            }
-        };
+        let (redis_url, embedded) = Embedded::open_unless_redis_url(&config).await?;
         let locks = distlock::Client::connect(&redis_url)
             .await
             .map_err(ConfigError::Redis)?;

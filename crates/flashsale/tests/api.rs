@@ -57,14 +57,7 @@ async fn a_purchase_from_coupon_to_stored_order() {
         assert_eq!((health.status, health.body["strategy"].as_str()), (200, Some("lua")));
         assert_eq!(send(http.get(format!("{base}/ping"))).await.body["pong"], true);
 
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("body");
+        let metrics = common::metrics(&http, &base).await;
         for line in [
             r#"flashsale_purchases_total{outcome="reserved"} 2"#,
             r#"flashsale_purchases_total{outcome="already_purchased"} 1"#,
@@ -94,7 +87,6 @@ async fn a_purchase_from_coupon_to_stored_order() {
 /// the database, within a bounded time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_reports_a_database_that_cannot_write() {
-    use sqlx::Connection;
     bounded(Duration::from_secs(60), async {
         let (service, dir) = sqlite_service(Strategy::Lua).await;
         let http = reqwest::Client::new();
@@ -115,14 +107,7 @@ async fn healthz_reports_a_database_that_cannot_write() {
         );
 
         // Another process holds the SQLite file's write lock: reads still work.
-        let path = dir.path().join("flashsale.db");
-        let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .expect("second connection");
-        sqlx::query("BEGIN EXCLUSIVE")
-            .execute(&mut other)
-            .await
-            .expect("lock the file");
+        let mut other = common::lock_sqlite_file(&dir.path().join("flashsale.db")).await;
         let asked = std::time::Instant::now();
         let locked = healthz().await;
         let took = asked.elapsed();

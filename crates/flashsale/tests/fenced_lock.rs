@@ -52,14 +52,7 @@ async fn two_instances(redis: &RedisServer, dir: &tempfile::TempDir) -> (Served,
 
 /// The value of a counter line in the text of `/metrics`, 0 if absent.
 async fn metric(client: &reqwest::Client, base: &str, line_prefix: &str) -> u64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
+    let text = common::metrics(client, base).await;
     text.lines()
         .find_map(|line| line.strip_prefix(line_prefix))
         .and_then(|value| value.trim().parse().ok())

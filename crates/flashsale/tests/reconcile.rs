@@ -79,14 +79,7 @@ async fn a_claim_left_by_a_killed_instance_is_repaired_and_the_user_can_buy() {
         }
         let bought = buy(&client, &base, coupon, 7).await;
         assert_eq!(bought.status, 201, "{}", bought.body);
-        let metrics = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("body");
+        let metrics = common::metrics(&client, &base).await;
         assert!(
             metrics.contains("flashsale_claims_repaired_total 1"),
             "{metrics}"

@@ -63,14 +63,7 @@ async fn restart_without_persistence_reloads_the_right_stock(strategy: Strategy)
         let reloaded = stats(&http, &base, coupon).await;
         assert_eq!(reloaded["remaining"], 60, "{reloaded}");
         // The data loss shows in the metrics, not only in a log line.
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("body");
+        let metrics = common::metrics(&http, &base).await;
         assert!(
             metrics.contains("flashsale_stock_loads_total{kind=\"reload\"} 1")
                 && metrics.contains("flashsale_stock_loads_total{kind=\"new\"} 1"),

@@ -86,6 +86,29 @@ async fn unsafe_control_oversells() {
     assert!(!report.is_clean());
 }
 
+/// Another client, as another process would, holding every segment lock of `coupon`.
+async fn hold_every_segment(
+    service: &flashsale::Service,
+    coupon: i64,
+) -> (distlock::Client, Vec<distlock::LockGuard>) {
+    let rival = distlock::Client::connect(service.redis_url())
+        .await
+        .expect("rival");
+    let keys = service.db().keyspace().coupon(coupon);
+    let mut held = Vec::new();
+    for segment in 0..8 {
+        held.push(
+            rival
+                .lock(keys.segment_lock(segment))
+                .expect("lock name")
+                .lock()
+                .await
+                .expect("hold a segment"),
+        );
+    }
+    (rival, held)
+}
+
 /// Segmented: with every segment's lock held elsewhere, a purchase waits at most
 /// `lock_wait` in all (not `lock_wait` per segment) and answers `busy`, leaving no claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,21 +122,7 @@ async fn segmented_waits_at_most_lock_wait_in_all_when_every_segment_is_busy() {
         let http = reqwest::Client::new();
         let coupon = common::open_coupon(&http, &base, 80).await;
         // Another process holds every segment's lock.
-        let rival = distlock::Client::connect(service.redis_url())
-            .await
-            .expect("rival");
-        let keys = service.db().keyspace().coupon(coupon);
-        let mut held = Vec::new();
-        for segment in 0..8 {
-            held.push(
-                rival
-                    .lock(keys.segment_lock(segment))
-                    .unwrap()
-                    .lock()
-                    .await
-                    .expect("hold a segment"),
-            );
-        }
+        let (rival, mut held) = hold_every_segment(&service, coupon).await;
         let asked = std::time::Instant::now();
         let answer = common::buy(&http, &base, coupon, 7).await;
         let took = asked.elapsed();
@@ -146,21 +155,8 @@ async fn segmented_purchase_abandoned_by_its_client_leaves_no_claim() {
         let base = service.base_url();
         let http = reqwest::Client::new();
         let coupon = common::open_coupon(&http, &base, 80).await;
-        let rival = distlock::Client::connect(service.redis_url())
-            .await
-            .expect("rival");
+        let (rival, held) = hold_every_segment(&service, coupon).await;
         let keys = service.db().keyspace().coupon(coupon);
-        let mut held = Vec::new();
-        for segment in 0..8 {
-            held.push(
-                rival
-                    .lock(keys.segment_lock(segment))
-                    .unwrap()
-                    .lock()
-                    .await
-                    .expect("hold a segment"),
-            );
-        }
         let impatient = http
             .post(format!("{base}/api/coupons/{coupon}/seckill"))
             .header("x-user-id", 7)

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use common::{bounded, send, sqlite_config};
 use distlock_testkit::RedisServer;
 use flashsale::{Service, Strategy};
-use sqlx::Connection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A service whose clients get 500 ms for headers and bodies, and requests 1 s.
@@ -81,14 +80,7 @@ async fn a_request_stuck_on_the_database_is_answered_at_its_deadline_and_timed()
         let (service, _redis, dir) = impatient().await;
         let (client, base) = (reqwest::Client::new(), service.base_url());
         // Another process holds the SQLite file's write lock; a write waits for it (5 s).
-        let path = dir.path().join("flashsale.db");
-        let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .expect("second connection");
-        sqlx::query("BEGIN EXCLUSIVE")
-            .execute(&mut other)
-            .await
-            .expect("lock the file");
+        let mut other = common::lock_sqlite_file(&dir.path().join("flashsale.db")).await;
         let started = Instant::now();
         let stuck = send(
             client
@@ -112,14 +104,7 @@ async fn a_request_stuck_on_the_database_is_answered_at_its_deadline_and_timed()
             .await
             .expect("unlock");
 
-        let metrics = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("body");
+        let metrics = common::metrics(&client, &base).await;
         assert!(
             metrics.contains(
                 "flashsale_http_request_seconds_count{route=\"/api/coupons\",status=\"503\"} 1"

@@ -97,6 +97,32 @@ pub async fn buy(client: &reqwest::Client, base: &str, coupon: i64, user: i64) -
     .await
 }
 
+/// The text of `GET /metrics`.
+pub async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
+/// Takes the write lock of the SQLite file at `path` from a connection of its own, as
+/// another process would; writers then wait until the connection is dropped or rolls back.
+pub async fn lock_sqlite_file(path: &std::path::Path) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("second connection");
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut other)
+        .await
+        .expect("lock the file");
+    other
+}
+
 /// `GET /api/coupons/{id}/stats`.
 pub async fn stats(client: &reqwest::Client, base: &str, coupon: i64) -> Value {
     let answer = send(client.get(format!("{base}/api/coupons/{coupon}/stats"))).await;
