@@ -311,7 +311,7 @@ impl ConfigError {
 pub struct Sandbox {
     redis_url: String,
     database_url: Option<String>,
-    scratch: tempfile::TempDir,
+    scratch: private_redis::ScratchDir,
     aof: bool,
     // Last, so the private Redis outlives the services built on it.
     private_redis: Option<private_redis::PrivateRedis>,
@@ -339,9 +339,8 @@ impl Sandbox {
                 (server.url(), Some(server))
             }
         };
-        let scratch = tempfile::Builder::new()
-            .prefix("flashsale-")
-            .tempdir()
+        // Swept by a later run if this one is killed.
+        let scratch = private_redis::ScratchDir::new("flashsale-")
             .map_err(|err| ConfigError::invalid("scratch directory", err.to_string()))?;
         Ok(Sandbox {
             redis_url,

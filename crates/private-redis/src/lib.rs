@@ -25,9 +25,11 @@
 mod data_dir;
 mod error;
 mod process;
+mod scratch;
 mod server;
 
 pub use data_dir::DirLock;
 pub use error::Error;
 pub use process::{pick_free_port, REDIS_SERVER_ENV};
+pub use scratch::ScratchDir;
 pub use server::{Builder, PrivateRedis};

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::scratch::ScratchDir;
 use nix::sys::signal::{kill as send_signal, Signal};
 use nix::unistd::Pid;
-use tempfile::TempDir;
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
@@ -38,8 +38,9 @@ const CONFIG_FILE: &str = "private.conf";
 
 /// Where the server keeps its files, and what that implies.
 enum Data {
-    /// A temporary directory, removed on drop; nothing is persisted.
-    Ephemeral(TempDir),
+    /// A temporary directory, removed on drop (or by a later start, if its owner was
+    /// killed); nothing is persisted.
+    Ephemeral(ScratchDir),
     /// A directory kept across restarts, with an append-only file, held exclusively.
     Persistent {
         dir: PathBuf,
@@ -87,12 +88,7 @@ impl Builder {
     /// left running there.
     pub async fn start(self) -> Result<PrivateRedis, Error> {
         let data = match &self.persistent_dir {
-            None => Data::Ephemeral(
-                tempfile::Builder::new()
-                    .prefix("private-redis-")
-                    .tempdir()
-                    .map_err(Error::io("creating a temporary directory for redis-server"))?,
-            ),
+            None => Data::Ephemeral(ScratchDir::new("private-redis-")?),
             Some(dir) => open_persistent(dir).await?,
         };
         let args = server_args(&data, &self.extra_args)?;
