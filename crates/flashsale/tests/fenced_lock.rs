@@ -25,6 +25,15 @@ const STOPPED_USER: i64 = 7;
 /// Two lock-strategy instances on one Redis and one SQLite file; the first stops itself
 /// while it holds the lock for [`STOPPED_USER`].
 async fn two_instances(redis: &RedisServer, dir: &tempfile::TempDir) -> (Served, Served) {
+    two_instances_with(redis, dir, &["--strategy", "lock"]).await
+}
+
+/// Two instances as [`two_instances`], with `strategy_args` instead of the lock strategy.
+async fn two_instances_with(
+    redis: &RedisServer,
+    dir: &tempfile::TempDir,
+    strategy_args: &[&str],
+) -> (Served, Served) {
     let start = |fault: bool| {
         let mut command = Command::new(BIN);
         command
@@ -40,10 +49,9 @@ async fn two_instances(redis: &RedisServer, dir: &tempfile::TempDir) -> (Served,
                 STOPPED_USER.to_string(),
             );
         }
-        start_serve(
-            command,
-            &["--strategy", "lock", "--lock-lease-ms", LEASE_MS],
-        )
+        let mut args = strategy_args.to_vec();
+        args.extend(["--lock-lease-ms", LEASE_MS]);
+        async move { start_serve(command, &args).await }
     };
     let a = start(true).await;
     let b = start(false).await;
@@ -215,6 +223,43 @@ async fn a_fencing_counter_that_went_back_costs_one_refused_sale() {
         assert_eq!(sold.status, 201, "{}", sold.body);
         assert_eq!(service.db().order_count(coupon).await.expect("count"), 6);
         service.shutdown().await;
+    })
+    .await;
+}
+
+/// Segmented, with one segment: a holder stops after it saw the last unit and before its
+/// write; another instance waits out the lease and sells that unit; the stopped one is
+/// continued. Its write checks the segment again in the script and sells nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segmented_holder_stopped_past_its_lease_cannot_sell_a_unit_sold_meanwhile() {
+    bounded(Duration::from_secs(90), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = two_instances_with(
+            &redis,
+            &dir,
+            &["--strategy", "segmented", "--segments", "1"],
+        )
+        .await;
+        let client = reqwest::Client::new();
+        let coupon = open_coupon(&client, &a.base, 1).await;
+        let stalled = tokio::spawn({
+            let (client, base) = (client.clone(), a.base.clone());
+            async move { buy(&client, &base, coupon, STOPPED_USER).await }
+        });
+        stopped(a.pid()).await;
+        let newer = buy(&client, &b.base, coupon, 8).await;
+        assert_eq!(newer.status, 201, "{}", newer.body);
+        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+        let late = stalled.await.expect("join");
+        assert_eq!(
+            late.body["error"], "sold_out",
+            "the stale holder sold: {}",
+            late.body
+        );
+        let figures = common::drain(&client, &b.base, coupon).await;
+        assert_eq!(figures["remaining"], 0, "{figures}");
+        assert_eq!(figures["orders_stored"], 1, "{figures}");
     })
     .await;
 }

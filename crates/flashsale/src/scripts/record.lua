@@ -15,12 +15,20 @@
 -- ARGV[4]  order id
 -- ARGV[5]  time of the purchase, Unix milliseconds
 -- ARGV[6]  fence, Unix milliseconds
+-- ARGV[7]  1: write nothing if the segment has no unit left (the lock's check, made again
+--          here, so a holder that paused past its lease between its check and this call
+--          cannot sell a unit a newer holder sold meanwhile); 0: no check (the unsafe
+--          control)
 --
--- Returns  1 recorded, -3 fence passed (nothing written)
+-- Returns  1 recorded, 0 the segment is empty (nothing written), -3 fence passed (nothing
+--          written)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if now > tonumber(ARGV[6]) then
   return -3
+end
+if ARGV[7] == '1' and tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') <= 0 then
+  return 0
 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])

@@ -471,10 +471,15 @@ impl Sale {
     /// Takes one unit from `segment`, records the buyer's order and appends the order
     /// event, in one fenced script. The caller has already decided, under its own guard,
     /// that the sale may happen; this only makes the three writes land together.
+    ///
+    /// With `guarded`, the script checks once more that the segment has a unit left and
+    /// answers [`Reservation::SoldOut`] if not: the guard's lock made that check already,
+    /// but a holder paused past its lease may write after a newer holder sold the unit.
     pub(crate) async fn record(
         &self,
         conn: &mut Connection,
         segment: u32,
+        guarded: bool,
     ) -> Result<Reservation, ReserveError> {
         if Instant::now() >= self.deadline {
             return Ok(Reservation::Expired);
@@ -491,10 +496,12 @@ impl Sale {
             .arg(&self.order_id)
             .arg(self.at_ms)
             .arg(fence_ms)
+            .arg(i32::from(guarded))
             .invoke_async(conn)
             .await;
         match recorded {
             Ok(1) => Ok(self.reserved()),
+            Ok(0) => Ok(Reservation::SoldOut),
             Ok(_) => Ok(Reservation::Expired),
             Err(source) => Err(ReserveError::after_send(fence_ms, source)),
         }

@@ -133,8 +133,7 @@ async fn take_from_some_segment(
             .with_lease(settings.lock_lease);
         match lock.try_lock().await? {
             Some(guard) => {
-                settings.fault_point(sale);
-                if let Some(decided) = sell_in(locks, sale, segment, guard).await? {
+                if let Some(decided) = sell_in(reserver, sale, segment, guard).await? {
                     return Ok(decided);
                 }
             }
@@ -161,8 +160,7 @@ async fn take_from_some_segment(
             busy = true;
             continue;
         };
-        settings.fault_point(sale);
-        match sell_in(locks, sale, segment, guard).await? {
+        match sell_in(reserver, sale, segment, guard).await? {
             Some(decided) => return Ok(decided),
             None => continue,
         }
@@ -177,14 +175,21 @@ async fn take_from_some_segment(
 /// Sells one unit from `segment` under its lock, if the segment still has stock. Returns
 /// the decided outcome, or `None` when the segment is empty and another may be tried.
 async fn sell_in(
-    locks: &distlock::Client,
+    reserver: &Reserver,
     sale: &Sale,
     segment: u32,
     guard: distlock::LockGuard,
 ) -> Result<Option<Reservation>, ReserveError> {
-    let mut conn = locks.connection();
+    let mut conn = reserver.locks.connection();
     let outcome = match segment_stock(&mut conn, &sale.keys, segment).await {
-        Ok(Some(left)) if left > 0 => sale.record(&mut conn, segment).await.map(Some),
+        Ok(Some(left)) if left > 0 => {
+            reserver.settings.fault_point(sale);
+            // Guarded: the unit seen above may be gone if this holder paused past its lease.
+            match sale.record(&mut conn, segment, true).await {
+                Ok(Reservation::SoldOut) => Ok(None),
+                other => other.map(Some),
+            }
+        }
         Ok(_) => Ok(None),
         Err(err) => Err(err.into()),
     };

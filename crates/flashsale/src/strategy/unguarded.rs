@@ -14,6 +14,6 @@ pub(super) async fn reserve(
         (None, _) => Ok(Reservation::NotLoaded),
         (_, Some(held)) => Ok(already_purchased(held)),
         (Some(left), _) if left <= 0 => Ok(Reservation::SoldOut),
-        _ => sale.record(conn, 0).await,
+        _ => sale.record(conn, 0, false).await,
     }
 }
