@@ -21,7 +21,9 @@ async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         .args(args)
         .current_dir(scratch.path())
         .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL");
+        .env_remove("DATABASE_URL")
+        // A serve that should have been refused and was not must not outlive the test.
+        .kill_on_drop(true);
     for (key, value) in env {
         command.env(key, value);
     }
