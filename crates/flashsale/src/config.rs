@@ -266,14 +266,17 @@ pub enum ConfigError {
         /// The measured p99 of the critical section.
         p99: Duration,
     },
-    /// Another embedded instance uses this PostgreSQL database.
+    /// Another embedded instance uses this database.
     #[error(
-        "the database is in use by another flashsale serve in the embedded mode (REDIS_URL \
-         unset): two private Redis servers would sell the same stock twice. Give each \
-         embedded instance its own database, or run a fleet by setting REDIS_URL and \
+        "the database {database} is in use by another flashsale serve in the embedded mode \
+         (REDIS_URL unset): two private Redis servers would sell the same stock twice. Give \
+         each embedded instance its own database, or run a fleet by setting REDIS_URL and \
          DATABASE_URL on every instance"
     )]
-    DatabaseInUse,
+    DatabaseInUse {
+        /// The SQLite file, or which PostgreSQL database.
+        database: String,
+    },
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
     Db(#[source] DbError),

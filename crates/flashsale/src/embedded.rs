@@ -13,6 +13,10 @@
 
 use std::path::{Path, PathBuf};
 
+use std::fs::{File, OpenOptions};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use private_redis::{DirLock, PrivateRedis};
 
 use crate::config::ConfigError;
@@ -26,6 +30,8 @@ pub struct Embedded {
     redis: PrivateRedis,
     // Released last, after Redis was told to stop.
     _locks: Vec<DirLock>,
+    /// The SQLite file, held with `flock` on the file itself.
+    _database: Option<Flock<File>>,
 }
 
 impl Embedded {
@@ -54,16 +60,12 @@ impl Embedded {
                 format!("cannot resolve {}: {err}", data_dir.display()),
             )
         })?;
-        let mut locks = vec![take(&data_dir.join(LOCK_FILE), &data_dir)?];
+        let locks = vec![take(&data_dir.join(LOCK_FILE), &data_dir)?];
         // Two instances with private Redis servers on one SQLite file would each sell the
-        // whole stock, so the file is held too, wherever it is and however it was named
-        // (the default, --sqlite-path or DATABASE_URL): a data directory of its own does
-        // not make the database its own.
-        if let Some(sqlite) = sqlite_path.map(resolve_file) {
-            let mut lock = sqlite.as_os_str().to_owned();
-            lock.push(".lock");
-            locks.push(take(Path::new(&lock), &data_dir)?);
-        }
+        // whole stock, so the file is held too, however it was named (the default,
+        // --sqlite-path or DATABASE_URL, a symlink, a hard link): a data directory of its
+        // own does not make the database its own.
+        let database = sqlite_path.map(hold_database_file).transpose()?;
         let redis = PrivateRedis::persistent(data_dir.join("redis"))
             .start()
             .await
@@ -71,6 +73,7 @@ impl Embedded {
         Ok(Embedded {
             data_dir,
             redis,
+            _database: database,
             _locks: locks,
         })
     }
@@ -112,17 +115,32 @@ impl Embedded {
     }
 }
 
-/// `path` with its directory resolved as the data directory is (absolute, no symlinks),
-/// so the two can be compared; as given when the directory does not exist yet.
-fn resolve_file(path: &Path) -> PathBuf {
-    let directory = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    match (std::fs::canonicalize(directory), path.file_name()) {
-        (Ok(directory), Some(name)) => directory.join(name),
-        _ => path.to_owned(),
-    }
+/// Holds the SQLite file at `path` (created empty if missing, which SQLite takes for a
+/// new database) with an exclusive `flock` on the file itself. The lock belongs to the
+/// file, not to a name, so a symlink or a hard link to it finds it held. SQLite's own
+/// locks are `fcntl` locks, which `flock` does not touch.
+fn hold_database_file(path: &Path) -> Result<Flock<File>, ConfigError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|err| {
+            ConfigError::invalid(
+                "the SQLite file",
+                format!("cannot open {}: {err}", path.display()),
+            )
+        })?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+        Errno::EWOULDBLOCK => ConfigError::DatabaseInUse {
+            database: path.display().to_string(),
+        },
+        other => ConfigError::invalid(
+            "the SQLite file",
+            format!("cannot lock {}: {other}", path.display()),
+        ),
+    })
 }
 
 fn take(lock: &Path, data_dir: &Path) -> Result<DirLock, ConfigError> {

@@ -124,15 +124,23 @@ pub async fn run(args: ServeArgs) -> CliResult {
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = watch.tick() => {
-                let Some(log) = service.private_redis_exited() else { continue };
-                // Nothing can be sold or stored without it, and the data directory stays
-                // locked while this process lives: exit, so a supervisor restarts the
-                // service, whose new Redis replays the append-only file.
-                eprintln!(
-                    "flashsale: the private redis-server exited unexpectedly; stopping (a \
-                     restart replays its append-only file). Its last lines:\n{}",
-                    log.join("\n")
-                );
+                let why = if let Some(log) = service.private_redis_exited() {
+                    format!(
+                        "the private redis-server exited unexpectedly; stopping (a restart \
+                         replays its append-only file). Its last lines:\n{}",
+                        log.join("\n")
+                    )
+                } else if service.store_lock_lost().await {
+                    "the session holding the database's lock ended (a database restart, a \
+                     killed backend): another embedded instance could now take it; stopping \
+                     (a restart takes it again)"
+                        .to_owned()
+                } else {
+                    continue;
+                };
+                // Nothing can be sold safely on, and the data directory stays locked while
+                // this process lives: exit, so a supervisor restarts the service.
+                eprintln!("flashsale: {why}");
                 drop(service);
                 return Ok(ExitCode::FAILURE);
             }

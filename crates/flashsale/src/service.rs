@@ -32,7 +32,7 @@ pub struct Service {
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
     /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
-    _store_lock: Option<sqlx::AnyConnection>,
+    store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
     embedded: Option<Embedded>,
 }
@@ -57,7 +57,9 @@ impl Service {
                 db.lock_exclusively()
                     .await
                     .map_err(ConfigError::Db)?
-                    .ok_or(ConfigError::DatabaseInUse)?,
+                    .ok_or_else(|| ConfigError::DatabaseInUse {
+                        database: crate::db::mask_password(&config.database_url()),
+                    })?,
             ),
             _ => None,
         };
@@ -148,7 +150,7 @@ impl Service {
             http,
             worker,
             claim_repair,
-            _store_lock: store_lock,
+            store_lock,
             embedded,
         })
     }
@@ -176,6 +178,21 @@ impl Service {
     /// `Some(its last log lines)` if this instance's private Redis has exited on its own.
     pub fn private_redis_exited(&mut self) -> Option<Vec<String>> {
         self.embedded.as_mut().and_then(Embedded::redis_exited)
+    }
+
+    /// Whether an embedded instance's hold on its PostgreSQL store is gone: the session of
+    /// its advisory lock ended (a database restart, a killed backend, a network reset), so
+    /// another embedded instance may now take the store. Asks the session, bounded by 1 s.
+    pub async fn store_lock_lost(&mut self) -> bool {
+        let Some(session) = self.store_lock.as_mut() else {
+            return false;
+        };
+        let alive = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            sqlx::query("SELECT 1").execute(&mut *session),
+        )
+        .await;
+        !matches!(alive, Ok(Ok(_)))
     }
 
     /// What loading stock at start did.

@@ -10,6 +10,7 @@ use common::{bounded, buy, drain, open_coupon};
 use distlock_testkit::RedisServer;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use sqlx::Connection;
 use tokio::process::Command;
 
 /// Runs the binary to completion, in a scratch working directory (the defaults write
@@ -460,7 +461,7 @@ async fn a_second_embedded_serve_on_the_same_sqlite_file_is_refused() {
         )
         .await;
         assert_eq!(code, 2, "{stderr}");
-        assert!(stderr.contains("shared.db.lock"), "{stderr}");
+        assert!(stderr.contains("shared.db is in use"), "{stderr}");
         assert!(stderr.contains("DATABASE_URL"), "{stderr}");
     })
     .await;
@@ -480,6 +481,16 @@ async fn an_embedded_serve_on_another_instances_default_sqlite_file_is_refused()
         let second_dir = dir.path().join("second");
         let second_dir = second_dir.to_str().expect("utf-8 path");
         let by_url = format!("sqlite://{taken}");
+        // Other names of the same file: a lock on a name would miss them (second review:
+        // a symlink sold 95 orders for 50 units).
+        let symlink = dir.path().join("link.db");
+        std::os::unix::fs::symlink(taken, &symlink).expect("symlink");
+        let hard_link = dir.path().join("hard.db");
+        std::fs::hard_link(taken, &hard_link).expect("hard link");
+        let (symlink, hard_link) = (
+            symlink.to_str().expect("utf-8 path"),
+            hard_link.to_str().expect("utf-8 path"),
+        );
         for (how, args, env) in [
             ("--sqlite-path", vec!["--sqlite-path", taken], vec![]),
             (
@@ -487,12 +498,14 @@ async fn an_embedded_serve_on_another_instances_default_sqlite_file_is_refused()
                 vec![],
                 vec![("DATABASE_URL", by_url.as_str())],
             ),
+            ("a symlink", vec!["--sqlite-path", symlink], vec![]),
+            ("a hard link", vec!["--sqlite-path", hard_link], vec![]),
         ] {
             let mut argv = vec!["serve", "--listen", "127.0.0.1:0", "--data-dir", second_dir];
             argv.extend(args);
             let (code, stderr) = run(&argv, &env).await;
             assert_eq!(code, 2, "{how}: {stderr}");
-            assert!(stderr.contains("flashsale.db.lock"), "{how}: {stderr}");
+            assert!(stderr.contains("is in use"), "{how}: {stderr}");
         }
     })
     .await;
@@ -511,7 +524,7 @@ async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused() {
             .env_remove("REDIS_URL")
             .env("DATABASE_URL", postgres.url())
             .current_dir(dir.path());
-        let _first = common::child::start_serve(first, &["--data-dir", "first"]).await;
+        let mut first = common::child::start_serve(first, &["--data-dir", "first"]).await;
         let (code, stderr) = run(
             &[
                 "serve",
@@ -524,7 +537,22 @@ async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused() {
         )
         .await;
         assert_eq!(code, 2, "{stderr}");
-        assert!(stderr.contains("the database is in use"), "{stderr}");
+        assert!(stderr.contains("is in use"), "{stderr}");
+
+        // The lock's session ends under the first instance (second review: it sold on,
+        // and a second instance then started and sold the stock again). It must stop.
+        let mut admin = sqlx::PgConnection::connect(&postgres.url())
+            .await
+            .expect("admin");
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'")
+            .execute(&mut admin)
+            .await
+            .expect("terminate");
+        let exited = tokio::time::timeout(Duration::from_secs(10), first.child.wait())
+            .await
+            .expect("the first serve sold on without its lock")
+            .expect("wait");
+        assert_eq!(exited.code(), Some(1));
     })
     .await;
 }
