@@ -60,6 +60,10 @@ pub struct AppState {
     pub(crate) read_timeout: Duration,
 }
 
+/// The largest request body read: axum's default limit, which the JSON extractor applies
+/// to bodies of undeclared length as they arrive.
+const MAX_BODY_BYTES: u64 = 2 * 1024 * 1024;
+
 /// The purchase route, which bounds itself by its own deadline (see [`observe`]).
 const SECKILL_ROUTE: &str = "/api/coupons/{id}/seckill";
 
@@ -198,6 +202,19 @@ async fn create_coupon(
     State(state): State<Arc<AppState>>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    // A body declared too large is refused before a byte of it is read or waited for.
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body may be at most {MAX_BODY_BYTES} bytes"),
+        ));
+    }
     // The body is read under its own deadline: a client that trickles it must not hold a
     // connection and a task for as long as it likes.
     let body = tokio::time::timeout(

@@ -27,7 +27,7 @@ use crate::keys::{CouponKeys, Keyspace};
 use crate::metrics::Metrics;
 use crate::model::Coupon;
 use crate::scripts::REPAIR_CLAIMS;
-use crate::stock::{remaining_stock, stream_buyers};
+use crate::stock::stream_buyers;
 use crate::worker::Watched;
 use crate::CliResult;
 
@@ -148,6 +148,11 @@ pub enum ReconcileError {
 }
 
 /// Removes `coupon`'s stale claims, then compares its Redis state with SQL.
+///
+/// Safe to run while the coupon sells: the counters come from one atomic snapshot, SQL is
+/// read before Redis (an order is in Redis before it is stored, so no stored order can
+/// look missing there), and every candidate is checked once more before it is reported.
+/// Large coupons are read in pages, so Redis never answers one huge command.
 pub async fn reconcile_coupon(
     db: &Db,
     conn: &mut distlock::Connection,
@@ -155,8 +160,19 @@ pub async fn reconcile_coupon(
 ) -> Result<CouponDrift, ReconcileError> {
     let keys = db.keyspace().coupon(coupon.id);
     let stale_claims_removed = repair_claims(conn, &keys).await?;
-    let entries: HashMap<i64, String> = conn.hgetall(&keys.buyers).await?;
-    let redis_remaining = remaining_stock(conn, &keys).await?;
+    let stored = db.buyers(coupon.id).await?;
+    // Every write path changes the units left and the buyers together, atomically.
+    let (shares, entries, claims): (Vec<i64>, i64, i64) = redis::pipe()
+        .atomic()
+        .hvals(&keys.stock)
+        .hlen(&keys.buyers)
+        .zcard(&keys.claims)
+        .query_async(conn)
+        .await?;
+    let redis_remaining = (!shares.is_empty()).then(|| shares.iter().sum::<i64>());
+    let redis_orders = entries - claims;
+    let counter_drift = redis_remaining.map_or(0, |left| left + redis_orders - coupon.stock);
+    let orders_in_redis = scan_orders(conn, &keys).await?;
     let streamed: HashSet<String> = stream_buyers(conn, &keys)
         .await?
         .into_iter()
@@ -165,35 +181,36 @@ pub async fn reconcile_coupon(
     let queued = stream_backlog(conn, &keys)
         .await
         .map(|backlog| backlog.lag + backlog.pending)?;
-    let stored = db.buyers(coupon.id).await?;
 
-    let redis_orders: HashMap<i64, &String> = entries
-        .iter()
-        .filter(|(_, entry)| !entry.starts_with('~'))
-        .map(|(user, order)| (*user, order))
-        .collect();
     let stored_users: HashSet<i64> = stored.iter().map(|(user, _)| *user).collect();
-    // A buyer with another order in SQL is a different order, reported below.
-    let mut missing_in_sql: Vec<String> = redis_orders
-        .iter()
-        .filter(|(user, order)| !stored_users.contains(user) && !streamed.contains(order.as_str()))
-        .map(|(_, order)| order.to_string())
-        .collect();
+    let mut missing_in_sql = Vec::new();
+    for (user, order) in &orders_in_redis {
+        // A buyer with another order in SQL is a different order, reported below; one
+        // stored since SQL was read (the lock strategy writes SQL first) is no loss.
+        if stored_users.contains(user) || streamed.contains(order) {
+            continue;
+        }
+        if db.order(order).await?.is_none() {
+            missing_in_sql.push(order.clone());
+        }
+    }
     let (mut missing_in_redis, mut different_order) = (Vec::new(), Vec::new());
     if redis_remaining.is_some() {
         for (user, order) in &stored {
-            match redis_orders.get(user) {
-                Some(held) if *held == order => {}
-                Some(held) => {
+            if orders_in_redis.get(user) == Some(order) {
+                continue;
+            }
+            // Read again: the scan may have run before the buyer's entry changed.
+            let held: Option<String> = conn.hget(&keys.buyers, user).await?;
+            match held {
+                Some(held) if held == *order => {}
+                Some(held) if !held.starts_with('~') => {
                     different_order.push(format!("user {user}: SQL {order}, Redis {held}"))
                 }
-                None => missing_in_redis.push(order.clone()),
+                _ => missing_in_redis.push(order.clone()),
             }
         }
     }
-    let counter_drift = redis_remaining.map_or(0, |left| {
-        left + i64::try_from(redis_orders.len()).unwrap_or(i64::MAX) - coupon.stock
-    });
     let sample = |list: &mut Vec<String>| {
         list.sort();
         let count = list.len();
@@ -204,8 +221,8 @@ pub async fn reconcile_coupon(
         coupon_id: coupon.id,
         stock: coupon.stock,
         redis_remaining,
-        redis_orders: redis_orders.len(),
-        claims_in_progress: entries.len() - redis_orders.len(),
+        redis_orders: usize::try_from(redis_orders).unwrap_or(0),
+        claims_in_progress: usize::try_from(claims).unwrap_or(0),
         stale_claims_removed,
         sql_orders: stored.len(),
         queued,
@@ -217,6 +234,35 @@ pub async fn reconcile_coupon(
         different_order_count: sample(&mut different_order),
         different_order,
     })
+}
+
+/// Entries one HSCAN call returns, about.
+const SCAN_PAGE: usize = 1000;
+
+/// The buyers of a coupon that hold an order (claims left out), read in pages.
+async fn scan_orders(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+) -> redis::RedisResult<HashMap<i64, String>> {
+    let mut orders = HashMap::new();
+    let mut cursor = 0_u64;
+    loop {
+        let (next, page): (u64, Vec<(i64, String)>) = redis::cmd("HSCAN")
+            .arg(&keys.buyers)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(SCAN_PAGE)
+            .query_async(conn)
+            .await?;
+        orders.extend(
+            page.into_iter()
+                .filter(|(_, entry)| !entry.starts_with('~')),
+        );
+        if next == 0 {
+            return Ok(orders);
+        }
+        cursor = next;
+    }
 }
 
 /// Flags of `flashsale reconcile`.

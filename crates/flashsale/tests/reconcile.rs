@@ -203,3 +203,43 @@ async fn reconcile_removes_only_stale_claims_and_reports_each_kind_of_drift() {
     })
     .await;
 }
+
+/// Reconcile while a coupon sells (second review: three runs during load all reported
+/// drift, exit 3, on a healthy coupon): a healthy coupon stays healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_during_a_rush_reports_no_drift_on_a_healthy_coupon() {
+    bounded(Duration::from_secs(90), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
+            .await
+            .expect("service");
+        let database = format!("sqlite://{}", dir.path().join("flashsale.db").display());
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        let coupon = open_coupon(&client, &base, 100_000).await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let rush: Vec<_> = (0..16)
+            .map(|lane| {
+                let (client, base, stop) = (client.clone(), base.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut user = 1 + lane * 1_000_000;
+                    while !stop.is_cancelled() {
+                        assert_eq!(buy(&client, &base, coupon, user).await.status, 201);
+                        user += 1;
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            let (code, report) =
+                reconcile(&redis.url(), &database, &["--coupon", &coupon.to_string()]).await;
+            assert_eq!(code, 0, "{report:#}");
+        }
+        stop.cancel();
+        for lane in rush {
+            lane.await.expect("lane");
+        }
+        service.shutdown().await;
+    })
+    .await;
+}

@@ -115,3 +115,30 @@ async fn a_request_stuck_on_the_database_is_answered_at_its_deadline_and_timed()
     })
     .await;
 }
+
+/// A body declared larger than the limit is refused at once with 413, not waited for until
+/// the read timeout (second review: 408 after 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_declared_too_large_gets_413_at_once() {
+    bounded(Duration::from_secs(30), async {
+        let (service, _redis, _dir) = impatient().await;
+        let mut client = tokio::net::TcpStream::connect(service.addr())
+            .await
+            .expect("connect");
+        client
+            .write_all(
+                b"POST /api/coupons HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999999\r\n\r\n",
+            )
+            .await
+            .expect("write");
+        let started = Instant::now();
+        let mut answer = vec![0; 4096];
+        let read = client.read(&mut answer).await.expect("read");
+        let answer = String::from_utf8_lossy(&answer[..read]);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("body_too_large"), "{answer}");
+        assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
+        service.shutdown().await;
+    })
+    .await;
+}
