@@ -58,6 +58,26 @@ async fn two_instances_with(
     (a, b)
 }
 
+/// A takes the lock for [`STOPPED_USER`], sees a unit left, and stops before writing; B
+/// waits out A's lease, takes the lock with a newer token and sells to user 8 (201); then
+/// A is continued. Returns A's answer.
+async fn newer_holder_sells_while_a_is_stopped(
+    client: &reqwest::Client,
+    a: &Served,
+    b: &Served,
+    coupon: i64,
+) -> common::Answer {
+    let stalled = tokio::spawn({
+        let (client, base) = (client.clone(), a.base.clone());
+        async move { buy(&client, &base, coupon, STOPPED_USER).await }
+    });
+    stopped(a.pid()).await;
+    let newer = buy(client, &b.base, coupon, 8).await;
+    assert_eq!(newer.status, 201, "{}", newer.body);
+    kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+    stalled.await.expect("join")
+}
+
 /// The value of a counter line in the text of `/metrics`, 0 if absent.
 async fn metric(client: &reqwest::Client, base: &str, line_prefix: &str) -> u64 {
     let text = common::metrics(client, base).await;
@@ -76,18 +96,8 @@ async fn a_holder_stopped_past_its_lease_cannot_write_once_a_newer_holder_has() 
         let client = reqwest::Client::new();
         let coupon = open_coupon(&client, &a.base, 2).await;
 
-        // A takes the lock for user 7, finds a unit left, and stops before writing.
-        let stalled = tokio::spawn({
-            let (client, base) = (client.clone(), a.base.clone());
-            async move { buy(&client, &base, coupon, STOPPED_USER).await }
-        });
-        stopped(a.pid()).await;
-        // B waits out A's lease, takes the lock with a newer token and sells.
-        let newer = buy(&client, &b.base, coupon, 8).await;
-        assert_eq!(newer.status, 201, "{}", newer.body);
-        // A wakes up inside its critical section, a unit still left in SQL, and writes.
-        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
-        let late = stalled.await.expect("join");
+        // A unit is still left in SQL when A wakes up and writes.
+        let late = newer_holder_sells_while_a_is_stopped(&client, &a, &b, coupon).await;
         assert_eq!(
             late.status, 503,
             "the stale holder's write landed: {}",
@@ -243,15 +253,7 @@ async fn a_segmented_holder_stopped_past_its_lease_cannot_sell_a_unit_sold_meanw
         .await;
         let client = reqwest::Client::new();
         let coupon = open_coupon(&client, &a.base, 1).await;
-        let stalled = tokio::spawn({
-            let (client, base) = (client.clone(), a.base.clone());
-            async move { buy(&client, &base, coupon, STOPPED_USER).await }
-        });
-        stopped(a.pid()).await;
-        let newer = buy(&client, &b.base, coupon, 8).await;
-        assert_eq!(newer.status, 201, "{}", newer.body);
-        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
-        let late = stalled.await.expect("join");
+        let late = newer_holder_sells_while_a_is_stopped(&client, &a, &b, coupon).await;
         assert_eq!(
             late.body["error"], "sold_out",
             "the stale holder sold: {}",
