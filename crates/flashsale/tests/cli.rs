@@ -513,7 +513,8 @@ async fn an_embedded_serve_on_another_instances_default_sqlite_file_is_refused()
 
 /// An embedded instance holds a PostgreSQL store too (an advisory lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused() {
+async fn a_second_embedded_serve_on_the_same_postgres_database_is_refused_and_the_first_stops_without_its_lock(
+) {
     bounded(Duration::from_secs(60), async {
         let postgres = distlock_testkit::PostgresServer::start()
             .await

@@ -110,15 +110,22 @@ async fn reconcile(redis_url: &str, database: &str, extra: &[&str]) -> (i32, ser
     (output.status.code().unwrap_or(-1), report)
 }
 
+/// A lua service on a Redis and a SQLite file that `flashsale reconcile` can also reach,
+/// with the database's URL.
+async fn lua_service_on_a_shared_redis() -> (RedisServer, tempfile::TempDir, Service, String) {
+    let redis = RedisServer::start().await.expect("redis");
+    let dir = tempfile::tempdir().expect("dir");
+    let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
+        .await
+        .expect("service");
+    let database = format!("sqlite://{}", dir.path().join("flashsale.db").display());
+    (redis, dir, service, database)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_removes_only_stale_claims_and_reports_each_kind_of_drift() {
     bounded(Duration::from_secs(60), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
-            .await
-            .expect("service");
-        let database = format!("sqlite://{}", dir.path().join("flashsale.db").display());
+        let (redis, _dir, service, database) = lua_service_on_a_shared_redis().await;
         let (client, base) = (reqwest::Client::new(), service.base_url());
         let clean = open_coupon(&client, &base, 5).await;
         let drifted = open_coupon(&client, &base, 10).await;
@@ -209,12 +216,7 @@ async fn reconcile_removes_only_stale_claims_and_reports_each_kind_of_drift() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_during_a_rush_reports_no_drift_on_a_healthy_coupon() {
     bounded(Duration::from_secs(90), async {
-        let redis = RedisServer::start().await.expect("redis");
-        let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(redis.url())))
-            .await
-            .expect("service");
-        let database = format!("sqlite://{}", dir.path().join("flashsale.db").display());
+        let (redis, _dir, service, database) = lua_service_on_a_shared_redis().await;
         let (client, base) = (reqwest::Client::new(), service.base_url());
         let coupon = open_coupon(&client, &base, 100_000).await;
         let stop = tokio_util::sync::CancellationToken::new();
