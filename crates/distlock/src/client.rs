@@ -12,9 +12,10 @@ use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::{Connection, RedisConnection};
+use crate::deployment::{cluster_client, mask_password, parse_endpoint, Deployment, Endpoint};
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
-use crate::engine::subscriptions::Subscriptions;
+use crate::engine::subscriptions::{PubSubSource, Subscriptions};
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::{validate_name, FencingCounter};
@@ -189,26 +190,44 @@ impl ClientBuilder {
         Ok(config)
     }
 
-    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://` for TLS) and checks that it answers like Redis.
+    /// Connects to the deployment at `url` and checks that it answers like Redis:
     ///
-    /// The connection reconnects by itself after a failure.
+    /// - `redis://[user:password@]host[:port][/db]`, or `rediss://` for TLS: one server.
+    ///   If it is a Redis Cluster node, the client connects to the whole cluster with it
+    ///   as the seed.
+    /// - `redis+cluster://[user:password@]host1:port1,host2:port2[/db]` (or
+    ///   `rediss+cluster://`): a Redis Cluster, by its seed nodes.
+    ///
+    /// The connections reconnect by themselves after a failure. The lock API is the same
+    /// whatever the deployment.
     pub async fn connect(self, url: &str) -> Result<Client> {
-        let redis_client = redis::Client::open(url).map_err(|err| Error::InvalidUrl {
-            url: mask_password(url),
-            reason: err.to_string(),
-        })?;
-        self.connect_with(redis_client).await
+        match parse_endpoint(url)? {
+            Endpoint::Single(single) => {
+                let redis_client =
+                    redis::Client::open(single.as_str()).map_err(|err| Error::InvalidUrl {
+                        url: mask_password(url),
+                        reason: err.to_string(),
+                    })?;
+                self.connect_with(redis_client).await
+            }
+            Endpoint::Cluster(seeds) => self.connect_cluster(seeds).await,
+        }
     }
 
     /// Connects through a `redis::Client` the caller configured, for settings a URL
     /// cannot carry: TLS with your own root certificate or a client certificate
-    /// (`redis::Client::build_with_tls`), or a custom DNS resolver.
+    /// (`redis::Client::build_with_tls`), or a custom DNS resolver. A cluster node is
+    /// joined as the seed of its cluster, as by [`ClientBuilder::connect`].
     pub async fn connect_with(self, redis_client: redis::Client) -> Result<Client> {
         let config = self.validate()?;
         ensure_tls_provider();
         let target = describe_target(&redis_client);
-        probe(&redis_client, &config, &target).await?;
+        let facts = probe(&redis_client, &config, &target).await?;
+        if facts.cluster {
+            tracing::info!(%target, "the server is a cluster node; connecting to its cluster");
+            let seeds = vec![redis_client.get_connection_info().clone()];
+            return self.start_cluster(config, seeds, target, facts).await;
+        }
         let background = Background::start()?;
         let home = match home_runtime() {
             Some(_) => Some(
@@ -234,7 +253,131 @@ impl ClientBuilder {
                 source,
             })?;
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        Ok(Client::start(config, redis_client, connection, background))
+        Ok(Client::start(
+            config,
+            PubSubSource::Standalone(redis_client),
+            connection,
+            background,
+            Deployment::Standalone,
+            target,
+        ))
+    }
+
+    /// Connects to a Redis Cluster through any of `seeds` (`redis://host:port` URLs, all
+    /// with the same credentials and TLS mode): the first that answers gives the topology.
+    ///
+    /// On the cluster, each script goes to the node that owns its lock's slot (every key
+    /// of one lock shares a slot), redirections during resharding (MOVED, ASK, TRYAGAIN)
+    /// are followed within the response timeout, and waiters listen with sharded pub/sub
+    /// (SSUBSCRIBE) on Redis 7, classic pub/sub before it.
+    pub async fn connect_cluster<S: AsRef<str>>(
+        self,
+        seeds: impl IntoIterator<Item = S>,
+    ) -> Result<Client> {
+        let config = self.validate()?;
+        ensure_tls_provider();
+        let mut infos = Vec::new();
+        for seed in seeds {
+            let seed = seed.as_ref();
+            let info = redis::IntoConnectionInfo::into_connection_info(seed).map_err(|err| {
+                Error::InvalidUrl {
+                    url: mask_password(seed),
+                    reason: err.to_string(),
+                }
+            })?;
+            infos.push(info);
+        }
+        if infos.is_empty() {
+            return Err(Error::InvalidUrl {
+                url: String::new(),
+                reason: "a cluster needs at least one seed node".into(),
+            });
+        }
+        // The first seed that answers is enough: the cluster client learns the rest.
+        let mut failure = None;
+        for info in &infos {
+            let probe_client =
+                redis::Client::open(info.clone()).map_err(|err| Error::InvalidUrl {
+                    url: info.addr().to_string(),
+                    reason: err.to_string(),
+                })?;
+            let target = describe_target(&probe_client);
+            match probe(&probe_client, &config, &target).await {
+                Ok(facts) => {
+                    if !facts.cluster {
+                        tracing::warn!(%target, "a seed does not report cluster mode; connecting as a cluster anyway");
+                    }
+                    return self.start_cluster(config, infos, target, facts).await;
+                }
+                Err(err) => {
+                    tracing::warn!(%target, error = %err, "cluster seed did not answer; trying the next");
+                    failure = Some(err);
+                }
+            }
+        }
+        Err(failure.unwrap_or(Error::InvalidUrl {
+            url: String::new(),
+            reason: "a cluster needs at least one seed node".into(),
+        }))
+    }
+
+    async fn start_cluster(
+        self,
+        config: Config,
+        seeds: Vec<redis::ConnectionInfo>,
+        target: String,
+        facts: ServerFacts,
+    ) -> Result<Client> {
+        let connect_error = |source| Error::Connect {
+            target: target.clone(),
+            source,
+        };
+        let cluster = cluster_client(&seeds, &config, None).map_err(connect_error)?;
+        let background = Background::start()?;
+        let home = match home_runtime() {
+            Some(_) => Some(RedisConnection::Cluster(
+                cluster
+                    .get_async_connection()
+                    .await
+                    .map_err(connect_error)?,
+            )),
+            None => None,
+        };
+        let opening = {
+            let cluster = cluster.clone();
+            background
+                .handle()
+                .spawn(async move { cluster.get_async_connection().await })
+        };
+        let own = opening
+            .await
+            .map_err(|err| {
+                connect_error(redis::RedisError::from(std::io::Error::other(format!(
+                    "the client's runtime stopped while connecting: {err}"
+                ))))
+            })?
+            .map_err(connect_error)?;
+        let connection = Connection::new(
+            home_runtime().zip(home),
+            RedisConnection::Cluster(own),
+            background.handle().clone(),
+        );
+        scripts::preload(&connection).await.map_err(connect_error)?;
+        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
+        let sharded_pubsub = facts.major_version >= 7;
+        let pubsub = PubSubSource::Cluster {
+            seeds,
+            sharded: sharded_pubsub,
+            config: config.clone(),
+        };
+        Ok(Client::start(
+            config,
+            pubsub,
+            connection,
+            background,
+            Deployment::Cluster { sharded_pubsub },
+            target,
+        ))
     }
 
     /// Builds a client on a connection the caller already has. Calls made on the runtime
@@ -267,7 +410,14 @@ impl ClientBuilder {
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        Ok(Client::start(config, redis_client, connection, background))
+        Ok(Client::start(
+            config,
+            PubSubSource::Standalone(redis_client),
+            connection,
+            background,
+            Deployment::Standalone,
+            target,
+        ))
     }
 }
 
@@ -380,15 +530,24 @@ fn ensure_tls_provider() {
 /// Opens one short-lived connection and PINGs, so that a bad address, a refused
 /// handshake or a server that is not Redis is reported at `connect` with its real cause
 /// rather than as a later command failure.
-async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<()> {
+///
+/// The same connection asks INFO what kind of server it is (a cluster node, which
+/// version); a server that will not say (INFO refused by an ACL, a proxy) is taken for a
+/// standalone server of unknown version.
+async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<ServerFacts> {
     let probe_config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connection_timeout))
         .set_response_timeout(Some(config.connection_timeout));
+    let mut facts = ServerFacts::default();
     let attempt = async {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&probe_config)
             .await?;
-        redis::cmd("PING").query_async::<String>(&mut conn).await
+        let pong = redis::cmd("PING").query_async::<String>(&mut conn).await?;
+        if let Ok(info) = redis::cmd("INFO").query_async::<String>(&mut conn).await {
+            facts = ServerFacts::from_info(&info);
+        }
+        Ok::<_, redis::RedisError>(pong)
     };
     let outcome = tokio::time::timeout(config.connection_timeout, attempt)
         .await
@@ -397,7 +556,7 @@ async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<
             after: config.connection_timeout,
         })?;
     match outcome {
-        Ok(reply) if reply == "PONG" => Ok(()),
+        Ok(reply) if reply == "PONG" => Ok(facts),
         Ok(reply) => Err(Error::NotRedis {
             target: target.to_owned(),
             detail: format!("PING answered {reply:?}"),
@@ -425,22 +584,33 @@ async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<
     }
 }
 
-fn describe_target(client: &redis::Client) -> String {
-    client.get_connection_info().addr().to_string()
+/// What the probe learned about the server.
+#[derive(Debug, Default, Clone, Copy)]
+struct ServerFacts {
+    /// `cluster_enabled:1`: a Redis Cluster node.
+    cluster: bool,
+    /// The major version, 0 when unknown.
+    major_version: u32,
 }
 
-/// Hides the password of a URL that is echoed back in an error.
-fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => format!("{scheme}://***@{host}"),
-        },
-        None => url.to_owned(),
+impl ServerFacts {
+    fn from_info(info: &str) -> Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.trim_end().strip_prefix(name)?.strip_prefix(':'))
+        };
+        let major_version = field("redis_version")
+            .and_then(|version| version.split('.').next()?.parse().ok())
+            .unwrap_or(0);
+        Self {
+            cluster: field("cluster_enabled") == Some("1"),
+            major_version,
+        }
     }
+}
+
+fn describe_target(client: &redis::Client) -> String {
+    client.get_connection_info().addr().to_string()
 }
 
 /// A handle on one Redis deployment, shared by every lock of a process.
@@ -512,6 +682,10 @@ pub(crate) struct Core {
     watchdog: Watchdog,
     latches: Latches,
     background: Background,
+    deployment: Deployment,
+    /// Where the client connected (`host:port` of the server or first cluster seed): names
+    /// the node in errors, and orders locks of one name on different deployments.
+    target: String,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
 }
@@ -653,6 +827,14 @@ impl Core {
     pub(crate) fn background(&self) -> &Background {
         &self.background
     }
+
+    pub(crate) fn deployment(&self) -> Deployment {
+        self.deployment
+    }
+
+    pub(crate) fn target(&self) -> &str {
+        &self.target
+    }
 }
 
 impl fmt::Debug for Client {
@@ -676,13 +858,15 @@ impl Client {
 
     fn start(
         config: Config,
-        redis_client: redis::Client,
+        pubsub: PubSubSource,
         connection: Connection,
         background: Background,
+        deployment: Deployment,
+        target: String,
     ) -> Client {
-        let watchdog = Watchdog::start(connection.clone(), &config, &background);
+        let watchdog = Watchdog::start(connection.clone(), &config, &background, deployment);
         let subscriptions = Subscriptions::new(
-            redis_client,
+            pubsub,
             config.connection_timeout,
             background.handle().clone(),
             background.stopping().clone(),
@@ -700,6 +884,8 @@ impl Client {
                     watchdog,
                     latches,
                     background,
+                    deployment,
+                    target,
                     closing: CancellationToken::new(),
                 }),
             }),
@@ -769,16 +955,6 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn masks_passwords_in_urls() {
-        assert_eq!(
-            mask_password("redis://app:hunter2@db:6379/0"),
-            "redis://app:***@db:6379/0"
-        );
-        assert_eq!(mask_password("redis://secret@db"), "redis://***@db");
-        assert_eq!(mask_password("redis://db:6379"), "redis://db:6379");
-    }
 
     #[test]
     fn refuses_bad_settings() {

@@ -19,6 +19,7 @@
 //! the fast home path rather than routing everything through the background thread.
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::runtime::{Handle, Id};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,9 @@ pub enum RedisConnection {
     Manager(ConnectionManager),
     /// Does not reconnect: after it breaks, calls routed to it fail.
     Multiplexed(MultiplexedConnection),
+    /// A Redis Cluster: routes each command by its first key, follows MOVED and ASK,
+    /// retries TRYAGAIN, and reconnects to nodes by itself.
+    Cluster(ClusterConnection),
 }
 
 impl From<ConnectionManager> for RedisConnection {
@@ -45,6 +49,12 @@ impl From<MultiplexedConnection> for RedisConnection {
     }
 }
 
+impl From<ClusterConnection> for RedisConnection {
+    fn from(conn: ClusterConnection) -> Self {
+        Self::Cluster(conn)
+    }
+}
+
 type Link = RedisConnection;
 
 impl Link {
@@ -52,6 +62,7 @@ impl Link {
         match self {
             Link::Manager(conn) => conn,
             Link::Multiplexed(conn) => conn,
+            Link::Cluster(conn) => conn,
         }
     }
 }
@@ -213,6 +224,7 @@ impl ConnectionLike for Connection {
         match &self.background {
             Link::Manager(conn) => conn.get_db(),
             Link::Multiplexed(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
         }
     }
 }

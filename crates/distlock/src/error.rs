@@ -128,6 +128,25 @@ pub enum Error {
     #[error("cannot start the distlock client's runtime: {0}")]
     Runtime(#[source] std::io::Error),
 
+    /// A RedLock could not reach enough of its masters to decide: more of them failed
+    /// (no reply within the node timeout, a refused connection, an error) than a majority
+    /// can spare. Whatever the reachable masters granted was given back.
+    #[error(
+        "RedLock {name:?} needs {needed} of {nodes} masters, but {} failed: {}",
+        failures.len(),
+        failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    QuorumUnavailable {
+        /// The lock name.
+        name: String,
+        /// How many masters must grant the lock.
+        needed: usize,
+        /// How many masters the RedLock has.
+        nodes: usize,
+        /// The masters that failed, and how.
+        failures: Vec<NodeFailure>,
+    },
+
     /// A script answered with a shape that distlock does not expect. This points at a key
     /// written by something that does not follow the lock's data layout.
     #[error("unexpected reply from the {script} script: {detail}")]
@@ -137,6 +156,24 @@ pub enum Error {
         /// What was wrong with the reply.
         detail: String,
     },
+}
+
+/// One master of a RedLock that did not answer an attempt usefully.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFailure {
+    /// The master, as `host:port`.
+    pub node: String,
+    /// What went wrong there.
+    pub reason: String,
+    /// True if the failure was of the connection or the node's time (a timeout, a
+    /// refused or broken connection), which may clear by itself.
+    pub transient: bool,
+}
+
+impl std::fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.node, self.reason)
+    }
 }
 
 impl From<redis::RedisError> for Error {
@@ -165,23 +202,43 @@ pub(crate) fn is_permission_denied(err: &redis::RedisError) -> bool {
 
 impl Error {
     /// True for failures of the connection rather than of the request: a broken or
-    /// refused connection, or a reply that did not come in time. The same call may
-    /// succeed later; whether a timed-out command ran is unknown.
+    /// refused connection, a reply that did not come in time, or a deployment in
+    /// transition (a failover, a cluster slot on the move: TRYAGAIN, CLUSTERDOWN,
+    /// READONLY, LOADING). The same call may succeed later; whether a timed-out command
+    /// ran is unknown.
     pub fn is_connection_error(&self) -> bool {
         match self {
             Error::Redis(err) => is_connection_failure(err),
             Error::Connect { .. } | Error::ConnectTimeout { .. } => true,
+            Error::QuorumUnavailable { failures, .. } => {
+                failures.iter().all(|failure| failure.transient)
+            }
             _ => false,
         }
     }
 }
 
-/// A failure of the connection, after which a command may or may not have run.
+/// A failure of the connection, after which a command may or may not have run, or a
+/// refusal of a deployment in transition, after which it did not run: either way the
+/// same command may succeed if sent again.
 pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
+        || matches!(
+            err.kind(),
+            redis::ErrorKind::Server(
+                Kind::TryAgain
+                    | Kind::ClusterDown
+                    | Kind::Moved
+                    | Kind::Ask
+                    | Kind::MasterDown
+                    | Kind::ReadOnly
+                    | Kind::BusyLoading
+            )
+        )
 }
 
 /// Shorthand for results whose error is [`Error`].

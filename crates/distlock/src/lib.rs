@@ -45,16 +45,21 @@
 
 mod client;
 mod connection;
+mod deployment;
 mod duration;
 mod engine;
 mod error;
 mod keys;
 mod lock;
+mod multi_lock;
+mod red_lock;
 mod runtime;
 mod scripts;
 
 pub use client::{Client, ClientBuilder};
 pub use connection::{Connection, RedisConnection};
-pub use error::{Error, Result};
+pub use error::{Error, NodeFailure, Result};
 pub use keys::FencingCounter;
 pub use lock::{Lock, LockGuard};
+pub use multi_lock::{MultiLock, MultiLockGuard};
+pub use red_lock::{RedLock, RedLockGuard};

@@ -188,8 +188,10 @@ impl Lock {
             .client
             .core()
             .request(|mut connection| {
-                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 1);
-                unlock.arg(RELEASE_MESSAGE);
+                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 2);
+                unlock
+                    .arg(RELEASE_MESSAGE)
+                    .arg(self.client.core().deployment().publish_command());
                 async move { unlock.invoke(&mut connection).await }
             })
             .await?;
@@ -222,14 +224,19 @@ impl Lock {
         Ok(counter.max(0).unsigned_abs())
     }
 
-    fn guard(&self, hold: Hold) -> LockGuard {
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn guard(&self, hold: Hold) -> LockGuard {
         LockGuard {
             hold,
             _client: self.client.clone(),
         }
     }
 
-    fn attempt(&self) -> Result<LockAttempt> {
+    /// One acquisition of this lock, for the engine (or a composite primitive) to try.
+    pub(crate) fn attempt(&self) -> Result<LockAttempt> {
         let (lease, renew) = match self.lease {
             Some(lease) => (lease, false),
             None => (self.client.core().config().watchdog_timeout, true),
@@ -247,7 +254,7 @@ impl Lock {
 }
 
 /// One acquisition, ready to be tried as often as the engine needs.
-struct LockAttempt {
+pub(crate) struct LockAttempt {
     core: Arc<Core>,
     name: Arc<str>,
     token_key: Arc<str>,
@@ -255,6 +262,18 @@ struct LockAttempt {
     lease: Duration,
     lease_ms: u64,
     renew: bool,
+}
+
+impl LockAttempt {
+    /// The lease each acquisition sets.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The lock's release channel.
+    pub(crate) fn channel_arc(&self) -> &Arc<str> {
+        &self.channel
+    }
 }
 
 impl Acquire for LockAttempt {
@@ -329,13 +348,14 @@ fn abandon(core: &Arc<Core>, name: &Arc<str>, channel: &Arc<str>, owner: &Arc<st
     );
     core.background().spawn(async move {
         let mut connection = core_for_task.connection();
-        let outcome = ScriptCall::new(&LOCK_RELEASE, &[&name, &channel, &name], 6)
+        let outcome = ScriptCall::new(&LOCK_RELEASE, &[&name, &channel, &name], 7)
             .arg(&*owner)
             .arg(0)
             .arg(1)
             .arg(RELEASE_MESSAGE)
             .arg(0)
             .arg(0)
+            .arg(core_for_task.deployment().publish_command())
             .invoke::<i64>(&mut connection)
             .await;
         match outcome {
@@ -411,7 +431,7 @@ impl Holding {
             let reply = background
                 .reply_unless_stalled(
                     sent_on_home,
-                    ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 6)
+                    ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7)
                         .arg(&*self.owner)
                         .arg(left)
                         .arg(self.lease_ms)
@@ -426,6 +446,7 @@ impl Holding {
                         } else {
                             "0"
                         })
+                        .arg(self.core.deployment().publish_command())
                         .invoke::<i64>(&mut connection),
                 )
                 .await;
@@ -618,6 +639,16 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    /// The holding's entry in its client's watchdog, for composite leases.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.hold.holding().lease_entry
+    }
+
+    /// The client this guard's lock lives on.
+    pub(crate) fn client(&self) -> &Client {
+        &self._client
+    }
+
     /// The fencing token of this holding: larger than that of every earlier acquisition of
     /// the same lock name. Re-entries share their holding's token. Pass it to the resource
     /// you write, and have the resource refuse writes with a smaller token.

@@ -35,12 +35,16 @@
 use std::future::Future;
 use std::pin::pin;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::{join_all, select, select_all};
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 use crate::client::Core;
 use crate::engine::detach::Detached;
+use crate::engine::subscriptions::Subscription;
 use crate::error::{Error, Result};
 
 /// What one attempt found.
@@ -65,8 +69,16 @@ pub(crate) trait Acquire {
     /// up whatever it may have taken.
     fn attempt(&self) -> AttemptFuture<Self::Guard>;
 
-    /// The channel on which releases of this primitive are published.
+    /// The channel on which releases of this primitive are published, on the client the
+    /// engine is given. Local waiters queue on it.
     fn channel(&self) -> &str;
+
+    /// Channels of the same primitive on other clients, each announcing its releases too
+    /// (a RedLock's other masters): a waiter wakes on a message on any of them, so one
+    /// node that is down or slow does not leave it sleeping.
+    fn other_channels(&self) -> &[(Arc<Core>, Arc<str>)] {
+        &[]
+    }
 }
 
 /// How long a caller is prepared to wait.
@@ -141,9 +153,19 @@ pub(crate) async fn acquire<A: Acquire>(
             return Ok(acquired);
         }
     }
-    let subscribing = subscriptions.subscribe(primitive.channel());
-    let subscription = tokio::select! {
-        subscription = subscribing => subscription,
+    let subscribing = async {
+        let main = subscriptions.subscribe(primitive.channel()).await;
+        let others = join_all(
+            primitive
+                .other_channels()
+                .iter()
+                .map(|(core, channel)| core.subscriptions().subscribe(channel)),
+        )
+        .await;
+        (main, others)
+    };
+    let (subscription, others) = tokio::select! {
+        subscribed = subscribing => subscribed,
         _ = core.background().sleep_until_some(deadline) => {
             return last_chance(core, primitive).await;
         }
@@ -151,13 +173,23 @@ pub(crate) async fn acquire<A: Acquire>(
     };
     let mut backoff = MIN_ERROR_BACKOFF;
     let mut my_turn = !subscription.joined_a_queue();
+    let live = || subscription.is_live() || others.iter().any(Subscription::is_live);
     loop {
         let mut released = pin!(subscription.notified());
         released.as_mut().enable();
+        let mut released_elsewhere: Vec<Pin<Box<Notified<'_>>>> = others
+            .iter()
+            .map(|other| {
+                let mut notified = Box::pin(other.notified());
+                notified.as_mut().enable();
+                notified
+            })
+            .collect();
+        let released = any_release(released, &mut released_elsewhere);
         if !my_turn {
             // Behind other local waiters: wait to be woken (or for the fallback) first.
             my_turn = true;
-            let fallback = if subscription.is_live() {
+            let fallback = if live() {
                 NO_HINT_RETRY
             } else {
                 UNANNOUNCED_RETRY
@@ -182,7 +214,7 @@ pub(crate) async fn acquire<A: Acquire>(
             }
             Err(err) => return Err(err),
         };
-        let retry_after = if subscription.is_live() {
+        let retry_after = if live() {
             retry_after
         } else {
             retry_after.min(UNANNOUNCED_RETRY)
@@ -198,13 +230,18 @@ pub(crate) async fn acquire<A: Acquire>(
     }
 }
 
+/// Completes at the first release message on the main channel or any other one.
+async fn any_release(main: Pin<&mut Notified<'_>>, elsewhere: &mut Vec<Pin<Box<Notified<'_>>>>) {
+    if elsewhere.is_empty() {
+        main.await;
+    } else {
+        select(main, select_all(elsewhere.iter_mut())).await;
+    }
+}
+
 /// Waits for a release message or `wake_at`; fails if the client starts shutting down
 /// meanwhile.
-async fn wait(
-    core: &Core,
-    released: Pin<&mut tokio::sync::futures::Notified<'_>>,
-    wake_at: Instant,
-) -> Result<()> {
+async fn wait(core: &Core, released: impl Future<Output = ()>, wake_at: Instant) -> Result<()> {
     tokio::select! {
         _ = released => Ok(()),
         _ = core.background().sleep_until(wake_at) => core.ensure_open(),

@@ -14,5 +14,6 @@
 pub(crate) mod acquire;
 pub(crate) mod detach;
 pub(crate) mod latches;
+pub(crate) mod lease_set;
 pub(crate) mod subscriptions;
 pub(crate) mod watchdog;

@@ -11,6 +11,14 @@
 //! backoff, subscribes again to every channel still wanted, and then wakes every waiter,
 //! because messages published while it was away are gone.
 //!
+//! On a Redis Cluster the hub holds a RESP3 cluster connection instead, whose pushes carry
+//! the messages. On Redis 7 it subscribes with SSUBSCRIBE, so a release message reaches the
+//! one shard that owns the lock rather than every node (and Redisson's waiters, which
+//! listen the same way there, hear distlock's releases and the reverse). redis-rs then
+//! follows each channel's shard by itself, through failovers and slot moves; the hub
+//! wakes a channel's waiters whenever it is subscribed again, because a message sent
+//! meanwhile is gone.
+//!
 //! A channel the server refuses (an ACL without the channel) is not a broken connection:
 //! the hub warns once, marks the channel denied, and keeps the connection. Its waiters
 //! then fall back to looking again every 250 ms or when the holder's lease runs out, as
@@ -24,11 +32,15 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSubSink;
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionInfo, PushInfo, PushKind, RedisResult};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Config;
+use crate::deployment::cluster_client;
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
 
@@ -45,10 +57,23 @@ const STABLE_AFTER: Duration = Duration::from_secs(5);
 /// silently delivering nothing.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
 
+/// Where the hub's pub/sub connection comes from.
+#[derive(Clone)]
+pub(crate) enum PubSubSource {
+    /// One server: a classic pub/sub connection.
+    Standalone(redis::Client),
+    /// A cluster: a RESP3 cluster connection, subscribing with SSUBSCRIBE when `sharded`.
+    Cluster {
+        seeds: Vec<ConnectionInfo>,
+        sharded: bool,
+        config: Config,
+    },
+}
+
 /// The client's registry of channels its waiters listen on.
 pub(crate) struct Subscriptions {
     shared: Arc<Shared>,
-    redis: redis::Client,
+    source: PubSubSource,
     /// The client's own runtime, where the hub runs whoever waits first.
     runtime: tokio::runtime::Handle,
     hub_started: OnceLock<()>,
@@ -111,7 +136,7 @@ impl Shared {
 
 impl Subscriptions {
     pub(crate) fn new(
-        redis: redis::Client,
+        source: PubSubSource,
         timeout: Duration,
         runtime: tokio::runtime::Handle,
         shutdown: CancellationToken,
@@ -126,7 +151,7 @@ impl Subscriptions {
                 warned_denied: AtomicBool::new(false),
                 warned_unsubscribe: AtomicBool::new(false),
             }),
-            redis,
+            source,
             runtime,
             hub_started: OnceLock::new(),
             nudge_rx: Mutex::new(Some(nudge_rx)),
@@ -195,7 +220,7 @@ impl Subscriptions {
             if let Some(receiver) = receiver {
                 self.runtime.spawn(run_hub(
                     Arc::clone(&self.shared),
-                    self.redis.clone(),
+                    self.source.clone(),
                     receiver,
                 ));
             }
@@ -236,9 +261,146 @@ impl Drop for Subscription {
     }
 }
 
+/// The sending half of the hub's connection.
+enum Sink {
+    Classic(PubSubSink),
+    Cluster {
+        connection: ClusterConnection,
+        sharded: bool,
+    },
+}
+
+/// The receiving half: messages, and on a cluster the other pushes.
+enum Events {
+    Classic(PubSubStream),
+    Cluster(mpsc::UnboundedReceiver<PushInfo>),
+}
+
+/// What the connection told the hub.
+enum Event {
+    /// A message on a channel.
+    Message(String),
+    /// The server confirmed a subscription: the first, or one redis-rs renewed after a
+    /// node's connection broke or a slot moved.
+    Subscribed(String),
+    /// One node's connection broke (cluster only; redis-rs reconnects and resubscribes).
+    NodeLost,
+    /// Nothing the hub acts on.
+    Other,
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Sink::Classic(sink) => sink.subscribe(channels).await,
+            // One channel per command: the channels of one SSUBSCRIBE must share a slot.
+            Sink::Cluster {
+                connection,
+                sharded,
+            } => {
+                for channel in channels {
+                    if *sharded {
+                        connection.ssubscribe(channel).await?;
+                    } else {
+                        connection.subscribe(channel).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Sink::Classic(sink) => sink.unsubscribe(channels).await,
+            Sink::Cluster {
+                connection,
+                sharded,
+            } => {
+                for channel in channels {
+                    if *sharded {
+                        connection.sunsubscribe(channel).await?;
+                    } else {
+                        connection.unsubscribe(channel).await?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// True if the connection still answers. A cluster connection watches its nodes and
+    /// reconnects by itself; the hub does not second-guess it.
+    async fn healthy(&mut self, timeout: Duration) -> bool {
+        match self {
+            Sink::Classic(sink) => matches!(
+                tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await,
+                Ok(Ok(_))
+            ),
+            Sink::Cluster { .. } => true,
+        }
+    }
+}
+
+impl Events {
+    /// The next event; `None` when the connection is gone for good.
+    async fn next(&mut self) -> Option<Event> {
+        match self {
+            Events::Classic(stream) => stream
+                .next()
+                .await
+                .map(|message| Event::Message(message.get_channel_name().to_owned())),
+            Events::Cluster(pushes) => {
+                let push = pushes.recv().await?;
+                let channel = || match push.data.first() {
+                    Some(redis::Value::BulkString(bytes)) => {
+                        Some(String::from_utf8_lossy(bytes).into_owned())
+                    }
+                    _ => None,
+                };
+                Some(match push.kind {
+                    PushKind::Message | PushKind::SMessage => {
+                        channel().map_or(Event::Other, Event::Message)
+                    }
+                    PushKind::Subscribe | PushKind::SSubscribe => {
+                        channel().map_or(Event::Other, Event::Subscribed)
+                    }
+                    PushKind::Disconnection => Event::NodeLost,
+                    _ => Event::Other,
+                })
+            }
+        }
+    }
+}
+
+async fn open(source: &PubSubSource) -> RedisResult<(Sink, Events)> {
+    match source {
+        PubSubSource::Standalone(redis) => {
+            let (sink, stream) = redis.get_async_pubsub().await?.split();
+            Ok((Sink::Classic(sink), Events::Classic(stream)))
+        }
+        PubSubSource::Cluster {
+            seeds,
+            sharded,
+            config,
+        } => {
+            let (pushes, events) = mpsc::unbounded_channel();
+            let client = cluster_client(seeds, config, Some(pushes))?;
+            let connection = client.get_async_connection().await?;
+            Ok((
+                Sink::Cluster {
+                    connection,
+                    sharded: *sharded,
+                },
+                Events::Cluster(events),
+            ))
+        }
+    }
+}
+
 async fn run_hub(
     shared: Arc<Shared>,
-    redis: redis::Client,
+    source: PubSubSource,
     mut nudges: mpsc::UnboundedReceiver<()>,
 ) {
     let mut backoff = MIN_BACKOFF;
@@ -253,13 +415,13 @@ async fn run_hub(
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
-        let connect = tokio::time::timeout(shared.timeout, redis.get_async_pubsub());
-        let pubsub = tokio::select! {
+        let connect = tokio::time::timeout(shared.timeout, open(&source));
+        let opened = tokio::select! {
             _ = shared.shutdown.cancelled() => return,
             connected = connect => connected,
         };
-        let (mut sink, mut stream) = match pubsub {
-            Ok(Ok(pubsub)) => pubsub.split(),
+        let (mut sink, mut events) = match opened {
+            Ok(Ok(opened)) => opened,
             failure => {
                 let reason = match failure {
                     Ok(Err(err)) => err.to_string(),
@@ -290,13 +452,20 @@ async fn run_hub(
                             break;
                         }
                     }
-                    message = stream.next() => match message {
-                        Some(message) => deliver(&shared, message.get_channel_name()),
+                    event = events.next() => match event {
+                        Some(Event::Message(channel)) => deliver(&shared, &channel),
+                        // A renewed subscription follows a gap in which messages were
+                        // lost: the channel's waiters look again.
+                        Some(Event::Subscribed(channel)) => wake_channel(&shared, &channel),
+                        Some(Event::NodeLost) => {
+                            tracing::debug!("a pub/sub node connection broke; redis-rs resubscribes");
+                            wake_everyone(&shared);
+                        }
+                        Some(Event::Other) => {}
                         None => break,
                     },
                     _ = health.tick() => {
-                        let ping = tokio::time::timeout(shared.timeout, sink.ping::<redis::Value>());
-                        if !matches!(ping.await, Ok(Ok(_))) {
+                        if !sink.healthy(shared.timeout).await {
                             break;
                         }
                         // A right granted since a refusal takes effect without a restart:
@@ -328,7 +497,7 @@ async fn run_hub(
 /// check). Returns false when the connection must be rebuilt.
 async fn reconcile(
     shared: &Shared,
-    sink: &mut PubSubSink,
+    sink: &mut Sink,
     on_server: &mut HashSet<String>,
     denied: &mut HashSet<String>,
 ) -> bool {
@@ -393,7 +562,7 @@ async fn reconcile(
 /// false when the connection failed.
 async fn subscribe(
     shared: &Shared,
-    sink: &mut PubSubSink,
+    sink: &mut Sink,
     channels: Vec<String>,
     on_server: &mut HashSet<String>,
     denied: &mut HashSet<String>,
@@ -407,7 +576,8 @@ async fn subscribe(
         _ => return false,
     }
     for channel in channels {
-        match tokio::time::timeout(shared.timeout, sink.subscribe(&channel)).await {
+        let one = std::slice::from_ref(&channel);
+        match tokio::time::timeout(shared.timeout, sink.subscribe(one)).await {
             Ok(Ok(())) => {
                 on_server.insert(channel);
             }
@@ -435,6 +605,12 @@ async fn subscribe(
 fn deliver(shared: &Shared, channel: &str) {
     if let Some(entry) = shared.channels().get(channel) {
         entry.state.wake.notify_one();
+    }
+}
+
+fn wake_channel(shared: &Shared, channel: &str) {
+    if let Some(entry) = shared.channels().get(channel) {
+        entry.state.wake.notify_waiters();
     }
 }
 

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Config;
 use crate::connection::Connection;
+use crate::deployment::Deployment;
 use crate::error::is_permission_denied;
 use crate::runtime::{sleep_until_on, Background};
 use crate::scripts::{ScriptCall, LOCK_RENEW};
@@ -112,6 +113,8 @@ struct Shared {
     lease: Duration,
     lease_ms: u64,
     batch_size: usize,
+    /// On a cluster, one renewal script carries the locks of one slot only.
+    deployment: Deployment,
 }
 
 impl Shared {
@@ -267,7 +270,12 @@ impl Drop for Watchdog {
 }
 
 impl Watchdog {
-    pub(crate) fn start(connection: Connection, config: &Config, background: &Background) -> Self {
+    pub(crate) fn start(
+        connection: Connection,
+        config: &Config,
+        background: &Background,
+        deployment: Deployment,
+    ) -> Self {
         let shared = Arc::new(Shared {
             registry: Arc::new(Mutex::new(Registry {
                 runtime: Some(background.handle().clone()),
@@ -281,6 +289,7 @@ impl Watchdog {
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
             batch_size: config.renew_batch_size,
+            deployment,
         });
         background.spawn_service(run(Arc::clone(&shared)));
         Self { shared }
@@ -457,7 +466,9 @@ async fn renew_all(shared: Arc<Shared>) {
             .filter(|(_, entry)| entry.renew)
             .map(|(id, entry)| (*id, Arc::clone(&entry.key), Arc::clone(&entry.owner)))
             .collect();
-        due.chunks(shared.batch_size).map(<[_]>::to_vec).collect()
+        shared
+            .deployment
+            .batches(due, shared.batch_size, |(_, key, _)| key)
     };
     join_all(batches.into_iter().map(|batch| renew_batch(&shared, batch))).await;
     shared.renewing_now.store(false, Ordering::Release);

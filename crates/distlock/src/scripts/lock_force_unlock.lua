@@ -3,6 +3,7 @@
 -- KEYS[1]  lock hash
 -- KEYS[2]  release channel
 -- ARGV[1]  release message
+-- ARGV[2]  "publish", or "spublish" on a Redis 7 cluster
 --
 -- Returns 1 when a lock was deleted, 0 when there was none; fails with a NOPERM error,
 -- having written nothing, when the user's ACL refuses the publish or the delete.
@@ -10,13 +11,14 @@
 -- A refused call aborts a script but keeps what it wrote before: both writes are checked
 -- against the user's ACL first (Redis >= 7.0), and on older servers the publish comes
 -- before the delete, so a refused channel leaves the lock as it was.
+local publish = ARGV[2] == 'spublish' and 'spublish' or 'publish'
 if redis.call('exists', KEYS[1]) == 0 then
     return 0
 end
-if redis.acl_check_cmd and not (redis.acl_check_cmd('publish', KEYS[2], ARGV[1])
+if redis.acl_check_cmd and not (redis.acl_check_cmd(publish, KEYS[2], ARGV[1])
         and redis.acl_check_cmd('del', KEYS[1])) then
-    return redis.error_reply('NOPERM this user may not PUBLISH to ' .. KEYS[2] .. ' and DEL the lock')
+    return redis.error_reply('NOPERM this user may not publish to ' .. KEYS[2] .. ' and DEL the lock')
 end
-redis.call('publish', KEYS[2], ARGV[1])
+redis.call(publish, KEYS[2], ARGV[1])
 redis.call('del', KEYS[1])
 return 1

@@ -12,6 +12,8 @@
 -- ARGV[5]  how long the latch is kept, milliseconds ("0": write no latch)
 -- ARGV[6]  "1" when this is a retry of a request that may have written its latch (only a
 --          final release writes one; a partial release has no latch to read)
+-- ARGV[7]  "publish", or "spublish" on a Redis 7 cluster (sharded pub/sub, as Redisson's
+--          waiters there listen with SSUBSCRIBE)
 --
 -- Returns the hold count left (0 = the lock is now free), or -1 when the owner does not
 -- hold the lock (nothing is written then). Fails with a NOPERM error, having written
@@ -42,9 +44,10 @@ end
 -- checked against the user's ACL first (Redis >= 7.0): refused, the release changes
 -- nothing and wakes nobody. On an older server the order limits the damage: the lock is
 -- deleted last. Waiters woken by the message run their attempts after this script.
+local publish = ARGV[7] == 'spublish' and 'spublish' or 'publish'
 if redis.acl_check_cmd then
-    if not redis.acl_check_cmd('publish', KEYS[2], ARGV[4]) then
-        return redis.error_reply('NOPERM this user may not PUBLISH to the release channel ' .. KEYS[2])
+    if not redis.acl_check_cmd(publish, KEYS[2], ARGV[4]) then
+        return redis.error_reply('NOPERM this user may not publish to the release channel ' .. KEYS[2])
     end
     if ARGV[5] ~= '0' and not redis.acl_check_cmd('set', KEYS[3], '0', 'px', ARGV[5]) then
         return redis.error_reply('NOPERM this user may not SET the unlock latch ' .. KEYS[3])
@@ -53,7 +56,7 @@ if redis.acl_check_cmd then
         return redis.error_reply('NOPERM this user may not DEL the lock ' .. KEYS[1])
     end
 end
-redis.call('publish', KEYS[2], ARGV[4])
+redis.call(publish, KEYS[2], ARGV[4])
 if ARGV[5] ~= '0' then
     redis.call('set', KEYS[3], 0, 'px', ARGV[5])
 end

@@ -1,0 +1,251 @@
+//! The kinds of Redis deployment a [`Client`](crate::Client) can talk to, and the URLs
+//! that name them.
+//!
+//! - `redis://host:port/db` or `rediss://…`: one server. If that server turns out to be a
+//!   cluster node, the client switches to cluster mode with it as the seed, so pointing
+//!   an existing configuration at a cluster just works.
+//! - `redis+cluster://host1:port1,host2:port2/` (or `rediss+cluster://`): a cluster,
+//!   given by seed nodes; any reachable one is enough to learn the topology.
+//!
+//! What differs between deployments is small, and decided here: how a release is
+//! published (sharded pub/sub on a Redis 7 cluster), and whether keys of different slots
+//! may share one command.
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_routing::Slot;
+use redis::{ConnectionInfo, PushInfo, RedisResult};
+
+use crate::client::Config;
+use crate::error::{Error, Result};
+
+/// How often one cluster command is sent again after a redirection it cannot follow at
+/// once (TRYAGAIN while a slot migrates, CLUSTERDOWN during a failover) or a lost node.
+/// Every retry still ends within the response timeout, which bounds the whole command.
+const CLUSTER_RETRIES: u32 = 12;
+/// Pauses between those retries, in milliseconds: short, because a migration moves a
+/// slot's few lock keys in a few milliseconds, and growing up to a quarter second.
+const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 250;
+
+/// A cluster client on `seeds` with the client's timeouts. With `pushes`, it speaks RESP3
+/// and sends every push (pub/sub messages, subscription confirmations, disconnections)
+/// there: that is how redis-rs carries pub/sub on a cluster.
+pub(crate) fn cluster_client(
+    seeds: &[ConnectionInfo],
+    config: &Config,
+    pushes: Option<tokio::sync::mpsc::UnboundedSender<PushInfo>>,
+) -> RedisResult<ClusterClient> {
+    let mut builder = ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(config.connection_timeout)
+        .response_timeout(config.response_timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
+        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS);
+    if let Some(pushes) = pushes {
+        builder = builder
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes);
+    }
+    builder.build()
+}
+
+/// A deployment, as a URL names it, before anything is connected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// One server (which may still turn out to be a cluster node).
+    Single(String),
+    /// Seed nodes of a cluster, each as a `redis://` or `rediss://` URL.
+    Cluster(Vec<String>),
+}
+
+/// Parses a connection URL into the deployment it names. Credentials and the database
+/// path given once apply to every host of a multi-host URL.
+pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: mask_password(url),
+        reason: reason.to_owned(),
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(invalid("expected a scheme such as redis://"));
+    };
+    let node_scheme = match scheme {
+        "redis" | "rediss" | "unix" | "redis+unix" => return Ok(Endpoint::Single(url.to_owned())),
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return Err(invalid(
+            "unsupported scheme; use redis://, rediss://, redis+cluster:// or rediss+cluster://",
+        )),
+    };
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .map(|host| {
+            let host = host.trim();
+            if host.is_empty() {
+                return Err(invalid("a host in the list is empty"));
+            }
+            Ok(match userinfo {
+                Some(userinfo) => format!("{node_scheme}://{userinfo}@{host}{path}"),
+                None => format!("{node_scheme}://{host}{path}"),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Endpoint::Cluster(seeds))
+}
+
+/// Hides the password of a URL that is echoed back in an error.
+pub(crate) fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => format!("{scheme}://***@{host}"),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// The deployment a connected client talks to, as far as the lock protocol cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deployment {
+    /// One server (or a proxy in front of one).
+    Standalone,
+    /// A Redis Cluster. `sharded_pubsub`: the servers have SPUBLISH/SSUBSCRIBE (Redis 7),
+    /// so a release message goes to the one shard that owns the lock, and Redisson's
+    /// waiters on a 7+ cluster, which listen there, hear it too.
+    Cluster { sharded_pubsub: bool },
+}
+
+impl Deployment {
+    /// The command the release scripts publish with.
+    pub(crate) fn publish_command(self) -> &'static str {
+        match self {
+            Deployment::Cluster {
+                sharded_pubsub: true,
+            } => "spublish",
+            _ => "publish",
+        }
+    }
+
+    /// True if one command may only carry keys of one hash slot.
+    pub(crate) fn is_cluster(self) -> bool {
+        matches!(self, Deployment::Cluster { .. })
+    }
+
+    /// Splits `items` into groups that one command may carry together: all of them on one
+    /// server, one group per hash slot (of `key(item)`) on a cluster, each group at most
+    /// `max` long.
+    pub(crate) fn batches<T>(
+        self,
+        items: Vec<T>,
+        max: usize,
+        key: impl Fn(&T) -> &str,
+    ) -> Vec<Vec<T>> {
+        let max = max.max(1);
+        let groups: Vec<Vec<T>> = if self.is_cluster() {
+            let mut by_slot: std::collections::HashMap<Slot, Vec<T>> = Default::default();
+            for item in items {
+                by_slot
+                    .entry(Slot::for_key(key(&item)))
+                    .or_default()
+                    .push(item);
+            }
+            by_slot.into_values().collect()
+        } else {
+            vec![items]
+        };
+        let mut batches = Vec::new();
+        for mut group in groups {
+            while group.len() > max {
+                let rest = group.split_off(max);
+                batches.push(group);
+                group = rest;
+            }
+            if !group.is_empty() {
+                batches.push(group);
+            }
+        }
+        batches
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_and_cluster_urls() -> Result<()> {
+        assert_eq!(
+            parse_endpoint("redis://127.0.0.1:6379/0")?,
+            Endpoint::Single("redis://127.0.0.1:6379/0".into())
+        );
+        assert_eq!(
+            parse_endpoint("redis+cluster://app:pw@h1:7000,h2:7001/")?,
+            Endpoint::Cluster(vec![
+                "redis://app:pw@h1:7000/".into(),
+                "redis://app:pw@h2:7001/".into()
+            ])
+        );
+        assert_eq!(
+            parse_endpoint("rediss+cluster://h1:7000")?,
+            Endpoint::Cluster(vec!["rediss://h1:7000".into()])
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn refuses_bad_urls_without_echoing_passwords() {
+        for url in [
+            "http://h:1",
+            "h:1",
+            "redis+cluster://h1:1,,h2:2",
+            "redis+cluster://u:secret@",
+        ] {
+            match parse_endpoint(url) {
+                Err(Error::InvalidUrl { url: shown, .. }) => {
+                    assert!(!shown.contains("secret"), "{shown}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn masks_passwords_in_urls() {
+        assert_eq!(
+            mask_password("redis://app:hunter2@db:6379/0"),
+            "redis://app:***@db:6379/0"
+        );
+        assert_eq!(mask_password("redis://secret@db"), "redis://***@db");
+        assert_eq!(mask_password("redis://db:6379"), "redis://db:6379");
+    }
+
+    #[test]
+    fn cluster_batches_never_mix_slots() {
+        let keys: Vec<String> = (0..50).map(|n| format!("lock:{n}")).collect();
+        let batches = Deployment::Cluster {
+            sharded_pubsub: true,
+        }
+        .batches(keys.clone(), 3, |key| key);
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 50);
+        for batch in &batches {
+            assert!(batch.len() <= 3);
+            let slot = Slot::for_key(&batch[0]);
+            assert!(batch.iter().all(|key| Slot::for_key(key) == slot));
+        }
+        let standalone = Deployment::Standalone.batches(keys, 20, |key| key);
+        assert_eq!(
+            standalone.iter().map(Vec::len).collect::<Vec<_>>(),
+            [20, 20, 10]
+        );
+    }
+}

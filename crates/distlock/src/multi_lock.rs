@@ -1,0 +1,225 @@
+//! MultiLock: several locks taken as one, all or nothing.
+//!
+//! The members are acquired one after another in a stable order (by name, then by the
+//! deployment they live on), each through the ordinary engine with what is left of the
+//! caller's patience. Because every MultiLock takes its members in the same order, two
+//! MultiLocks over overlapping sets cannot deadlock: whoever holds the first shared member
+//! gets the rest before the other can. If a member cannot be had in time, the members
+//! already taken are given back, and the call reports that it got nothing.
+//!
+//! The guard's lease is the set of the members' leases with a quorum of all of them
+//! ([`LeaseSet`]): the set is lost as soon as any member is.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::lease_set::LeaseSet;
+use crate::error::{Error, Result};
+use crate::lock::{Lock, LockGuard};
+
+/// A set of locks acquired together: all of them, or none.
+///
+/// The members may live on one client or on several (different Redis deployments).
+/// Each is acquired in its own mode (watchdog or fixed lease, as the [`Lock`] handle
+/// says) and renewed by its own client's watchdog.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let client = distlock::Client::connect(&server.url()).await?;
+/// use std::time::Duration;
+/// use distlock::MultiLock;
+///
+/// // A transfer locks both accounts, whatever order the caller names them in.
+/// let transfer = MultiLock::new([client.lock("account:7")?, client.lock("account:3")?])?;
+/// let guard = transfer
+///     .try_lock_for(Duration::from_secs(1))
+///     .await?
+///     .expect("nobody else holds the accounts");
+/// assert_eq!(guard.names(), ["account:3", "account:7"]);
+/// // Either account alone is now taken.
+/// assert!(client.lock("account:3")?.try_lock().await?.is_none());
+/// guard.release().await?;
+/// # client.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    /// In acquisition order.
+    members: Vec<Lock>,
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLock")
+            .field("members", &self.members)
+            .finish()
+    }
+}
+
+impl MultiLock {
+    /// A MultiLock over `locks`. Fails with [`Error::InvalidConfig`] if there are none, or
+    /// if one lock is named twice on the same client (it would wait for itself).
+    pub fn new(locks: impl IntoIterator<Item = Lock>) -> Result<Self> {
+        let mut members: Vec<Lock> = locks.into_iter().collect();
+        if members.is_empty() {
+            return Err(Error::InvalidConfig {
+                what: "multi-lock members",
+                reason: "needs at least one lock".into(),
+            });
+        }
+        members.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        if let Some(pair) = members
+            .windows(2)
+            .find(|pair| order_key(&pair[0]) == order_key(&pair[1]))
+        {
+            return Err(Error::InvalidConfig {
+                what: "multi-lock members",
+                reason: format!(
+                    "the lock {:?} is named twice on the same deployment",
+                    pair[0].name()
+                ),
+            });
+        }
+        Ok(Self { members })
+    }
+
+    /// The members, in the order they are acquired.
+    pub fn members(&self) -> &[Lock] {
+        &self.members
+    }
+
+    /// Waits until every member is held.
+    ///
+    /// Cancel-safe: dropping the future gives back the members taken so far.
+    pub async fn lock(&self) -> Result<MultiLockGuard> {
+        let mut guards = Vec::with_capacity(self.members.len());
+        for member in &self.members {
+            guards.push(member.lock().await?);
+        }
+        Ok(MultiLockGuard { guards })
+    }
+
+    /// Tries each member once; `Ok(None)` (having given back what it took) if any is held.
+    pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
+        self.acquire_each(|member| member.try_lock()).await
+    }
+
+    /// Waits up to `timeout` in all for every member; `Ok(None)` (having given back what
+    /// it took) if one could not be had in that time.
+    pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<MultiLockGuard>> {
+        let deadline =
+            Instant::now()
+                .checked_add(timeout)
+                .ok_or_else(|| Error::InvalidDuration {
+                    what: "wait timeout",
+                    reason: format!("{timeout:?} overflows the clock"),
+                })?;
+        self.acquire_each(|member| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            member.try_lock_for(left)
+        })
+        .await
+    }
+
+    /// Acquires the members in order with `acquire`; the first that is not had ends the
+    /// attempt, and the guards taken so far are dropped, which gives them back.
+    async fn acquire_each<'a, F, Fut>(&'a self, acquire: F) -> Result<Option<MultiLockGuard>>
+    where
+        F: Fn(&'a Lock) -> Fut,
+        Fut: Future<Output = Result<Option<LockGuard>>>,
+    {
+        let mut guards = Vec::with_capacity(self.members.len());
+        for member in &self.members {
+            match acquire(member).await? {
+                Some(guard) => guards.push(guard),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(MultiLockGuard { guards }))
+    }
+}
+
+/// The order every MultiLock acquires in: by name, then by deployment.
+fn order_key(lock: &Lock) -> (&str, &str) {
+    (lock.name(), lock.client().core().target())
+}
+
+/// Proof that every member of a [`MultiLock`] is held. Dropping it releases them all in
+/// the background; [`MultiLockGuard::release`] does it and reports the outcome.
+#[must_use = "dropping the guard releases every lock at once"]
+pub struct MultiLockGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLockGuard")
+            .field("members", &self.guards)
+            .finish()
+    }
+}
+
+impl MultiLockGuard {
+    fn leases(&self) -> LeaseSet<'_> {
+        LeaseSet::new(self.guards.iter().map(LockGuard::lease), self.guards.len())
+    }
+
+    /// The members' names, in acquisition order.
+    pub fn names(&self) -> Vec<&str> {
+        self.guards.iter().map(LockGuard::name).collect()
+    }
+
+    /// The members' guards, in acquisition order: each has its own fencing token.
+    pub fn members(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// True once any member can no longer be trusted to be held.
+    pub fn is_lost(&self) -> bool {
+        !self.leases().is_trusted()
+    }
+
+    /// How long every member is sure to last, by the local clock: zero once one is lost.
+    pub fn lease_remaining(&self) -> Duration {
+        self.leases()
+            .deadline()
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Completes as soon as any member is lost; never after a normal release.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let watch = self.leases().watch();
+        async move {
+            if !watch.await {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The same signal as [`MultiLockGuard::lost`], as a token to hand to other tasks.
+    /// Each call gives a new token, watched by one small task on the first member's
+    /// client until the set is lost or released.
+    pub fn lost_token(&self) -> CancellationToken {
+        match self.guards.first() {
+            Some(first) => self.leases().lost_token(first.client().core().background()),
+            // A MultiLock has at least one member; an empty set could never be lost.
+            None => CancellationToken::new(),
+        }
+    }
+
+    /// Releases every member, all at once. Each is released even if another fails; the
+    /// first failure is returned ([`Error::NotHeld`] for a member whose lease was lost).
+    pub async fn release(self) -> Result<()> {
+        let outcomes = join_all(self.guards.into_iter().map(LockGuard::release)).await;
+        outcomes.into_iter().collect()
+    }
+}

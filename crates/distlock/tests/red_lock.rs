@@ -1,0 +1,244 @@
+//! RedLock over independent masters: exclusion, and what survives node faults.
+//!
+//! Every fault is real: masters are killed (SIGKILL), paused (SIGSTOP), restarted empty,
+//! or reached through a TCP proxy that delays or swallows traffic.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::bounded;
+use distlock::{Client, Error, RedLock};
+use distlock_testkit::{ExclusionChecker, RedisServer};
+
+const LIMIT: Duration = Duration::from_secs(30);
+const NAME: &str = "redlocked";
+
+async fn masters(n: usize) -> Vec<RedisServer> {
+    let mut servers = Vec::new();
+    for _ in 0..n {
+        servers.push(RedisServer::start().await.expect("start redis-server"));
+    }
+    servers
+}
+
+async fn clients_for(urls: &[String], watchdog: Duration) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for url in urls {
+        clients.push(
+            Client::builder()
+                .watchdog_timeout(watchdog)
+                .response_timeout(Duration::from_millis(300))
+                .connection_timeout(Duration::from_millis(300))
+                .connect(url)
+                .await
+                .expect("connect"),
+        );
+    }
+    clients
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+async fn lock_key_on(server: &RedisServer) -> bool {
+    let mut conn = server.connection().await.expect("raw connection");
+    redis::cmd("EXISTS")
+        .arg(NAME)
+        .query_async::<i64>(&mut conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_grants_it_and_contenders_never_overlap() {
+    let servers = masters(3).await;
+    let checker = ExclusionChecker::new();
+    let mut tasks = Vec::new();
+    // Two "processes", each with its own clients, four tasks each.
+    for process in 0..2 {
+        let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
+        let lock = RedLock::new(NAME, &clients).unwrap();
+        for task in 0..4 {
+            let (lock, checker) = (lock.clone(), checker.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..10 {
+                    let guard = lock.lock().await.unwrap();
+                    assert!(guard.granted_by() >= 2);
+                    let hold = checker.enter(round, format!("p{process}t{task}"));
+                    tokio::task::yield_now().await;
+                    hold.finish();
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    bounded(LIMIT, async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    })
+    .await;
+    let report = checker.report();
+    assert_eq!(report.holds, 80);
+    assert!(report.overlaps.is_empty(), "{report}");
+    for server in &servers {
+        assert!(!lock_key_on(server).await, "a master kept the lock after the last release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_does_not_stop_acquisitions() {
+    let mut servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
+    let lock = RedLock::new(NAME, &clients).unwrap().node_timeout(Duration::from_millis(200));
+    servers[0].kill().await.unwrap();
+    for _ in 0..5 {
+        let guard = bounded(LIMIT, lock.try_lock()).await.unwrap().expect("granted by 2 of 3");
+        assert_eq!(guard.granted_by(), 2);
+        guard.release().await.unwrap();
+    }
+    // A paused master (no answer at all) is counted out by the node timeout.
+    servers[1].pause().unwrap();
+    let started = Instant::now();
+    let outcome = bounded(LIMIT, lock.try_lock()).await;
+    servers[1].resume().unwrap();
+    assert!(
+        matches!(outcome, Err(Error::QuorumUnavailable { .. })),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_down_fails_fast_naming_the_failed_masters() {
+    let mut servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
+    let node_timeout = Duration::from_millis(150);
+    let lock = RedLock::new(NAME, &clients).unwrap().node_timeout(node_timeout);
+    let killed = format!("127.0.0.1:{}", servers[0].port());
+    let paused = format!("127.0.0.1:{}", servers[2].port());
+    servers[0].kill().await.unwrap();
+    servers[2].pause().unwrap();
+    let started = Instant::now();
+    let outcome = bounded(LIMIT, lock.lock()).await;
+    let took = started.elapsed();
+    servers[2].resume().unwrap();
+    match outcome {
+        Err(Error::QuorumUnavailable {
+            needed,
+            nodes,
+            failures,
+            ..
+        }) => {
+            assert_eq!((needed, nodes), (2, 3));
+            let failed: Vec<&str> = failures.iter().map(|failure| failure.node.as_str()).collect();
+            assert!(failed.contains(&killed.as_str()), "{failed:?}");
+            assert!(failed.contains(&paused.as_str()), "{failed:?}");
+        }
+        other => panic!("expected QuorumUnavailable, got {other:?}"),
+    }
+    // Bounded by the node timeout (plus the killed node's reconnect), not by patience.
+    assert!(took < node_timeout * 4, "took {took:?}");
+    // What the live master granted was given back.
+    common::eventually(Duration::from_secs(5), "grant given back", || async {
+        !lock_key_on(&servers[1]).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_is_lost_when_a_majority_of_masters_lose_it() {
+    let servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_millis(600)).await;
+    let lock = RedLock::new(NAME, &clients).unwrap();
+    let guard = bounded(LIMIT, lock.lock()).await.unwrap();
+    assert_eq!(guard.granted_by(), 3);
+    let lost = guard.lost();
+    let token = guard.lost_token();
+
+    // One master loses it: a majority still holds, renewals go on.
+    let mut conn = servers[0].connection().await.unwrap();
+    let _: i64 = redis::cmd("DEL").arg(NAME).query_async(&mut conn).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!guard.is_lost(), "one master of three lost is not a lost RedLock");
+    assert!(guard.lease_remaining() > Duration::ZERO);
+
+    // A second one: the majority is gone.
+    let mut conn = servers[1].connection().await.unwrap();
+    let _: i64 = redis::cmd("DEL").arg(NAME).query_async(&mut conn).await.unwrap();
+    bounded(Duration::from_secs(5), lost).await;
+    bounded(Duration::from_secs(1), token.cancelled()).await;
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+}
+
+/// The known weakness: a master that restarts without persistence forgets the lock it
+/// granted. The holder keeps a majority on paper (it counted that master), so a second
+/// client can win a majority with the forgetful master and one that missed the first
+/// grant. A restart delayed past the longest lease closes the hole: by the time the
+/// master is back, the first holder's majority has run out and its lost signal fired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_double_grants_unless_delayed_past_the_lease() {
+    for delayed in [false, true] {
+        let mut servers = masters(3).await;
+        let lease = Duration::from_millis(1500);
+        let first = clients_for(&urls(&servers), lease).await;
+        let second = clients_for(&urls(&servers), lease).await;
+        let node_timeout = Duration::from_millis(150);
+        let first_lock = RedLock::new(NAME, &first).unwrap().node_timeout(node_timeout);
+        let second_lock = RedLock::new(NAME, &second).unwrap().node_timeout(node_timeout);
+
+        // Master 2 misses the first grant; masters 0 and 1 are the holder's majority.
+        servers[2].pause().unwrap();
+        let holder = bounded(LIMIT, first_lock.try_lock()).await.unwrap().expect("granted by 2");
+        assert_eq!(holder.granted_by(), 2);
+
+        // Master 1 crashes and comes back empty, at once or after the lease.
+        servers[1].kill().await.unwrap();
+        if delayed {
+            bounded(LIMIT, holder.lost()).await;
+        }
+        servers[1].restart().await.unwrap();
+        servers[2].resume().unwrap();
+
+        let rival = bounded(LIMIT, second_lock.try_lock_for(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .expect("the rival gets it eventually");
+        let double_grant = !holder.is_lost();
+        if delayed {
+            assert!(!double_grant, "granted while the holder still trusted its lock");
+        } else {
+            assert!(
+                double_grant,
+                "the control: an immediate empty restart hands out a second majority"
+            );
+        }
+        rival.release().await.unwrap();
+        drop(holder);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_an_even_or_small_or_repeated_set_of_masters() {
+    let servers = masters(4).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
+    for count in [1, 2, 4] {
+        assert!(matches!(
+            RedLock::new(NAME, &clients[..count]),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+    let repeated = [clients[0].clone(), clients[1].clone(), clients[0].clone()];
+    assert!(matches!(
+        RedLock::new(NAME, &repeated),
+        Err(Error::InvalidConfig { .. })
+    ));
+    let zero = RedLock::new(NAME, &clients[..3])
+        .unwrap()
+        .node_timeout(Duration::ZERO);
+    assert!(matches!(zero.try_lock().await, Err(Error::InvalidDuration { .. })));
+}
