@@ -11,8 +11,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{Connection, RedisConnection};
-use crate::deployment::{cluster_client, mask_password, parse_endpoint, Deployment, Endpoint};
+use crate::connection::{Connection, Link, RedisConnection};
+use crate::deployment::{
+    cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec,
+};
+use crate::sentinel::FailoverLink;
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
 use crate::engine::subscriptions::{PubSubSource, Subscriptions};
@@ -20,6 +23,7 @@ use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::{validate_name, FencingCounter};
 use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
+use crate::replica_sync::{self, ReplicaSync, SyncedWrites};
 use crate::runtime::Background;
 use crate::scripts;
 
@@ -34,6 +38,7 @@ pub struct ClientBuilder {
     renew_batch_size: usize,
     allow_eviction: bool,
     fencing_counter: FencingCounter,
+    replica_sync: ReplicaSync,
 }
 
 /// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
@@ -81,6 +86,7 @@ impl Default for ClientBuilder {
             renew_batch_size: 200,
             allow_eviction: false,
             fencing_counter: FencingCounter::PerSlot,
+            replica_sync: ReplicaSync::Auto,
         }
     }
 }
@@ -132,6 +138,17 @@ impl ClientBuilder {
     /// hash slot, so the keys left behind stay bounded however many names are locked.
     pub fn fencing_counter(mut self, counter: FencingCounter) -> Self {
         self.fencing_counter = counter;
+        self
+    }
+
+    /// Whether each acquisition, renewal and release waits until replicas have it, so a
+    /// failover to a replica cannot lose a held lock. Default [`ReplicaSync::Auto`]: on
+    /// (one replica, within 1 s) when the master has replicas connected at connect, off
+    /// otherwise. An acquisition no replica acknowledged is given back and fails with
+    /// [`Error::NotReplicated`]. Not offered on a cluster yet (an explicit setting is
+    /// refused there). See docs/deployment.md for what each choice costs.
+    pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
+        self.replica_sync = sync;
         self
     }
 
@@ -211,6 +228,7 @@ impl ClientBuilder {
                 self.connect_with(redis_client).await
             }
             Endpoint::Cluster(seeds) => self.connect_cluster(seeds).await,
+            Endpoint::Sentinel(spec) => self.connect_sentinel(spec).await,
         }
     }
 
@@ -253,6 +271,9 @@ impl ClientBuilder {
                 source,
             })?;
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
+        let source = LinkSource::Standalone(redis_client.clone());
+        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
+            .await?;
         Ok(Client::start(
             config,
             PubSubSource::Standalone(redis_client),
@@ -260,6 +281,7 @@ impl ClientBuilder {
             background,
             Deployment::Standalone,
             target,
+            synced,
         ))
     }
 
@@ -321,6 +343,84 @@ impl ClientBuilder {
         }))
     }
 
+    /// Connects to the master a set of sentinels names, and follows it through failovers:
+    /// after a broken connection or a READONLY reply, the next command asks the sentinels
+    /// again. Waiters' pub/sub follows too.
+    async fn connect_sentinel(self, spec: SentinelSpec) -> Result<Client> {
+        let config = self.validate()?;
+        ensure_tls_provider();
+        let sentinels = spec
+            .sentinels
+            .iter()
+            .map(|url| mask_password(url))
+            .collect::<Vec<_>>()
+            .join(",");
+        let target = format!("master {:?} of sentinels {sentinels}", spec.service);
+        let master = tokio::time::timeout(config.connection_timeout, spec.current_master())
+            .await
+            .map_err(|_| Error::ConnectTimeout {
+                target: target.clone(),
+                after: config.connection_timeout,
+            })?
+            .map_err(|source| Error::Connect {
+                target: target.clone(),
+                source,
+            })?;
+        let master_target = describe_target(&master);
+        probe(&master, &config, &master_target).await?;
+        let connect_error = |source| Error::Connect {
+            target: target.clone(),
+            source,
+        };
+        let background = Background::start()?;
+        let home = match home_runtime() {
+            Some(_) => Some(Link::Sentinel(
+                FailoverLink::connect(
+                    spec.clone(),
+                    config.connection_timeout,
+                    config.response_timeout,
+                )
+                .await
+                .map_err(connect_error)?,
+            )),
+            None => None,
+        };
+        let opening = {
+            let (spec, config) = (spec.clone(), config.clone());
+            background.handle().spawn(async move {
+                FailoverLink::connect(spec, config.connection_timeout, config.response_timeout)
+                    .await
+            })
+        };
+        let own = opening
+            .await
+            .map_err(|err| {
+                connect_error(redis::RedisError::from(std::io::Error::other(format!(
+                    "the client's runtime stopped while connecting: {err}"
+                ))))
+            })?
+            .map_err(connect_error)?;
+        let connection = Connection::new(
+            home_runtime().zip(home),
+            Link::Sentinel(own),
+            background.handle().clone(),
+        );
+        scripts::preload(&connection).await.map_err(connect_error)?;
+        check_eviction_policy(&connection, &master_target, self.allow_eviction).await?;
+        let source = LinkSource::Sentinel(spec.clone());
+        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
+            .await?;
+        Ok(Client::start(
+            config,
+            PubSubSource::Sentinel(spec),
+            connection,
+            background,
+            Deployment::Standalone,
+            target,
+            synced,
+        ))
+    }
+
     async fn start_cluster(
         self,
         config: Config,
@@ -358,8 +458,8 @@ impl ClientBuilder {
             })?
             .map_err(connect_error)?;
         let connection = Connection::new(
-            home_runtime().zip(home),
-            RedisConnection::Cluster(own),
+            home_runtime().zip(home.map(Link::from)),
+            RedisConnection::Cluster(own).into(),
             background.handle().clone(),
         );
         scripts::preload(&connection).await.map_err(connect_error)?;
@@ -370,6 +470,8 @@ impl ClientBuilder {
             sharded: sharded_pubsub,
             config: config.clone(),
         };
+        // Refuses an explicit replica sync: not offered on a cluster yet.
+        replica_sync::resolve(self.replica_sync, &connection, true).await?;
         Ok(Client::start(
             config,
             pubsub,
@@ -377,6 +479,7 @@ impl ClientBuilder {
             background,
             Deployment::Cluster { sharded_pubsub },
             target,
+            None,
         ))
     }
 
@@ -410,6 +513,9 @@ impl ClientBuilder {
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
+        let source = LinkSource::Standalone(redis_client.clone());
+        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
+            .await?;
         Ok(Client::start(
             config,
             PubSubSource::Standalone(redis_client),
@@ -417,6 +523,7 @@ impl ClientBuilder {
             background,
             Deployment::Standalone,
             target,
+            synced,
         ))
     }
 }
@@ -467,6 +574,71 @@ fn manager_config(config: &Config) -> ConnectionManagerConfig {
         .set_response_timeout(Some(config.response_timeout))
 }
 
+/// Where more connections to the client's server come from.
+enum LinkSource {
+    Standalone(redis::Client),
+    Sentinel(SentinelSpec),
+}
+
+impl LinkSource {
+    /// A connection whose replies may take `response_timeout`.
+    async fn open(&self, config: &Config, response_timeout: Duration) -> redis::RedisResult<Link> {
+        match self {
+            LinkSource::Standalone(redis_client) => {
+                let manager = ConnectionManager::new_with_config(
+                    redis_client.clone(),
+                    manager_config(config).set_response_timeout(Some(response_timeout)),
+                )
+                .await?;
+                Ok(RedisConnection::Manager(manager).into())
+            }
+            LinkSource::Sentinel(spec) => Ok(Link::Sentinel(
+                FailoverLink::connect(spec.clone(), config.connection_timeout, response_timeout)
+                    .await?,
+            )),
+        }
+    }
+}
+
+/// Settles replica sync and, when it is on, opens the connections synced writes use:
+/// on the client's own runtime, each allowed the WAIT on top of a normal reply.
+async fn synced_writes(
+    setting: ReplicaSync,
+    connection: &Connection,
+    source: &LinkSource,
+    config: &Config,
+    background: &Background,
+) -> Result<Option<SyncedWrites>> {
+    let Some(policy) = replica_sync::resolve(setting, connection, false).await? else {
+        return Ok(None);
+    };
+    let response_timeout = config.response_timeout.saturating_add(policy.timeout);
+    let mut connections = Vec::new();
+    for _ in 0..SyncedWrites::pool_size() {
+        let opening = {
+            let source = match source {
+                LinkSource::Standalone(client) => LinkSource::Standalone(client.clone()),
+                LinkSource::Sentinel(spec) => LinkSource::Sentinel(spec.clone()),
+            };
+            let config = config.clone();
+            background
+                .handle()
+                .spawn(async move { source.open(&config, response_timeout).await })
+        };
+        let link = opening
+            .await
+            .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))?
+            .map_err(Error::from)?;
+        connections.push(Connection::new(None, link, background.handle().clone()));
+    }
+    tracing::info!(
+        replicas = policy.replicas,
+        timeout = ?policy.timeout,
+        "replica sync is on: lock writes wait for replicas"
+    );
+    Ok(SyncedWrites::new(policy, connections))
+}
+
 async fn open_manager(
     redis_client: &redis::Client,
     config: &Config,
@@ -498,7 +670,11 @@ async fn background_connection(
         )))
     })??;
     let home = home_runtime().zip(home);
-    Ok(Connection::new(home, own, background.handle().clone()))
+    Ok(Connection::new(
+        home.map(|(id, link)| (id, link.into())),
+        own.into(),
+        background.handle().clone(),
+    ))
 }
 
 /// The runtime a client may keep a fast connection on: the caller's, if it is a
@@ -686,6 +862,8 @@ pub(crate) struct Core {
     /// Where the client connected (`host:port` of the server or first cluster seed): names
     /// the node in errors, and orders locks of one name on different deployments.
     target: String,
+    /// Where lock writes go when they wait for replicas (`None`: replica sync is off).
+    synced: Option<SyncedWrites>,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
 }
@@ -835,6 +1013,11 @@ impl Core {
     pub(crate) fn target(&self) -> &str {
         &self.target
     }
+
+    /// The synced-write connections and policy, when replica sync is on.
+    pub(crate) fn synced(&self) -> Option<&SyncedWrites> {
+        self.synced.as_ref()
+    }
 }
 
 impl fmt::Debug for Client {
@@ -863,8 +1046,15 @@ impl Client {
         background: Background,
         deployment: Deployment,
         target: String,
+        synced: Option<SyncedWrites>,
     ) -> Client {
-        let watchdog = Watchdog::start(connection.clone(), &config, &background, deployment);
+        let watchdog = Watchdog::start(
+            connection.clone(),
+            &config,
+            &background,
+            deployment,
+            synced.clone(),
+        );
         let subscriptions = Subscriptions::new(
             pubsub,
             config.connection_timeout,
@@ -886,6 +1076,7 @@ impl Client {
                     background,
                     deployment,
                     target,
+                    synced,
                     closing: CancellationToken::new(),
                 }),
             }),

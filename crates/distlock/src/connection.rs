@@ -20,6 +20,8 @@
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
+
+use crate::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::runtime::{Handle, Id};
 use tokio_util::sync::CancellationToken;
@@ -55,14 +57,27 @@ impl From<ClusterConnection> for RedisConnection {
     }
 }
 
-type Link = RedisConnection;
+/// A connection as the client holds it: one of the public kinds, or one that follows
+/// the master the sentinels name.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Redis(RedisConnection),
+    Sentinel(FailoverLink),
+}
+
+impl From<RedisConnection> for Link {
+    fn from(conn: RedisConnection) -> Self {
+        Link::Redis(conn)
+    }
+}
 
 impl Link {
     fn as_dyn(&mut self) -> &mut (dyn ConnectionLike + Send) {
         match self {
-            Link::Manager(conn) => conn,
-            Link::Multiplexed(conn) => conn,
-            Link::Cluster(conn) => conn,
+            Link::Redis(RedisConnection::Manager(conn)) => conn,
+            Link::Redis(RedisConnection::Multiplexed(conn)) => conn,
+            Link::Redis(RedisConnection::Cluster(conn)) => conn,
+            Link::Sentinel(conn) => conn,
         }
     }
 }
@@ -222,9 +237,10 @@ impl ConnectionLike for Connection {
 
     fn get_db(&self) -> i64 {
         match &self.background {
-            Link::Manager(conn) => conn.get_db(),
-            Link::Multiplexed(conn) => conn.get_db(),
-            Link::Cluster(conn) => conn.get_db(),
+            Link::Redis(RedisConnection::Manager(conn)) => conn.get_db(),
+            Link::Redis(RedisConnection::Multiplexed(conn)) => conn.get_db(),
+            Link::Redis(RedisConnection::Cluster(conn)) => conn.get_db(),
+            Link::Sentinel(conn) => conn.get_db(),
         }
     }
 }

@@ -6,6 +6,10 @@
 //!   an existing configuration at a cluster just works.
 //! - `redis+cluster://host1:port1,host2:port2/` (or `rediss+cluster://`): a cluster,
 //!   given by seed nodes; any reachable one is enough to learn the topology.
+//! - `redis+sentinel://host1:26379,host2:26379/mymaster[/db]` (or `rediss+sentinel://`):
+//!   the master that the sentinels name, followed through failovers. Credentials in the
+//!   URL are the data nodes'; sentinels that need their own take `sentinel_username` and
+//!   `sentinel_password` query parameters.
 //!
 //! What differs between deployments is small, and decided here: how a release is
 //! published (sharded pub/sub on a Redis 7 cluster), and whether keys of different slots
@@ -56,6 +60,21 @@ pub(crate) enum Endpoint {
     Single(String),
     /// Seed nodes of a cluster, each as a `redis://` or `rediss://` URL.
     Cluster(Vec<String>),
+    /// The master a set of sentinels names.
+    Sentinel(SentinelSpec),
+}
+
+/// Where to find a Sentinel-managed master, and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentinelSpec {
+    /// Each sentinel as a `redis://host:port` (or `rediss://`) URL, with its credentials.
+    pub(crate) sentinels: Vec<String>,
+    /// The master's name in the sentinels' configuration.
+    pub(crate) service: String,
+    pub(crate) db: i64,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) tls: bool,
 }
 
 /// Parses a connection URL into the deployment it names. Credentials and the database
@@ -72,9 +91,13 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         "redis" | "rediss" | "unix" | "redis+unix" => return Ok(Endpoint::Single(url.to_owned())),
         "redis+cluster" => "redis",
         "rediss+cluster" => "rediss",
-        _ => return Err(invalid(
-            "unsupported scheme; use redis://, rediss://, redis+cluster:// or rediss+cluster://",
-        )),
+        "redis+sentinel" | "rediss+sentinel" => return parse_sentinel(url, scheme, rest),
+        _ => {
+            return Err(invalid(
+                "unsupported scheme; use redis://, rediss://, redis+cluster://, \
+                 redis+sentinel:// (or their rediss+ forms)",
+            ))
+        }
     };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(at) => rest.split_at(at),
@@ -98,6 +121,79 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         })
         .collect::<Result<_>>()?;
     Ok(Endpoint::Cluster(seeds))
+}
+
+/// `redis+sentinel://[user:password@]host1:port1,host2:port2/service[/db][?query]`.
+fn parse_sentinel(url: &str, scheme: &str, rest: &str) -> Result<Endpoint> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: mask_password(url),
+        reason: reason.to_owned(),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, query),
+        None => (rest, ""),
+    };
+    let Some((authority, path)) = rest.split_once('/') else {
+        return Err(invalid("the master's name is missing: …/mymaster"));
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(userinfo) => match userinfo.split_once(':') {
+            Some((user, password)) => (
+                (!user.is_empty()).then(|| user.to_owned()),
+                Some(password.to_owned()),
+            ),
+            None => (None, Some(userinfo.to_owned())),
+        },
+    };
+    let mut segments = path.split('/').filter(|segment| !segment.is_empty());
+    let service = segments
+        .next()
+        .ok_or_else(|| invalid("the master's name is missing: …/mymaster"))?
+        .to_owned();
+    let db = match segments.next() {
+        Some(db) => db
+            .parse()
+            .map_err(|_| invalid("the database after the master's name must be a number"))?,
+        None => 0,
+    };
+    let (mut sentinel_user, mut sentinel_password) = (None, None);
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sentinel_username", value)) => sentinel_user = Some(value.to_owned()),
+            Some(("sentinel_password", value)) => sentinel_password = Some(value.to_owned()),
+            _ => return Err(invalid("unknown query parameter; only sentinel_username and sentinel_password")),
+        }
+    }
+    let node_scheme = if scheme == "rediss+sentinel" { "rediss" } else { "redis" };
+    let sentinel_userinfo = match (sentinel_user, sentinel_password) {
+        (Some(user), Some(password)) => format!("{user}:{password}@"),
+        (None, Some(password)) => format!(":{password}@"),
+        (Some(user), None) => format!("{user}@"),
+        (None, None) => String::new(),
+    };
+    let sentinels = hosts
+        .split(',')
+        .map(|host| {
+            let host = host.trim();
+            if host.is_empty() {
+                return Err(invalid("a sentinel in the list is empty"));
+            }
+            Ok(format!("{node_scheme}://{sentinel_userinfo}{host}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Endpoint::Sentinel(SentinelSpec {
+        sentinels,
+        service,
+        db,
+        username,
+        password,
+        tls: node_scheme == "rediss",
+    }))
 }
 
 /// Hides the password of a URL that is echoed back in an error.
@@ -199,6 +295,38 @@ mod tests {
             parse_endpoint("rediss+cluster://h1:7000")?,
             Endpoint::Cluster(vec!["rediss://h1:7000".into()])
         );
+        Ok(())
+    }
+
+    #[test]
+    fn parses_sentinel_urls() -> Result<()> {
+        let Endpoint::Sentinel(spec) =
+            parse_endpoint("redis+sentinel://app:pw@h1:26379,h2:26380/mymaster/2")?
+        else {
+            panic!("not a sentinel endpoint");
+        };
+        assert_eq!(spec.sentinels, ["redis://h1:26379", "redis://h2:26380"]);
+        assert_eq!(spec.service, "mymaster");
+        assert_eq!(spec.db, 2);
+        assert_eq!(spec.username.as_deref(), Some("app"));
+        assert_eq!(spec.password.as_deref(), Some("pw"));
+        assert!(!spec.tls);
+        let Endpoint::Sentinel(spec) =
+            parse_endpoint("rediss+sentinel://h1:26379/m?sentinel_password=s3")?
+        else {
+            panic!("not a sentinel endpoint");
+        };
+        assert_eq!(spec.sentinels, ["rediss://:s3@h1:26379"]);
+        assert!(spec.tls && spec.password.is_none());
+        for bad in [
+            "redis+sentinel://h1:26379",
+            "redis+sentinel://h1:26379/",
+            "redis+sentinel://h1:26379/m/x",
+            "redis+sentinel://h1:26379/m?foo=1",
+            "redis+sentinel://,h2:1/m",
+        ] {
+            assert!(matches!(parse_endpoint(bad), Err(Error::InvalidUrl { .. })), "{bad}");
+        }
         Ok(())
     }
 

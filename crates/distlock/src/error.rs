@@ -147,6 +147,24 @@ pub enum Error {
         failures: Vec<NodeFailure>,
     },
 
+    /// Fewer replicas acknowledged an acquisition than replica sync requires, so it was
+    /// given back: a failover could have promoted a replica without it. Transient: a
+    /// waiting acquisition retries; see [`ReplicaSync`](crate::ReplicaSync).
+    #[error(
+        "lock {name:?}: {acknowledged} replica(s) acknowledged the acquisition within \
+         {timeout:?}, {required} required; it was given back"
+    )]
+    NotReplicated {
+        /// The lock name.
+        name: String,
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many replica sync requires.
+        required: u32,
+        /// How long it waited.
+        timeout: Duration,
+    },
+
     /// A script answered with a shape that distlock does not expect. This points at a key
     /// written by something that does not follow the lock's data layout.
     #[error("unexpected reply from the {script} script: {detail}")]
@@ -209,7 +227,9 @@ impl Error {
     pub fn is_connection_error(&self) -> bool {
         match self {
             Error::Redis(err) => is_connection_failure(err),
-            Error::Connect { .. } | Error::ConnectTimeout { .. } => true,
+            Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::NotReplicated { .. } => {
+                true
+            }
             Error::QuorumUnavailable { failures, .. } => {
                 failures.iter().all(|failure| failure.transient)
             }

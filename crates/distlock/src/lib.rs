@@ -53,8 +53,10 @@ mod keys;
 mod lock;
 mod multi_lock;
 mod red_lock;
+mod replica_sync;
 mod runtime;
 mod scripts;
+mod sentinel;
 
 pub use client::{Client, ClientBuilder};
 pub use connection::{Connection, RedisConnection};
@@ -62,4 +64,5 @@ pub use error::{Error, NodeFailure, Result};
 pub use keys::FencingCounter;
 pub use lock::{Lock, LockGuard};
 pub use multi_lock::{MultiLock, MultiLockGuard};
+pub use replica_sync::ReplicaSync;
 pub use red_lock::{RedLock, RedLockGuard};

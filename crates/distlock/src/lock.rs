@@ -289,11 +289,27 @@ impl Acquire for LockAttempt {
             let owner = core.next_owner();
             let mut connection = core.connection();
             let sent_at = Instant::now();
-            let reply = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 2)
-                .arg(lease_ms)
-                .arg(&*owner)
-                .invoke::<i64>(&mut connection)
-                .await;
+            let mut call = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 2);
+            call.arg(lease_ms).arg(&*owner);
+            let reply = match core.synced() {
+                None => call.invoke::<i64>(&mut connection).await,
+                Some(synced) => match call.invoke_synced::<i64>(synced).await {
+                    Ok((token, acknowledged))
+                        if token >= 1 && acknowledged < synced.policy().replicas =>
+                    {
+                        // No replica has it: a failover now would hand the lock to
+                        // someone else while this owner trusts it. Give it back.
+                        abandon(&core, &name, &channel, &owner);
+                        return Err(Error::NotReplicated {
+                            name: name.to_string(),
+                            acknowledged,
+                            required: synced.policy().replicas,
+                            timeout: synced.policy().timeout,
+                        });
+                    }
+                    other => other.map(|(reply, _)| reply),
+                },
+            };
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(err) => {
@@ -427,29 +443,40 @@ impl Holding {
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
             let latch_key = latch.as_deref().unwrap_or(&self.name);
-            let sent_on_home = connection.routes_home();
-            let reply = background
-                .reply_unless_stalled(
-                    sent_on_home,
-                    ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7)
-                        .arg(&*self.owner)
-                        .arg(left)
-                        .arg(self.lease_ms)
-                        .arg(RELEASE_MESSAGE)
-                        .arg(if latch.is_some() {
-                            self.core.config().unlock_latch_ttl_ms
-                        } else {
-                            0
-                        })
-                        .arg(if attempt > 1 && latch.is_some() {
-                            "1"
-                        } else {
-                            "0"
-                        })
-                        .arg(self.core.deployment().publish_command())
-                        .invoke::<i64>(&mut connection),
-                )
-                .await;
+            let mut call =
+                ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7);
+            call.arg(&*self.owner)
+                .arg(left)
+                .arg(self.lease_ms)
+                .arg(RELEASE_MESSAGE)
+                .arg(if latch.is_some() {
+                    self.core.config().unlock_latch_ttl_ms
+                } else {
+                    0
+                })
+                .arg(if attempt > 1 && latch.is_some() {
+                    "1"
+                } else {
+                    "0"
+                })
+                .arg(self.core.deployment().publish_command());
+            let reply = match self.core.synced() {
+                None => {
+                    let sent_on_home = connection.routes_home();
+                    background
+                        .reply_unless_stalled(sent_on_home, call.invoke::<i64>(&mut connection))
+                        .await
+                }
+                Some(synced) => call.invoke_synced::<i64>(synced).await.map(|(reply, acknowledged)| {
+                    if acknowledged < synced.policy().replicas {
+                        // Done on the master. A failover before a replica gets it brings
+                        // the lock back until its lease runs out: the next holder waits
+                        // longer, but no two hold it.
+                        tracing::warn!(lock = %self.name, acknowledged, "no replica acknowledged a release in time");
+                    }
+                    reply
+                }),
+            };
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
                     tracing::debug!(error = %err, attempt, "release reply lost; asking again");

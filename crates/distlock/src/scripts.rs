@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
 use crate::connection::Connection;
+use crate::replica_sync::SyncedWrites;
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
@@ -89,6 +90,24 @@ impl ScriptCall {
             {
                 self.script.prepare_invoke().load_async(connection).await?;
                 self.cmd.query_async(connection).await
+            }
+            other => other,
+        }
+    }
+
+    /// Sends the call followed by a WAIT for replicas, on a connection of `synced`.
+    /// Returns the script's reply and how many replicas acknowledged the write.
+    pub(crate) async fn invoke_synced<T: FromRedisValue>(
+        &self,
+        synced: &SyncedWrites,
+    ) -> RedisResult<(T, u32)> {
+        match synced.send(&self.cmd).await {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                let mut connection = synced.connection();
+                self.script.prepare_invoke().load_async(&mut connection).await?;
+                synced.send(&self.cmd).await
             }
             other => other,
         }

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Config;
-use crate::deployment::cluster_client;
+use crate::deployment::{cluster_client, SentinelSpec};
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
 
@@ -62,6 +62,8 @@ const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
 pub(crate) enum PubSubSource {
     /// One server: a classic pub/sub connection.
     Standalone(redis::Client),
+    /// The master a set of sentinels names, asked again at every reconnect.
+    Sentinel(SentinelSpec),
     /// A cluster: a RESP3 cluster connection, subscribing with SSUBSCRIBE when `sharded`.
     Cluster {
         seeds: Vec<ConnectionInfo>,
@@ -377,6 +379,11 @@ async fn open(source: &PubSubSource) -> RedisResult<(Sink, Events)> {
     match source {
         PubSubSource::Standalone(redis) => {
             let (sink, stream) = redis.get_async_pubsub().await?.split();
+            Ok((Sink::Classic(sink), Events::Classic(stream)))
+        }
+        PubSubSource::Sentinel(spec) => {
+            let master = spec.current_master().await?;
+            let (sink, stream) = master.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
         PubSubSource::Cluster {

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Config;
 use crate::connection::Connection;
 use crate::deployment::Deployment;
+use crate::replica_sync::SyncedWrites;
 use crate::error::is_permission_denied;
 use crate::runtime::{sleep_until_on, Background};
 use crate::scripts::{ScriptCall, LOCK_RENEW};
@@ -115,6 +116,9 @@ struct Shared {
     batch_size: usize,
     /// On a cluster, one renewal script carries the locks of one slot only.
     deployment: Deployment,
+    /// With replica sync on, renewals wait for replicas too: a renewal no replica has
+    /// would be lost by a failover.
+    synced: Option<SyncedWrites>,
 }
 
 impl Shared {
@@ -275,6 +279,7 @@ impl Watchdog {
         config: &Config,
         background: &Background,
         deployment: Deployment,
+        synced: Option<SyncedWrites>,
     ) -> Self {
         let shared = Arc::new(Shared {
             registry: Arc::new(Mutex::new(Registry {
@@ -290,6 +295,7 @@ impl Watchdog {
             lease_ms: config.watchdog_timeout_ms,
             batch_size: config.renew_batch_size,
             deployment,
+            synced,
         });
         background.spawn_service(run(Arc::clone(&shared)));
         Self { shared }
@@ -446,8 +452,24 @@ async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
     for (_, _, owner) in batch {
         invocation.arg(&**owner);
     }
-    let mut connection = shared.connection.clone();
-    let renewed: Vec<i64> = invocation.invoke(&mut connection).await?;
+    let renewed: Vec<i64> = match &shared.synced {
+        None => {
+            let mut connection = shared.connection.clone();
+            invocation.invoke(&mut connection).await?
+        }
+        Some(synced) => {
+            let (renewed, acknowledged) = invocation.invoke_synced(synced).await?;
+            let required = synced.policy().replicas;
+            if acknowledged < required {
+                // Not extended as far as a failover is concerned: keep the old deadline.
+                return Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{acknowledged} of {required} replica(s) acknowledged the renewal"),
+                )));
+            }
+            renewed
+        }
+    };
     if renewed.len() != batch.len() {
         return Err(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,

@@ -1,0 +1,228 @@
+//! A connection to whichever server the sentinels currently name as master.
+//!
+//! redis-rs's `SentinelClient` finds the master once (asking each sentinel in turn, and
+//! checking with ROLE that the server agrees) but does not follow a failover: a connection
+//! it made keeps talking to the old master, which after a failover is gone, or back as a
+//! replica that answers writes with READONLY. [`FailoverLink`] asks the sentinels again
+//! whenever its connection breaks or a write is refused that way, so the next command goes
+//! to the new master. It never retries a command itself: whether a lock command may be
+//! sent again is the caller's decision (the engine retries acquisitions while waiting,
+//! releases retry with their latch).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, Value,
+};
+
+use crate::deployment::SentinelSpec;
+
+impl SentinelSpec {
+    /// A sentinel client that finds this master.
+    pub(crate) fn client(&self) -> RedisResult<SentinelClient> {
+        let addresses = self
+            .sentinels
+            .iter()
+            .map(|url| Ok(url.as_str().into_connection_info()?.addr().clone()))
+            .collect::<RedisResult<Vec<_>>>()?;
+        let mut builder =
+            SentinelClientBuilder::new(addresses, &self.service, SentinelServerType::Master)?
+                .set_client_to_redis_db(self.db);
+        if let Some(username) = &self.username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(first) = self.sentinels.first() {
+            let info = first.as_str().into_connection_info()?;
+            if let Some(username) = info.redis_settings().username() {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            if let Some(password) = info.redis_settings().password() {
+                builder = builder.set_client_to_sentinel_password(password);
+            }
+        }
+        if self.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        }
+        builder.build()
+    }
+
+    /// A client for the server the sentinels name as master right now.
+    pub(crate) async fn current_master(&self) -> RedisResult<redis::Client> {
+        self.client()?.async_get_client().await
+    }
+}
+
+/// A command connection to the current master. Cheap to clone; clones share the
+/// connection and its rediscovery.
+#[derive(Clone)]
+pub(crate) struct FailoverLink {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    spec: SentinelSpec,
+    config: AsyncConnectionConfig,
+    connection_timeout: Duration,
+    /// The connection to the master as last discovered, with a number that says which
+    /// discovery made it; `None` once it failed, until the next command discovers again.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Serializes discoveries: many commands failing at once ask the sentinels once.
+    discovering: tokio::sync::Mutex<u64>,
+}
+
+impl FailoverLink {
+    /// Finds the master and connects to it.
+    pub(crate) async fn connect(
+        spec: SentinelSpec,
+        connection_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connection_timeout))
+            .set_response_timeout(Some(response_timeout));
+        let link = Self {
+            shared: Arc::new(Shared {
+                spec,
+                config,
+                connection_timeout,
+                current: Mutex::new(None),
+                discovering: tokio::sync::Mutex::new(0),
+            }),
+        };
+        link.connection().await?;
+        Ok(link)
+    }
+
+    fn current(&self) -> MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        // Only whole values are stored, so a poisoned lock still holds a consistent one.
+        self.shared
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current connection, discovering the master first if there is none.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(current) = self.current().clone() {
+            return Ok(current);
+        }
+        let mut generation = self.shared.discovering.lock().await;
+        if let Some(current) = self.current().clone() {
+            return Ok(current);
+        }
+        let discover = async {
+            // During a failover the sentinels may name no reachable master for a while:
+            // that is an outage of the connection, to be retried like a refused one.
+            let master = self.shared.spec.current_master().await.map_err(|err| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    format!("the sentinels name no reachable master: {err}"),
+                ))
+            })?;
+            master
+                .get_multiplexed_async_connection_with_config(&self.shared.config)
+                .await
+        };
+        let connection = tokio::time::timeout(self.shared.connection_timeout, discover)
+            .await
+            .map_err(|_| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the sentinels did not lead to a master in time",
+                ))
+            })??;
+        *generation += 1;
+        let current = (*generation, connection);
+        *self.current() = Some(current.clone());
+        tracing::debug!(generation = *generation, "connected to the master the sentinels name");
+        Ok(current)
+    }
+
+    /// Drops the connection a failed command used, unless a newer one replaced it.
+    fn forget(&self, generation: u64, err: &RedisError) {
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|(made_by, _)| *made_by == generation) {
+            tracing::warn!(error = %err, "the master's connection failed; asking the sentinels again");
+            *current = None;
+        }
+    }
+}
+
+/// A failure after which the master may have changed: the connection broke, or the
+/// server is a replica now (READONLY) or cannot take writes (MASTERDOWN, LOADING).
+fn master_may_have_moved(err: &RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || matches!(
+            err.kind(),
+            redis::ErrorKind::Server(Kind::ReadOnly | Kind::MasterDown | Kind::BusyLoading)
+        )
+}
+
+/// The failure in a reply that means the master may have moved, if there is one: a
+/// failed call, or a server error reply such as READONLY (which redis-rs hands back as a
+/// value, turned into an error only when the caller reads it).
+fn moved_master_failure<'v>(
+    reply: &RedisResult<impl AsRef<[Value]> + 'v>,
+) -> Option<RedisError> {
+    match reply {
+        Err(err) => master_may_have_moved(err).then(|| err.clone()),
+        Ok(values) => values.as_ref().iter().find_map(|value| match value {
+            Value::ServerError(server_error) => {
+                let err = RedisError::from(server_error.clone());
+                master_may_have_moved(&err).then_some(err)
+            }
+            _ => None,
+        }),
+    }
+}
+
+impl ConnectionLike for FailoverLink {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut connection) = self.connection().await?;
+            let reply = connection
+                .req_packed_command(cmd)
+                .await
+                .map(|value| [value]);
+            if let Some(err) = moved_master_failure(&reply) {
+                self.forget(generation, &err);
+            }
+            reply.map(|[value]| value)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut connection) = self.connection().await?;
+            let reply = connection
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            if let Some(err) = moved_master_failure(&reply) {
+                self.forget(generation, &err);
+            }
+            reply
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.spec.db
+    }
+}
