@@ -13,6 +13,9 @@
 //! * [`ExclusionChecker`] / [`analyze`]: record every lock hold as an
 //!   [`Interval`] and verify afterwards that no two holds overlapped and that
 //!   fencing tokens only ever increased.
+//! * [`FaultProxy`]: a TCP proxy in front of one server that adds latency,
+//!   cuts connections or blackholes traffic on command, to model the network
+//!   between a lock client and each of its Redis masters.
 //! * [`FencedResource`]: a Redis-backed "storage system" that rejects writes
 //!   carrying a stale fencing token, to demonstrate why fencing matters.
 //!
@@ -40,6 +43,7 @@
 pub mod clock;
 pub mod error;
 pub mod exclusion;
+pub mod fault_proxy;
 pub mod fenced;
 pub mod postgres_server;
 pub mod redis_server;
@@ -47,6 +51,7 @@ pub mod redis_server;
 pub use clock::monotonic_ns;
 pub use error::TestkitError;
 pub use exclusion::{analyze, read_jsonl, ExclusionChecker, ExclusionReport, HoldRecord, Interval};
+pub use fault_proxy::{Direction, FaultProxy};
 pub use fenced::FencedResource;
 pub use postgres_server::PostgresServer;
 pub use redis_server::{pick_free_port, RedisServer};
