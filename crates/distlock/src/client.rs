@@ -15,7 +15,6 @@ use crate::connection::{Connection, Link, RedisConnection};
 use crate::deployment::{
     cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec,
 };
-use crate::sentinel::FailoverLink;
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
 use crate::engine::subscriptions::{PubSubSource, Subscriptions};
@@ -26,6 +25,7 @@ use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::replica_sync::{self, ReplicaSync, SyncedWrites};
 use crate::runtime::Background;
 use crate::scripts;
+use crate::sentinel::FailoverLink;
 
 /// Settings of a [`Client`], validated when the client is built.
 #[derive(Debug, Clone)]
@@ -272,8 +272,14 @@ impl ClientBuilder {
             })?;
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         let source = LinkSource::Standalone(redis_client.clone());
-        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
-            .await?;
+        let synced = synced_writes(
+            self.replica_sync,
+            &connection,
+            &source,
+            &config,
+            &background,
+        )
+        .await?;
         Ok(Client::start(
             config,
             PubSubSource::Standalone(redis_client),
@@ -408,8 +414,14 @@ impl ClientBuilder {
         scripts::preload(&connection).await.map_err(connect_error)?;
         check_eviction_policy(&connection, &master_target, self.allow_eviction).await?;
         let source = LinkSource::Sentinel(spec.clone());
-        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
-            .await?;
+        let synced = synced_writes(
+            self.replica_sync,
+            &connection,
+            &source,
+            &config,
+            &background,
+        )
+        .await?;
         Ok(Client::start(
             config,
             PubSubSource::Sentinel(spec),
@@ -514,8 +526,14 @@ impl ClientBuilder {
         }
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         let source = LinkSource::Standalone(redis_client.clone());
-        let synced = synced_writes(self.replica_sync, &connection, &source, &config, &background)
-            .await?;
+        let synced = synced_writes(
+            self.replica_sync,
+            &connection,
+            &source,
+            &config,
+            &background,
+        )
+        .await?;
         Ok(Client::start(
             config,
             PubSubSource::Standalone(redis_client),

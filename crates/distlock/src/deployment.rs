@@ -166,10 +166,18 @@ fn parse_sentinel(url: &str, scheme: &str, rest: &str) -> Result<Endpoint> {
         match pair.split_once('=') {
             Some(("sentinel_username", value)) => sentinel_user = Some(value.to_owned()),
             Some(("sentinel_password", value)) => sentinel_password = Some(value.to_owned()),
-            _ => return Err(invalid("unknown query parameter; only sentinel_username and sentinel_password")),
+            _ => {
+                return Err(invalid(
+                    "unknown query parameter; only sentinel_username and sentinel_password",
+                ))
+            }
         }
     }
-    let node_scheme = if scheme == "rediss+sentinel" { "rediss" } else { "redis" };
+    let node_scheme = if scheme == "rediss+sentinel" {
+        "rediss"
+    } else {
+        "redis"
+    };
     let sentinel_userinfo = match (sentinel_user, sentinel_password) {
         (Some(user), Some(password)) => format!("{user}:{password}@"),
         (None, Some(password)) => format!(":{password}@"),
@@ -325,7 +333,10 @@ mod tests {
             "redis+sentinel://h1:26379/m?foo=1",
             "redis+sentinel://,h2:1/m",
         ] {
-            assert!(matches!(parse_endpoint(bad), Err(Error::InvalidUrl { .. })), "{bad}");
+            assert!(
+                matches!(parse_endpoint(bad), Err(Error::InvalidUrl { .. })),
+                "{bad}"
+            );
         }
         Ok(())
     }

@@ -64,5 +64,5 @@ pub use error::{Error, NodeFailure, Result};
 pub use keys::FencingCounter;
 pub use lock::{Lock, LockGuard};
 pub use multi_lock::{MultiLock, MultiLockGuard};
-pub use replica_sync::ReplicaSync;
 pub use red_lock::{RedLock, RedLockGuard};
+pub use replica_sync::ReplicaSync;

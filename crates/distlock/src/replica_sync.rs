@@ -94,7 +94,10 @@ impl SyncPolicy {
         };
         match reply {
             Value::Array(values) if self.aof => match values.as_slice() {
-                [local, replicas] => (number(local)? >= 1).then(|| number(replicas)).flatten().or(Some(0)),
+                [local, replicas] => (number(local)? >= 1)
+                    .then(|| number(replicas))
+                    .flatten()
+                    .or(Some(0)),
                 _ => None,
             },
             other => number(other),

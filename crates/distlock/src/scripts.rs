@@ -106,7 +106,10 @@ impl ScriptCall {
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 let mut connection = synced.connection();
-                self.script.prepare_invoke().load_async(&mut connection).await?;
+                self.script
+                    .prepare_invoke()
+                    .load_async(&mut connection)
+                    .await?;
                 synced.send(&self.cmd).await
             }
             other => other,

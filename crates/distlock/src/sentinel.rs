@@ -15,8 +15,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
-    RedisResult, Value,
+    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
 };
 
 use crate::deployment::SentinelSpec;
@@ -143,14 +143,20 @@ impl FailoverLink {
         *generation += 1;
         let current = (*generation, connection);
         *self.current() = Some(current.clone());
-        tracing::debug!(generation = *generation, "connected to the master the sentinels name");
+        tracing::debug!(
+            generation = *generation,
+            "connected to the master the sentinels name"
+        );
         Ok(current)
     }
 
     /// Drops the connection a failed command used, unless a newer one replaced it.
     fn forget(&self, generation: u64, err: &RedisError) {
         let mut current = self.current();
-        if current.as_ref().is_some_and(|(made_by, _)| *made_by == generation) {
+        if current
+            .as_ref()
+            .is_some_and(|(made_by, _)| *made_by == generation)
+        {
             tracing::warn!(error = %err, "the master's connection failed; asking the sentinels again");
             *current = None;
         }
@@ -174,9 +180,7 @@ fn master_may_have_moved(err: &RedisError) -> bool {
 /// The failure in a reply that means the master may have moved, if there is one: a
 /// failed call, or a server error reply such as READONLY (which redis-rs hands back as a
 /// value, turned into an error only when the caller reads it).
-fn moved_master_failure<'v>(
-    reply: &RedisResult<impl AsRef<[Value]> + 'v>,
-) -> Option<RedisError> {
+fn moved_master_failure<'v>(reply: &RedisResult<impl AsRef<[Value]> + 'v>) -> Option<RedisError> {
     match reply {
         Err(err) => master_may_have_moved(err).then(|| err.clone()),
         Ok(values) => values.as_ref().iter().find_map(|value| match value {

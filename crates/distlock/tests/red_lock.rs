@@ -85,7 +85,10 @@ async fn a_majority_grants_it_and_contenders_never_overlap() {
     assert_eq!(report.holds, 80);
     assert!(report.overlaps.is_empty(), "{report}");
     for server in &servers {
-        assert!(!lock_key_on(server).await, "a master kept the lock after the last release");
+        assert!(
+            !lock_key_on(server).await,
+            "a master kept the lock after the last release"
+        );
     }
 }
 
@@ -93,10 +96,15 @@ async fn a_majority_grants_it_and_contenders_never_overlap() {
 async fn a_minority_down_does_not_stop_acquisitions() {
     let mut servers = masters(3).await;
     let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
-    let lock = RedLock::new(NAME, &clients).unwrap().node_timeout(Duration::from_millis(200));
+    let lock = RedLock::new(NAME, &clients)
+        .unwrap()
+        .node_timeout(Duration::from_millis(200));
     servers[0].kill().await.unwrap();
     for _ in 0..5 {
-        let guard = bounded(LIMIT, lock.try_lock()).await.unwrap().expect("granted by 2 of 3");
+        let guard = bounded(LIMIT, lock.try_lock())
+            .await
+            .unwrap()
+            .expect("granted by 2 of 3");
         assert_eq!(guard.granted_by(), 2);
         guard.release().await.unwrap();
     }
@@ -109,7 +117,11 @@ async fn a_minority_down_does_not_stop_acquisitions() {
         matches!(outcome, Err(Error::QuorumUnavailable { .. })),
         "{outcome:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +129,9 @@ async fn a_majority_down_fails_fast_naming_the_failed_masters() {
     let mut servers = masters(3).await;
     let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
     let node_timeout = Duration::from_millis(150);
-    let lock = RedLock::new(NAME, &clients).unwrap().node_timeout(node_timeout);
+    let lock = RedLock::new(NAME, &clients)
+        .unwrap()
+        .node_timeout(node_timeout);
     let killed = format!("127.0.0.1:{}", servers[0].port());
     let paused = format!("127.0.0.1:{}", servers[2].port());
     servers[0].kill().await.unwrap();
@@ -134,7 +148,10 @@ async fn a_majority_down_fails_fast_naming_the_failed_masters() {
             ..
         }) => {
             assert_eq!((needed, nodes), (2, 3));
-            let failed: Vec<&str> = failures.iter().map(|failure| failure.node.as_str()).collect();
+            let failed: Vec<&str> = failures
+                .iter()
+                .map(|failure| failure.node.as_str())
+                .collect();
             assert!(failed.contains(&killed.as_str()), "{failed:?}");
             assert!(failed.contains(&paused.as_str()), "{failed:?}");
         }
@@ -161,14 +178,25 @@ async fn the_lock_is_lost_when_a_majority_of_masters_lose_it() {
 
     // One master loses it: a majority still holds, renewals go on.
     let mut conn = servers[0].connection().await.unwrap();
-    let _: i64 = redis::cmd("DEL").arg(NAME).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(NAME)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(!guard.is_lost(), "one master of three lost is not a lost RedLock");
+    assert!(
+        !guard.is_lost(),
+        "one master of three lost is not a lost RedLock"
+    );
     assert!(guard.lease_remaining() > Duration::ZERO);
 
     // A second one: the majority is gone.
     let mut conn = servers[1].connection().await.unwrap();
-    let _: i64 = redis::cmd("DEL").arg(NAME).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(NAME)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     bounded(Duration::from_secs(5), lost).await;
     bounded(Duration::from_secs(1), token.cancelled()).await;
     assert!(guard.is_lost());
@@ -188,12 +216,19 @@ async fn a_restart_without_persistence_double_grants_unless_delayed_past_the_lea
         let first = clients_for(&urls(&servers), lease).await;
         let second = clients_for(&urls(&servers), lease).await;
         let node_timeout = Duration::from_millis(150);
-        let first_lock = RedLock::new(NAME, &first).unwrap().node_timeout(node_timeout);
-        let second_lock = RedLock::new(NAME, &second).unwrap().node_timeout(node_timeout);
+        let first_lock = RedLock::new(NAME, &first)
+            .unwrap()
+            .node_timeout(node_timeout);
+        let second_lock = RedLock::new(NAME, &second)
+            .unwrap()
+            .node_timeout(node_timeout);
 
         // Master 2 misses the first grant; masters 0 and 1 are the holder's majority.
         servers[2].pause().unwrap();
-        let holder = bounded(LIMIT, first_lock.try_lock()).await.unwrap().expect("granted by 2");
+        let holder = bounded(LIMIT, first_lock.try_lock())
+            .await
+            .unwrap()
+            .expect("granted by 2");
         assert_eq!(holder.granted_by(), 2);
 
         // Master 1 crashes and comes back empty, at once or after the lease.
@@ -210,7 +245,10 @@ async fn a_restart_without_persistence_double_grants_unless_delayed_past_the_lea
             .expect("the rival gets it eventually");
         let double_grant = !holder.is_lost();
         if delayed {
-            assert!(!double_grant, "granted while the holder still trusted its lock");
+            assert!(
+                !double_grant,
+                "granted while the holder still trusted its lock"
+            );
         } else {
             assert!(
                 double_grant,
@@ -240,5 +278,130 @@ async fn refuses_an_even_or_small_or_repeated_set_of_masters() {
     let zero = RedLock::new(NAME, &clients[..3])
         .unwrap()
         .node_timeout(Duration::ZERO);
-    assert!(matches!(zero.try_lock().await, Err(Error::InvalidDuration { .. })));
+    assert!(matches!(
+        zero.try_lock().await,
+        Err(Error::InvalidDuration { .. })
+    ));
+}
+
+/// Clients whose every master is reached through a fault proxy.
+async fn proxied(servers: &[RedisServer]) -> (Vec<distlock_testkit::FaultProxy>, Vec<Client>) {
+    let mut proxies = Vec::new();
+    for server in servers {
+        proxies.push(
+            distlock_testkit::FaultProxy::in_front_of(server)
+                .await
+                .expect("start proxy"),
+        );
+    }
+    let mut clients = Vec::new();
+    for proxy in &proxies {
+        // Replies may be slowed past a second on purpose: the node timeout decides.
+        clients.push(
+            Client::builder()
+                .response_timeout(Duration::from_secs(3))
+                .connect(&proxy.url())
+                .await
+                .expect("connect"),
+        );
+    }
+    (proxies, clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_masters_shrink_validity_and_a_spent_validity_grants_nothing() {
+    let servers = masters(3).await;
+    let (proxies, clients) = proxied(&servers).await;
+    let lease = Duration::from_millis(1000);
+    let lock = RedLock::new(NAME, &clients)
+        .unwrap()
+        .with_lease(lease)
+        .node_timeout(Duration::from_secs(2));
+
+    // Two masters answer 100 ms late: the lock is had, with 100 ms less validity.
+    for proxy in &proxies[..2] {
+        proxy.set_delay(Duration::from_millis(50));
+    }
+    let guard = bounded(LIMIT, lock.try_lock())
+        .await
+        .unwrap()
+        .expect("granted");
+    let left = guard.lease_remaining();
+    assert!(
+        left <= lease - Duration::from_millis(100),
+        "validity {left:?} did not shrink"
+    );
+    assert!(left > Duration::ZERO);
+    guard.release().await.unwrap();
+
+    // Two masters answer after the lease is spent: every grant comes too late, and none
+    // is reported.
+    for proxy in &proxies[..2] {
+        proxy.set_delay(Duration::from_millis(600));
+    }
+    let started = Instant::now();
+    let outcome = bounded(LIMIT, lock.try_lock()).await.unwrap();
+    assert!(
+        outcome.is_none(),
+        "a grant was reported after its validity was spent"
+    );
+    assert!(started.elapsed() >= lease, "{:?}", started.elapsed());
+    for proxy in &proxies[..2] {
+        proxy.set_delay(Duration::ZERO);
+    }
+    // Nothing is left held: late grants were given back (or ran out).
+    for server in &servers {
+        common::eventually(Duration::from_secs(5), "late grants gone", || async {
+            !lock_key_on(server).await
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_or_cut_master_is_outvoted_within_the_node_timeout() {
+    let servers = masters(3).await;
+    let (proxies, clients) = proxied(&servers).await;
+    let node_timeout = Duration::from_millis(150);
+    let lock = RedLock::new(NAME, &clients)
+        .unwrap()
+        .with_lease(Duration::from_secs(5))
+        .node_timeout(node_timeout);
+
+    proxies[0].blackhole();
+    let started = Instant::now();
+    let guard = bounded(LIMIT, lock.try_lock())
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    assert_eq!(guard.granted_by(), 2);
+    assert!(
+        started.elapsed() < node_timeout * 3,
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+
+    proxies[0].heal();
+    proxies[1].cut().await;
+    let guard = bounded(LIMIT, lock.try_lock())
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    assert_eq!(guard.granted_by(), 2);
+    guard.release().await.unwrap();
+
+    // With both faults at once, no majority: a typed error, fast.
+    proxies[0].blackhole();
+    let started = Instant::now();
+    let outcome = bounded(LIMIT, lock.try_lock_for(Duration::from_secs(10))).await;
+    assert!(
+        matches!(outcome, Err(Error::QuorumUnavailable { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < node_timeout * 3,
+        "{:?}",
+        started.elapsed()
+    );
 }

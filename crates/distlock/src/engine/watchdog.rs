@@ -38,8 +38,8 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Config;
 use crate::connection::Connection;
 use crate::deployment::Deployment;
-use crate::replica_sync::SyncedWrites;
 use crate::error::is_permission_denied;
+use crate::replica_sync::SyncedWrites;
 use crate::runtime::{sleep_until_on, Background};
 use crate::scripts::{ScriptCall, LOCK_RENEW};
 
