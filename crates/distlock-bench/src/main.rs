@@ -29,6 +29,8 @@ enum Scenario {
     Parallel,
     Contended,
     Watchdog,
+    Redlock,
+    ReplicaSync,
 }
 
 #[derive(Debug, Parser)]
@@ -121,6 +123,13 @@ async fn run(args: Args) -> BenchResult<()> {
         emit(run("contended", distlock, &connection, plan).await?);
         let peer = Implementation::Rslock(Arc::clone(&peer));
         emit(run("contended-rslock", peer, &connection, plan).await?);
+    }
+    // These start servers of their own (5 masters; a master and a replica).
+    if wanted(Scenario::Redlock) {
+        emit(scenarios::redlock::run(plan).await?);
+    }
+    if wanted(Scenario::ReplicaSync) {
+        emit(scenarios::replica_sync::run(plan).await?);
     }
     // With --json, stdout carries only the JSON lines; the table is for people.
     if !args.json {

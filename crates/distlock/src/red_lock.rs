@@ -1,8 +1,8 @@
 //! RedLock: one lock name over N independent Redis masters, held while a majority of them
 //! grant it.
 //!
-//! One attempt sends the ordinary lock script to every master at once, each call on its
-//! own client's runtime and bounded by a per-node timeout, and succeeds only if a majority
+//! One attempt sends the ordinary lock script to every master at once, from the caller's
+//! task, each call bounded by a per-node timeout, and succeeds only if a majority
 //! granted it with validity left: `lease − elapsed − drift > 0`, where elapsed is measured
 //! on the monotonic clock from before the first call and drift is `lease / 100 + 2 ms`.
 //! Otherwise every grant is given back at once (including late ones: a call that outlives
@@ -26,11 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Client, Core};
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
+use crate::engine::detach::Detached;
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, NodeFailure, Result};
 use crate::lock::{Lock, LockAttempt, LockGuard};
@@ -276,39 +278,53 @@ impl Acquire for RedLockAttempt {
         );
         Box::pin(async move {
             let started = Instant::now();
-            let give_up = started + node_timeout;
-            let calls = masters.iter().map(|(master, attempt)| {
-                let core = master.client().core();
-                // On the master's own runtime: if this caller stops waiting, the call
-                // still completes there, and what it took is dropped there (released).
-                let reply = core.background().spawn_with_reply(attempt.attempt());
-                let deadline = home.background().sleep_until(give_up);
-                let node = core.target().to_owned();
-                async move {
-                    tokio::select! {
-                        reply = reply => match reply {
-                            Ok(Ok(Attempt::Acquired(hold))) => Answer::Granted(master.guard(hold)),
-                            Ok(Ok(Attempt::Busy { retry_after })) => Answer::Busy(retry_after),
-                            Ok(Err(err)) => Answer::Failed(NodeFailure {
-                                node,
-                                transient: err.is_connection_error(),
-                                reason: err.to_string(),
-                            }),
-                            Err(_) => Answer::Failed(NodeFailure {
-                                node,
-                                transient: false,
-                                reason: "the client's runtime stopped".into(),
-                            }),
-                        },
-                        _ = deadline => Answer::Failed(NodeFailure {
-                            node,
-                            transient: true,
-                            reason: format!("no answer within the node timeout ({node_timeout:?})"),
-                        }),
-                    }
+            // Every master is asked at once, from this task. A call still pending at the
+            // node timeout is dropped here, and `Detached` finishes it on its master's
+            // runtime, where whatever it took is dropped again: given back.
+            let mut calls: FuturesUnordered<_> = masters
+                .iter()
+                .enumerate()
+                .map(|(index, (master, attempt))| {
+                    let background = master.client().core().background();
+                    let call = Detached::from_boxed(background, attempt.attempt());
+                    async move { (index, call.await) }
+                })
+                .collect();
+            let mut answers: Vec<Option<Answer>> = (0..masters.len()).map(|_| None).collect();
+            let deadline = home.background().sleep_until(started + node_timeout);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    answer = calls.next() => match answer {
+                        Some((index, reply)) => {
+                            let node = || masters[index].0.client().core().target().to_owned();
+                            answers[index] = Some(match reply {
+                                Ok(Attempt::Acquired(hold)) => {
+                                    Answer::Granted(masters[index].0.guard(hold))
+                                }
+                                Ok(Attempt::Busy { retry_after }) => Answer::Busy(retry_after),
+                                Err(err) => Answer::Failed(NodeFailure {
+                                    node: node(),
+                                    transient: err.is_connection_error(),
+                                    reason: err.to_string(),
+                                }),
+                            });
+                        }
+                        None => break,
+                    },
+                    _ = &mut deadline => break,
                 }
+            }
+            drop(calls);
+            let answers = answers.into_iter().enumerate().map(|(index, answer)| {
+                answer.unwrap_or_else(|| {
+                    Answer::Failed(NodeFailure {
+                        node: masters[index].0.client().core().target().to_owned(),
+                        transient: true,
+                        reason: format!("no answer within the node timeout ({node_timeout:?})"),
+                    })
+                })
             });
-            let answers = join_all(calls).await;
             let elapsed = started.elapsed();
             let mut granted = Vec::new();
             let mut failures = Vec::new();

@@ -99,22 +99,6 @@ impl Background {
         self.tasks.spawn_on(work, &self.handle);
     }
 
-    /// Runs `work` on the client's runtime and hands its output back through the returned
-    /// receiver. If nobody is waiting any more (the receiver was dropped: a caller that
-    /// gave up on a slow node), the output is dropped here, on the client's runtime: a
-    /// guard dropped that way gives its lock back.
-    pub(crate) fn spawn_with_reply<T, F>(&self, work: F) -> tokio::sync::oneshot::Receiver<T>
-    where
-        T: Send + 'static,
-        F: Future<Output = T> + Send + 'static,
-    {
-        let (reply, receiver) = tokio::sync::oneshot::channel();
-        self.spawn(async move {
-            let _ = reply.send(work.await);
-        });
-        receiver
-    }
-
     /// Counts as started background work until dropped: shutdown waits for operations in
     /// flight in a caller's task (an acquisition whose reply is on its way must be able to
     /// give the lock back before the client stops).

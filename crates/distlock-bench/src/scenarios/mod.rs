@@ -4,6 +4,8 @@
 
 pub mod contended;
 pub mod parallel;
+pub mod redlock;
+pub mod replica_sync;
 pub mod uncontended;
 pub mod watchdog;
 
