@@ -2,6 +2,7 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Everything that can go wrong while running test infrastructure.
 ///
@@ -60,6 +61,33 @@ pub enum TestkitError {
     /// Redis answered with something the testkit cannot interpret.
     #[error("unexpected reply from redis: {0}")]
     UnexpectedReply(String),
+
+    /// A topology did not reach the awaited state within its time limit.
+    #[error("timed out after {waited:?} waiting for {what}; last seen: {last}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long the testkit waited.
+        waited: Duration,
+        /// The last state observed, or why it could not be observed.
+        last: String,
+    },
+
+    /// `redis-cli` (used to create a cluster) failed.
+    #[error("redis-cli {what} failed ({status}); output:\n{output}")]
+    RedisCli {
+        /// What redis-cli was asked to do.
+        what: String,
+        /// Exit status, or why there is none.
+        status: String,
+        /// Its stdout and stderr.
+        output: String,
+    },
+
+    /// A topology operation was asked of a node in the wrong state, e.g. a failover of a
+    /// node that is not a master, or of a master without a live replica.
+    #[error("invalid topology operation: {0}")]
+    Topology(String),
 }
 
 impl TestkitError {

@@ -18,6 +18,10 @@
 //!   between a lock client and each of its Redis masters.
 //! * [`FencedResource`]: a Redis-backed "storage system" that rejects writes
 //!   carrying a stale fencing token, to demonstrate why fencing matters.
+//! * [`RedisCluster`]: a six-node Redis Cluster (three masters, three replicas)
+//!   with failovers, frozen or crashed nodes, and slot migrations on demand.
+//! * [`SentinelGroup`]: a master, two replicas and three Sentinels, with the
+//!   means to lose an acknowledged write in a failover deliberately.
 //!
 //! ```no_run
 //! use distlock_testkit::{ExclusionChecker, FencedResource, RedisServer, TestkitError};
@@ -41,17 +45,22 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod cluster;
 pub mod error;
 pub mod exclusion;
 pub mod fault_proxy;
 pub mod fenced;
 pub mod postgres_server;
+mod probe;
 pub mod redis_server;
+pub mod sentinel;
 
 pub use clock::monotonic_ns;
+pub use cluster::{ClusterNodeInfo, ClusterRole, RedisCluster, SlotMigration};
 pub use error::TestkitError;
 pub use exclusion::{analyze, read_jsonl, ExclusionChecker, ExclusionReport, HoldRecord, Interval};
 pub use fault_proxy::{Direction, FaultProxy};
 pub use fenced::FencedResource;
 pub use postgres_server::PostgresServer;
 pub use redis_server::{pick_free_port, RedisServer};
+pub use sentinel::SentinelGroup;

@@ -22,7 +22,10 @@ pub const REDIS_SERVER_ENV: &str = "DISTLOCK_REDIS_SERVER";
 
 /// Printed by redis-server once its listening sockets are open (7.2 appends the socket
 /// type, hence a substring match).
-const READY_MARKER: &str = "Ready to accept connections";
+pub(crate) const READY_MARKER: &str = "Ready to accept connections";
+/// Printed by a Sentinel once its listening socket is open: before 7.2 Sentinel mode
+/// never prints [`READY_MARKER`].
+pub(crate) const SENTINEL_READY_MARKER: &str = "Sentinel ID is";
 /// Printed (inside a longer line) when the port is taken.
 const PORT_IN_USE_MARKER: &str = "Address already in use";
 /// Generous because CI machines can be slow to fork and load the binary, and a persistent
@@ -82,6 +85,8 @@ pub(crate) struct Launch<'a> {
     pub kill_on_drop: bool,
     /// Signal the server gets when the thread that spawned it ends (`PR_SET_PDEATHSIG`).
     pub parent_death_signal: Option<nix::sys::signal::Signal>,
+    /// The output line (substring) that says the server accepts connections.
+    pub ready_marker: &'static str,
 }
 
 pub(crate) struct Launched {
@@ -128,6 +133,7 @@ pub(crate) async fn launch(launch: Launch<'_>) -> Result<Launched, Error> {
         log,
         kill_on_drop,
         parent_death_signal,
+        ready_marker,
     } = launch;
     let mut command = Command::new(&binary.path);
     // A config file must come first, so the port goes after the rest.
@@ -171,7 +177,12 @@ pub(crate) async fn launch(launch: Launch<'_>) -> Result<Launched, Error> {
     let stderr_drain = tokio::spawn(drain(BufReader::new(stderr), log.clone(), "stderr: "));
 
     let mut stdout = BufReader::new(stdout);
-    match tokio::time::timeout(READY_TIMEOUT, wait_until_ready(&mut stdout, log)).await {
+    match tokio::time::timeout(
+        READY_TIMEOUT,
+        wait_until_ready(&mut stdout, log, ready_marker),
+    )
+    .await
+    {
         Ok(Ok(true)) => {
             let stdout_drain = tokio::spawn(drain(stdout, log.clone(), ""));
             Ok(Launched {
@@ -221,10 +232,11 @@ pub(crate) async fn launch(launch: Launch<'_>) -> Result<Launched, Error> {
 async fn wait_until_ready<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     log: &LogBuffer,
+    ready_marker: &str,
 ) -> io::Result<bool> {
     let mut buf = Vec::new();
     while let Some(line) = next_line(reader, &mut buf).await? {
-        let ready = line.contains(READY_MARKER);
+        let ready = line.contains(ready_marker);
         push_line(log, line);
         if ready {
             return Ok(true);
@@ -326,6 +338,7 @@ mod tests {
             log: &log,
             kill_on_drop: true,
             parent_death_signal: None,
+            ready_marker: READY_MARKER,
         })
         .await;
         match launched {

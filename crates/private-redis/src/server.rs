@@ -17,7 +17,7 @@ use crate::data_dir::{stop_stale_server, DirLock};
 use crate::error::Error;
 use crate::process::{
     base_args, finish_drain, launch, lock_log, pick_free_port, port_conflict_output, push_line,
-    Binary, Launch, LogBuffer,
+    Binary, Launch, LogBuffer, READY_MARKER, SENTINEL_READY_MARKER,
 };
 
 /// A fresh port is picked per attempt; another process can grab it between our probe and
@@ -35,6 +35,8 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const LOCK_FILE: &str = "LOCK";
 const PID_FILE: &str = "redis-server.pid";
 const CONFIG_FILE: &str = "private.conf";
+/// The config file of an ephemeral Sentinel, inside its directory.
+const SENTINEL_CONFIG_FILE: &str = "sentinel.conf";
 
 /// Where the server keeps its files, and what that implies.
 enum Data {
@@ -57,9 +59,21 @@ pub struct Builder {
     persistent_dir: Option<PathBuf>,
     extra_args: Vec<String>,
     parent_death_signal: Option<Signal>,
+    sentinel_config: Option<String>,
 }
 
 impl Builder {
+    /// Runs the process as a Redis Sentinel (`redis-server <config> --sentinel`) instead of
+    /// a data server. `config` is the text of its configuration file (`sentinel monitor
+    /// ...` and the like); it is written into the server's directory and passed first on
+    /// the command line, because Sentinel refuses to start without a config file it can
+    /// rewrite. Readiness is Sentinel's "Sentinel ID is" line, since Sentinel mode does
+    /// not print redis-server's.
+    pub fn sentinel(mut self, config: impl Into<String>) -> Self {
+        self.sentinel_config = Some(config.into());
+        self
+    }
+
     /// Appends `args` to the redis-server command line. Later arguments override earlier
     /// ones, so these can override the defaults. They are reused by
     /// [`restart`](PrivateRedis::restart).
@@ -91,7 +105,7 @@ impl Builder {
             None => Data::Ephemeral(ScratchDir::new("private-redis-")?),
             Some(dir) => open_persistent(dir).await?,
         };
-        let args = server_args(&data, &self.extra_args)?;
+        let args = server_args(&data, &self.extra_args, self.sentinel_config.as_deref())?;
         let binary = Binary::from_env();
         let mut server = PrivateRedis {
             port: 0,
@@ -99,6 +113,11 @@ impl Builder {
             args,
             kill_on_drop: matches!(data, Data::Ephemeral(_)),
             parent_death_signal: self.parent_death_signal,
+            ready_marker: if self.sentinel_config.is_some() {
+                SENTINEL_READY_MARKER
+            } else {
+                READY_MARKER
+            },
             log: LogBuffer::default(),
             paused: AtomicBool::new(false),
             child: None,
@@ -157,10 +176,21 @@ async fn open_persistent(dir: &Path) -> Result<Data, Error> {
 
 /// The command line, minus the port. A persistent server's password goes into a file
 /// only the owner can read, not onto the command line, which every local user can see.
-fn server_args(data: &Data, extra: &[String]) -> Result<Vec<OsString>, Error> {
+/// A Sentinel's configuration goes into that same file (or, when ephemeral, into a file of
+/// its own), which comes first on the command line.
+fn server_args(
+    data: &Data,
+    extra: &[String],
+    sentinel_config: Option<&str>,
+) -> Result<Vec<OsString>, Error> {
     let mut args = Vec::new();
     match data {
         Data::Ephemeral(dir) => {
+            if let Some(config) = sentinel_config {
+                let path = dir.path().join(SENTINEL_CONFIG_FILE);
+                write_private(&path, config)?;
+                args.push(path.into_os_string());
+            }
             args.extend(base_args(dir.path()));
             args.extend(
                 ["--save", "", "--appendonly", "no", "--protected-mode", "no"].map(OsString::from),
@@ -168,7 +198,12 @@ fn server_args(data: &Data, extra: &[String]) -> Result<Vec<OsString>, Error> {
         }
         Data::Persistent { dir, password, .. } => {
             let config = dir.join(CONFIG_FILE);
-            write_private(&config, &format!("requirepass {password}\n"))?;
+            let mut text = format!("requirepass {password}\n");
+            if let Some(sentinel) = sentinel_config {
+                text.push_str(sentinel);
+                text.push('\n');
+            }
+            write_private(&config, &text)?;
             args.push(config.into_os_string());
             args.extend(base_args(dir));
             args.extend(
@@ -190,6 +225,9 @@ fn server_args(data: &Data, extra: &[String]) -> Result<Vec<OsString>, Error> {
         }
     }
     args.extend(extra.iter().map(OsString::from));
+    if sentinel_config.is_some() {
+        args.push("--sentinel".into());
+    }
     Ok(args)
 }
 
@@ -237,6 +275,8 @@ pub struct PrivateRedis {
     /// Atomic because `pause`/`resume` take `&self`, so a shared server can be paused
     /// while other tasks use it.
     paused: AtomicBool,
+    /// The output line that says the process accepts connections (differs for Sentinel).
+    ready_marker: &'static str,
     child: Option<Child>,
     drains: Vec<JoinHandle<()>>,
     // Last: the directory (and its lock) outlives the process handles.
@@ -263,6 +303,7 @@ impl PrivateRedis {
             persistent_dir: None,
             extra_args: Vec::new(),
             parent_death_signal: None,
+            sentinel_config: None,
         }
     }
 
@@ -276,6 +317,7 @@ impl PrivateRedis {
             persistent_dir: Some(dir.as_ref().to_owned()),
             extra_args: Vec::new(),
             parent_death_signal: Some(Signal::SIGTERM),
+            sentinel_config: None,
         }
     }
 
@@ -437,6 +479,7 @@ impl PrivateRedis {
             log: &self.log,
             kill_on_drop: self.kill_on_drop,
             parent_death_signal: self.parent_death_signal,
+            ready_marker: self.ready_marker,
         })
         .await?;
         self.child = Some(launched.child);
