@@ -257,7 +257,8 @@ impl SentinelGroup {
 
     /// Waits, for at most `limit`, until every running Sentinel reports a master other
     /// than `old_port` and that server answers `INFO replication` with `role:master`.
-    /// Returns its port.
+    /// Returns its port. A Sentinel frozen with [`pause`](Self::pause) counts as running
+    /// and cannot answer, so resume it before waiting.
     pub async fn wait_for_new_master(
         &self,
         old_port: u16,

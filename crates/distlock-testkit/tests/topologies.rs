@@ -24,7 +24,8 @@ async fn bounded(test: impl Future<Output = TestResult>) -> TestResult {
 }
 
 /// Blocks until `replicas` replicas of the node behind `conn` acknowledged every write
-/// before it, so a failover afterwards cannot lose them.
+/// made *on this connection* before it (WAIT on another connection proves nothing), so a
+/// failover afterwards cannot lose them.
 async fn wait_replicated(
     conn: &mut redis::aio::MultiplexedConnection,
     replicas: usize,
@@ -87,11 +88,13 @@ async fn cluster_starts_with_every_slot_covered_and_serves_a_cluster_client() ->
 async fn cluster_failover_by_kill_promotes_the_replica_and_the_old_master_rejoins() -> TestResult {
     bounded(async {
         let mut cluster = RedisCluster::start().await?;
-        let mut conn = cluster.client()?.get_async_connection().await?;
-        let () = conn.set("survivor", "kept").await?;
         let slot = cluster.key_slot("survivor").await?;
         let owner = cluster.master_for_slot(slot).await?;
-        wait_replicated(&mut cluster.node_connection(owner).await?, 1).await?;
+        // Written straight to the owner because WAIT only covers the writes of the
+        // connection it is sent on.
+        let mut at_owner = cluster.node_connection(owner).await?;
+        let () = at_owner.set("survivor", "kept").await?;
+        wait_replicated(&mut at_owner, 1).await?;
         let replica = cluster.replica_of(owner).await?;
 
         let promoted = cluster.failover_by_kill(owner).await?;
