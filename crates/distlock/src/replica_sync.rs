@@ -191,15 +191,35 @@ fn field(info: &str, name: &str) -> Option<String> {
 }
 
 /// The connections synced writes go over, and the policy they follow.
+///
+/// Each connection carries one synced write at a time. WAIT holds its connection on the
+/// server until the replicas answer (up to the sync timeout), so a write queued behind it
+/// on the same connection would spend its own response time waiting for another write's
+/// WAIT, and time out while the replicas are away instead of failing with
+/// [`Error::NotReplicated`]. Writes wait for a free connection here, on the client, where
+/// no timeout runs.
 #[derive(Clone)]
 pub(crate) struct SyncedWrites {
     policy: SyncPolicy,
-    connections: Arc<[Connection]>,
+    connections: Arc<[SyncedLink]>,
     next: Arc<AtomicUsize>,
+}
+
+struct SyncedLink {
+    connection: Connection,
+    /// Held while a write and its WAIT are in flight on `connection`.
+    busy: tokio::sync::Mutex<()>,
 }
 
 impl SyncedWrites {
     pub(crate) fn new(policy: SyncPolicy, connections: Vec<Connection>) -> Option<Self> {
+        let connections: Vec<SyncedLink> = connections
+            .into_iter()
+            .map(|connection| SyncedLink {
+                connection,
+                busy: tokio::sync::Mutex::new(()),
+            })
+            .collect();
         (!connections.is_empty()).then(|| Self {
             policy,
             connections: connections.into(),
@@ -219,7 +239,7 @@ impl SyncedWrites {
     /// One of the synced connections, for a command that needs no WAIT (loading a script).
     pub(crate) fn connection(&self) -> Connection {
         let at = self.next.load(Ordering::Relaxed) % self.connections.len();
-        self.connections[at].clone()
+        self.connections[at].connection.clone()
     }
 
     /// Sends `write` and the WAIT behind it, in one pipeline on one of the synced
@@ -228,8 +248,21 @@ impl SyncedWrites {
         &self,
         write: &Cmd,
     ) -> redis::RedisResult<(T, u32)> {
-        let at = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        let mut connection = self.connections[at].clone();
+        let count = self.connections.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        // The first free connection from a rotating start; if all are busy, queue on one.
+        let free = (0..count).find_map(|offset| {
+            let link = &self.connections[(start + offset) % count];
+            link.busy.try_lock().ok().map(|turn| (link, turn))
+        });
+        let (link, _turn) = match free {
+            Some(free) => free,
+            None => {
+                let link = &self.connections[start];
+                (link, link.busy.lock().await)
+            }
+        };
+        let mut connection = link.connection.clone();
         let mut pipeline = redis::pipe();
         pipeline.add_command(write.clone());
         pipeline.add_command(self.policy.wait_command());

@@ -57,7 +57,9 @@ async fn contenders_on_names_over_every_master_never_overlap() {
     let cluster = RedisCluster::start().await.expect("start cluster");
     // One client by seed list, one by a single node's plain URL (found to be a cluster).
     let by_seeds = cluster_client(&cluster, Duration::from_secs(10)).await;
-    let by_node = Client::connect(&cluster.seed_urls()[4]).await.expect("connect");
+    let by_node = Client::connect(&cluster.seed_urls()[4])
+        .await
+        .expect("connect");
     let names: Vec<String> = (0..12).map(|n| format!("spread:{n}")).collect();
     let mut masters = HashSet::new();
     for name in &names {
@@ -73,7 +75,11 @@ async fn contenders_on_names_over_every_master_never_overlap() {
     let mut tasks = Vec::new();
     for name in &names {
         for contender in 0..8 {
-            let client = if contender % 2 == 0 { by_seeds.clone() } else { by_node.clone() };
+            let client = if contender % 2 == 0 {
+                by_seeds.clone()
+            } else {
+                by_node.clone()
+            };
             let checker = checkers[name].clone();
             let lock = client.lock(name.clone()).unwrap();
             tasks.push(tokio::spawn(async move {
@@ -148,11 +154,20 @@ async fn a_slot_migrating_under_held_and_awaited_locks_loses_and_doubles_nothing
     // Held across the move: the lock is still the holder's, and nobody else gets it
     // (the rival's attempt is redirected to the target, which has the lock).
     assert!(!holder.is_lost());
-    assert!(other.lock(name).unwrap().try_lock().await.unwrap().is_none());
+    assert!(other
+        .lock(name)
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
     migration.finish().await.unwrap();
     // Renewed on the new owner: the holder still trusts it, one lease period later.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(!holder.is_lost(), "the lease was not renewed after the slot moved");
+    assert!(
+        !holder.is_lost(),
+        "the lease was not renewed after the slot moved"
+    );
     first_hold.finish();
     holder.release().await.unwrap();
     bounded(LIMIT, async {
@@ -165,7 +180,13 @@ async fn a_slot_migrating_under_held_and_awaited_locks_loses_and_doubles_nothing
     assert_eq!(report.holds, 5, "a waiter never got the lock");
     assert!(report.is_clean(), "{report}");
     // Still usable after the move, by a client that learns the new owner from MOVED.
-    let guard = other.lock(name).unwrap().try_lock().await.unwrap().expect("free");
+    let guard = other
+        .lock(name)
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free");
     guard.release().await.unwrap();
 }
 
@@ -205,7 +226,10 @@ async fn the_shard_holding_a_lock_fails_over_and_the_holder_keeps_it() {
                 Ok(Some(guard)) => break guard,
                 Ok(None) => panic!("the probe lock is held by nobody"),
                 Err(err) if err.is_connection_error() => {
-                    assert!(started.elapsed() < LIMIT, "no acquisition after {LIMIT:?}: {err}");
+                    assert!(
+                        started.elapsed() < LIMIT,
+                        "no acquisition after {LIMIT:?}: {err}"
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(err) => panic!("{err}"),
@@ -219,7 +243,13 @@ async fn the_shard_holding_a_lock_fails_over_and_the_holder_keeps_it() {
         );
 
         assert!(
-            rival.lock(name).unwrap().try_lock().await.unwrap().is_none(),
+            rival
+                .lock(name)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none(),
             "lock lost in the failover"
         );
         // The next renewal (every third of the lease) lands on the new master.
