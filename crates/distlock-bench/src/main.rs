@@ -31,6 +31,7 @@ enum Scenario {
     Watchdog,
     Redlock,
     ReplicaSync,
+    Cluster,
 }
 
 #[derive(Debug, Parser)]
@@ -130,6 +131,9 @@ async fn run(args: Args) -> BenchResult<()> {
     }
     if wanted(Scenario::ReplicaSync) {
         emit(scenarios::replica_sync::run(plan).await?);
+    }
+    if wanted(Scenario::Cluster) {
+        emit(scenarios::cluster::run(&client, plan).await?);
     }
     // With --json, stdout carries only the JSON lines; the table is for people.
     if !args.json {
