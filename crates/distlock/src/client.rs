@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connection::{Connection, Link, RedisConnection};
 use crate::deployment::{
-    cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec,
+    cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec, Servers,
 };
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
-use crate::engine::subscriptions::{PubSubSource, Subscriptions};
+use crate::engine::subscriptions::Subscriptions;
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::{validate_name, FencingCounter};
@@ -271,18 +271,18 @@ impl ClientBuilder {
                 source,
             })?;
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        let source = LinkSource::Standalone(redis_client.clone());
+        let servers = Servers::Standalone(redis_client);
         let synced = synced_writes(
             self.replica_sync,
             &connection,
-            &source,
+            &servers,
             &config,
             &background,
         )
         .await?;
         Ok(Client::start(
             config,
-            PubSubSource::Standalone(redis_client),
+            servers,
             connection,
             background,
             Deployment::Standalone,
@@ -413,18 +413,18 @@ impl ClientBuilder {
         );
         scripts::preload(&connection).await.map_err(connect_error)?;
         check_eviction_policy(&connection, &master_target, self.allow_eviction).await?;
-        let source = LinkSource::Sentinel(spec.clone());
+        let servers = Servers::Sentinel(spec);
         let synced = synced_writes(
             self.replica_sync,
             &connection,
-            &source,
+            &servers,
             &config,
             &background,
         )
         .await?;
         Ok(Client::start(
             config,
-            PubSubSource::Sentinel(spec),
+            servers,
             connection,
             background,
             Deployment::Standalone,
@@ -477,7 +477,7 @@ impl ClientBuilder {
         scripts::preload(&connection).await.map_err(connect_error)?;
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         let sharded_pubsub = facts.major_version >= 7;
-        let pubsub = PubSubSource::Cluster {
+        let servers = Servers::Cluster {
             seeds,
             sharded: sharded_pubsub,
             config: config.clone(),
@@ -486,7 +486,7 @@ impl ClientBuilder {
         replica_sync::resolve(self.replica_sync, &connection, true).await?;
         Ok(Client::start(
             config,
-            pubsub,
+            servers,
             connection,
             background,
             Deployment::Cluster { sharded_pubsub },
@@ -525,18 +525,18 @@ impl ClientBuilder {
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
         check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        let source = LinkSource::Standalone(redis_client.clone());
+        let servers = Servers::Standalone(redis_client);
         let synced = synced_writes(
             self.replica_sync,
             &connection,
-            &source,
+            &servers,
             &config,
             &background,
         )
         .await?;
         Ok(Client::start(
             config,
-            PubSubSource::Standalone(redis_client),
+            servers,
             connection,
             background,
             Deployment::Standalone,
@@ -592,17 +592,12 @@ fn manager_config(config: &Config) -> ConnectionManagerConfig {
         .set_response_timeout(Some(config.response_timeout))
 }
 
-/// Where more connections to the client's server come from.
-enum LinkSource {
-    Standalone(redis::Client),
-    Sentinel(SentinelSpec),
-}
-
-impl LinkSource {
-    /// A connection whose replies may take `response_timeout`.
+impl Servers {
+    /// A new connection to the client's servers whose replies may take
+    /// `response_timeout`, driven on the runtime this is called on.
     async fn open(&self, config: &Config, response_timeout: Duration) -> redis::RedisResult<Link> {
         match self {
-            LinkSource::Standalone(redis_client) => {
+            Servers::Standalone(redis_client) => {
                 let manager = ConnectionManager::new_with_config(
                     redis_client.clone(),
                     manager_config(config).set_response_timeout(Some(response_timeout)),
@@ -610,11 +605,39 @@ impl LinkSource {
                 .await?;
                 Ok(RedisConnection::Manager(manager).into())
             }
-            LinkSource::Sentinel(spec) => Ok(Link::Sentinel(
+            Servers::Sentinel(spec) => Ok(Link::Sentinel(
                 FailoverLink::connect(spec.clone(), config.connection_timeout, response_timeout)
                     .await?,
             )),
+            Servers::Cluster { seeds, .. } => {
+                let config = Config {
+                    response_timeout,
+                    ..config.clone()
+                };
+                let cluster = cluster_client(seeds, &config, None)?;
+                Ok(RedisConnection::Cluster(cluster.get_async_connection().await?).into())
+            }
         }
+    }
+
+    /// [`Servers::open`] on the client's own runtime, so that the connection (and its
+    /// reconnects) never depends on the caller's.
+    async fn open_on(
+        &self,
+        background: &Background,
+        config: &Config,
+        response_timeout: Duration,
+    ) -> Result<Connection> {
+        let opening = {
+            let (servers, config) = (self.clone(), config.clone());
+            background
+                .handle()
+                .spawn(async move { servers.open(&config, response_timeout).await })
+        };
+        let link = opening
+            .await
+            .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))??;
+        Ok(Connection::new(None, link, background.handle().clone()))
     }
 }
 
@@ -623,7 +646,7 @@ impl LinkSource {
 async fn synced_writes(
     setting: ReplicaSync,
     connection: &Connection,
-    source: &LinkSource,
+    servers: &Servers,
     config: &Config,
     background: &Background,
 ) -> Result<Option<SyncedWrites>> {
@@ -633,21 +656,11 @@ async fn synced_writes(
     let response_timeout = config.response_timeout.saturating_add(policy.timeout);
     let mut connections = Vec::new();
     for _ in 0..SyncedWrites::pool_size() {
-        let opening = {
-            let source = match source {
-                LinkSource::Standalone(client) => LinkSource::Standalone(client.clone()),
-                LinkSource::Sentinel(spec) => LinkSource::Sentinel(spec.clone()),
-            };
-            let config = config.clone();
-            background
-                .handle()
-                .spawn(async move { source.open(&config, response_timeout).await })
-        };
-        let link = opening
-            .await
-            .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))?
-            .map_err(Error::from)?;
-        connections.push(Connection::new(None, link, background.handle().clone()));
+        connections.push(
+            servers
+                .open_on(background, config, response_timeout)
+                .await?,
+        );
     }
     tracing::info!(
         replicas = policy.replicas,
@@ -882,6 +895,8 @@ pub(crate) struct Core {
     target: String,
     /// Where lock writes go when they wait for replicas (`None`: replica sync is off).
     synced: Option<SyncedWrites>,
+    /// How to reach the servers again, for connections of their own.
+    servers: Servers,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
 }
@@ -1059,7 +1074,7 @@ impl Client {
 
     fn start(
         config: Config,
-        pubsub: PubSubSource,
+        servers: Servers,
         connection: Connection,
         background: Background,
         deployment: Deployment,
@@ -1074,7 +1089,7 @@ impl Client {
             synced.clone(),
         );
         let subscriptions = Subscriptions::new(
-            pubsub,
+            servers.clone(),
             config.connection_timeout,
             background.handle().clone(),
             background.stopping().clone(),
@@ -1095,6 +1110,7 @@ impl Client {
                     deployment,
                     target,
                     synced,
+                    servers,
                     closing: CancellationToken::new(),
                 }),
             }),
@@ -1124,6 +1140,29 @@ impl Client {
     pub fn connection(&self) -> Connection {
         let core = &self.inner.core;
         core.connection.refusing_after(&core.closing)
+    }
+
+    /// Opens a connection of its own to this client's deployment (the same server, the
+    /// master the sentinels name, or the cluster), for commands that block their
+    /// connection on the server, such as `XREADGROUP … BLOCK` or `BLPOP`: on the shared
+    /// [`Client::connection`] they would hold up every lock operation behind them.
+    /// Replies may take `response_timeout`. The connection lives on the client's own
+    /// runtime, works from any runtime, and fails once the client has shut down.
+    pub async fn dedicated_connection(&self, response_timeout: Duration) -> Result<Connection> {
+        let core = &self.inner.core;
+        core.ensure_open()?;
+        to_millis("response timeout", response_timeout)?;
+        let connection = core
+            .servers
+            .open_on(&core.background, &core.config, response_timeout)
+            .await?;
+        Ok(connection.refusing_after(&core.closing))
+    }
+
+    /// True if this client talks to a Redis Cluster: one command may then only carry
+    /// keys of one hash slot.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.core.deployment.is_cluster()
     }
 
     /// How many leases this client's watchdog tracks right now: one per holding that is

@@ -218,6 +218,22 @@ pub(crate) fn mask_password(url: &str) -> String {
     }
 }
 
+/// How to reach a connected client's servers again: for its pub/sub hub, for the
+/// connections synced writes use, and for dedicated connections handed to callers.
+#[derive(Clone)]
+pub(crate) enum Servers {
+    /// One server.
+    Standalone(redis::Client),
+    /// The master a set of sentinels names, asked again at every connect.
+    Sentinel(SentinelSpec),
+    /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`.
+    Cluster {
+        seeds: Vec<ConnectionInfo>,
+        sharded: bool,
+        config: Config,
+    },
+}
+
 /// The deployment a connected client talks to, as far as the lock protocol cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Deployment {

@@ -83,10 +83,8 @@ impl Service {
                 // The data directory's lock makes this worker the only reader of the
                 // private Redis's streams.
                 settings.sole_consumer |= embedded.is_some();
-                let redis_client = redis::Client::open(redis_url.as_str())
-                    .map_err(|err| ConfigError::Redis(distlock::Error::Redis(err)))?;
                 let worker = Worker::connect(
-                    redis_client,
+                    &locks,
                     db.clone(),
                     settings,
                     watched.clone(),

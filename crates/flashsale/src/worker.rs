@@ -12,7 +12,6 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
 };
@@ -87,6 +86,9 @@ pub enum WorkerError {
     /// Storing failed; the entries stay pending and are retried.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The worker's own connection could not be opened.
+    #[error("cannot open the worker's connection: {0}")]
+    Connect(#[from] distlock::Error),
 }
 
 /// The coupons whose streams a worker reads, shared with the HTTP layer so a coupon
@@ -136,9 +138,15 @@ pub struct Committed {
     pub malformed: u64,
 }
 
+/// How long a worker on a cluster waits before it reads again when a round found nothing:
+/// there it cannot block on every stream at once (see [`Worker::read`]).
+const CLUSTER_IDLE_POLL: Duration = Duration::from_millis(20);
+
 /// A worker: one dedicated Redis connection (its reads block) and the database.
 pub struct Worker {
-    conn: ConnectionManager,
+    conn: distlock::Connection,
+    /// On a Redis Cluster, one XREADGROUP may only name streams of one slot.
+    cluster: bool,
     db: Db,
     settings: WorkerSettings,
     watched: Watched,
@@ -155,21 +163,23 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Opens the worker's own connection to the Redis of `redis_client`.
+    /// Opens the worker's own connection to the deployment of `locks` (one server, a
+    /// Sentinel-managed master or a cluster): its reads block, which would hold up the
+    /// shared connection's lock operations.
     pub async fn connect(
-        redis_client: redis::Client,
+        locks: &distlock::Client,
         db: Db,
         settings: WorkerSettings,
         watched: Watched,
         metrics: Metrics,
     ) -> Result<Worker, WorkerError> {
         // Reads block for `settings.block`, so replies may take that long.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(settings.block + Duration::from_secs(2)));
-        let conn = ConnectionManager::new_with_config(redis_client, config).await?;
+        let conn = locks
+            .dedicated_connection(settings.block + Duration::from_secs(2))
+            .await?;
         Ok(Worker {
             conn,
+            cluster: locks.is_cluster(),
             db,
             settings,
             watched,
@@ -219,10 +229,16 @@ impl Worker {
         if let Some(block) = block {
             options = options.block(usize::try_from(block.as_millis()).unwrap_or(usize::MAX));
         }
-        let read: redis::RedisResult<Option<StreamReadReply>> =
-            self.conn.xread_options(&streams, &ids, &options).await;
-        let reply = match read {
-            Ok(reply) => reply,
+        let replies = if self.cluster && streams.len() > 1 {
+            self.read_per_slot(&streams, from, block).await
+        } else {
+            self.conn
+                .xread_options::<_, _, Option<StreamReadReply>>(&streams, &ids, &options)
+                .await
+                .map(|reply| vec![reply])
+        };
+        let replies = match replies {
+            Ok(replies) => replies,
             Err(err) if err.code() == Some("NOGROUP") => {
                 // Redis lost the group (a restart without persistence): recreate on the
                 // next round.
@@ -232,21 +248,58 @@ impl Worker {
             Err(err) => return Err(err.into()),
         };
         let keyspace = self.db.keyspace();
-        Ok(reply
-            .map(|reply| {
-                reply
-                    .keys
+        Ok(replies
+            .into_iter()
+            .flatten()
+            .flat_map(|reply| reply.keys)
+            .flat_map(|stream| {
+                let key = stream.key;
+                stream
+                    .ids
                     .into_iter()
-                    .flat_map(|stream| {
-                        let key = stream.key;
-                        stream
-                            .ids
-                            .into_iter()
-                            .map(move |entry| delivery(keyspace, &key, entry))
-                    })
-                    .collect()
+                    .map(move |entry| delivery(keyspace, &key, entry))
             })
-            .unwrap_or_default())
+            .collect())
+    }
+
+    /// A cluster refuses an XREADGROUP over streams of several slots, and each coupon's
+    /// stream has a slot of its own: one read per slot, all at once, none blocking (a
+    /// blocking read would hold its node's connection, and the reads of the other streams
+    /// on that node would wait behind it). A round that found nothing waits
+    /// [`CLUSTER_IDLE_POLL`] (at most `block`) before the caller reads again.
+    async fn read_per_slot(
+        &self,
+        streams: &[String],
+        from: &str,
+        block: Option<Duration>,
+    ) -> redis::RedisResult<Vec<Option<StreamReadReply>>> {
+        let mut by_slot: std::collections::HashMap<redis::cluster_routing::Slot, Vec<&String>> =
+            Default::default();
+        for stream in streams {
+            by_slot
+                .entry(redis::cluster_routing::Slot::for_key(stream))
+                .or_default()
+                .push(stream);
+        }
+        let reads = by_slot.into_values().map(|streams| {
+            let mut conn = self.conn.clone();
+            let ids = vec![from; streams.len()];
+            let options = StreamReadOptions::default()
+                .group(ORDER_GROUP, &self.settings.consumer)
+                .count(self.settings.batch);
+            async move {
+                conn.xread_options::<_, _, Option<StreamReadReply>>(&streams, &ids, &options)
+                    .await
+            }
+        });
+        let replies = futures_util::future::try_join_all(reads).await?;
+        let found = replies.iter().flatten().any(|reply| !reply.keys.is_empty());
+        if !found {
+            if let Some(block) = block {
+                tokio::time::sleep(block.min(CLUSTER_IDLE_POLL)).await;
+            }
+        }
+        Ok(replies)
     }
 
     /// Takes over entries that another consumer read but has not acknowledged for

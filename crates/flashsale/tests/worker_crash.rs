@@ -52,8 +52,10 @@ async fn doomed_worker() {
         consumer: "doomed".into(),
         ..WorkerSettings::new()
     };
-    let client = redis::Client::open(redis_url).expect("redis url");
-    let mut worker = Worker::connect(client, db, settings, watched, Metrics::new())
+    let locks = distlock::Client::connect(redis_url)
+        .await
+        .expect("redis url");
+    let mut worker = Worker::connect(&locks, db, settings, watched, Metrics::new())
         .await
         .expect("worker");
     loop {
@@ -146,15 +148,12 @@ async fn worker_killed_before_ack_loses_no_order() {
             reclaim_idle: Duration::from_millis(300),
             ..WorkerSettings::new()
         };
-        let worker = Worker::connect(
-            redis.client().expect("client"),
-            db.clone(),
-            settings,
-            watched,
-            metrics.clone(),
-        )
-        .await
-        .expect("worker");
+        let locks = distlock::Client::connect(&redis.url())
+            .await
+            .expect("connect");
+        let worker = Worker::connect(&locks, db.clone(), settings, watched, metrics.clone())
+            .await
+            .expect("worker");
         let stop = tokio_util::sync::CancellationToken::new();
         let running = tokio::spawn(worker.run(stop.clone()));
         while db.order_count(coupon).await.expect("count") < 40 {
@@ -207,8 +206,11 @@ async fn entries_of_a_read_whose_reply_was_lost_are_stored_before_exit() {
         }
         let watched = Watched::default();
         watched.add(coupon);
+        let locks = distlock::Client::connect(&redis.url())
+            .await
+            .expect("connect");
         let mut worker = Worker::connect(
-            redis.client().expect("client"),
+            &locks,
             service.db().clone(),
             WorkerSettings::new(),
             watched,

@@ -20,7 +20,11 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
     let seeds: Vec<String> = cluster
         .seed_urls()
         .iter()
-        .map(|url| url.trim_start_matches("redis://").trim_end_matches('/').to_owned())
+        .map(|url| {
+            url.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
         .collect();
     let clustered = Client::connect(&format!("redis+cluster://{}", seeds.join(","))).await?;
     let one = vec!["bench:cluster:one".to_owned()];
@@ -45,8 +49,16 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
         target: format!("ratio >= {TARGET:.2}"),
         met: uncontended >= TARGET,
         details: vec![
-            figure("cluster lock+release p50 (1 task)", cluster_one.latency.micros(0.5), "µs"),
-            figure("single lock+release p50 (1 task)", single_one.latency.micros(0.5), "µs"),
+            figure(
+                "cluster lock+release p50 (1 task)",
+                cluster_one.latency.micros(0.5),
+                "µs",
+            ),
+            figure(
+                "single lock+release p50 (1 task)",
+                single_one.latency.micros(0.5),
+                "µs",
+            ),
             figure("cluster cycles/s (64 tasks)", cluster_many.rate, "cycles/s"),
             figure("single cycles/s (64 tasks)", single_many.rate, "cycles/s"),
             checked(
@@ -56,7 +68,11 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
                 format!(">= {TARGET:.2}"),
                 parallel >= TARGET,
             ),
-            figure("cluster lock+release p99 (64 tasks)", cluster_many.latency.micros(0.99), "µs"),
+            figure(
+                "cluster lock+release p99 (64 tasks)",
+                cluster_many.latency.micros(0.99),
+                "µs",
+            ),
         ],
     })
 }

@@ -34,13 +34,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::cluster_async::ClusterConnection;
-use redis::{ConnectionInfo, PushInfo, PushKind, RedisResult};
+use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Config;
-use crate::deployment::{cluster_client, SentinelSpec};
+use crate::deployment::{cluster_client, Servers};
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
 
@@ -57,25 +56,10 @@ const STABLE_AFTER: Duration = Duration::from_secs(5);
 /// silently delivering nothing.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
 
-/// Where the hub's pub/sub connection comes from.
-#[derive(Clone)]
-pub(crate) enum PubSubSource {
-    /// One server: a classic pub/sub connection.
-    Standalone(redis::Client),
-    /// The master a set of sentinels names, asked again at every reconnect.
-    Sentinel(SentinelSpec),
-    /// A cluster: a RESP3 cluster connection, subscribing with SSUBSCRIBE when `sharded`.
-    Cluster {
-        seeds: Vec<ConnectionInfo>,
-        sharded: bool,
-        config: Config,
-    },
-}
-
 /// The client's registry of channels its waiters listen on.
 pub(crate) struct Subscriptions {
     shared: Arc<Shared>,
-    source: PubSubSource,
+    source: Servers,
     /// The client's own runtime, where the hub runs whoever waits first.
     runtime: tokio::runtime::Handle,
     hub_started: OnceLock<()>,
@@ -138,7 +122,7 @@ impl Shared {
 
 impl Subscriptions {
     pub(crate) fn new(
-        source: PubSubSource,
+        source: Servers,
         timeout: Duration,
         runtime: tokio::runtime::Handle,
         shutdown: CancellationToken,
@@ -375,18 +359,18 @@ impl Events {
     }
 }
 
-async fn open(source: &PubSubSource) -> RedisResult<(Sink, Events)> {
+async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
     match source {
-        PubSubSource::Standalone(redis) => {
+        Servers::Standalone(redis) => {
             let (sink, stream) = redis.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
-        PubSubSource::Sentinel(spec) => {
+        Servers::Sentinel(spec) => {
             let master = spec.current_master().await?;
             let (sink, stream) = master.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
-        PubSubSource::Cluster {
+        Servers::Cluster {
             seeds,
             sharded,
             config,
@@ -405,11 +389,7 @@ async fn open(source: &PubSubSource) -> RedisResult<(Sink, Events)> {
     }
 }
 
-async fn run_hub(
-    shared: Arc<Shared>,
-    source: PubSubSource,
-    mut nudges: mpsc::UnboundedReceiver<()>,
-) {
+async fn run_hub(shared: Arc<Shared>, source: Servers, mut nudges: mpsc::UnboundedReceiver<()>) {
     let mut backoff = MIN_BACKOFF;
     let mut first_attempt = true;
     loop {
