@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster_link::ClusterLink;
 use crate::connection::{Connection, Link, RedisConnection};
 use crate::deployment::{
     cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec, Servers,
@@ -444,44 +445,28 @@ impl ClientBuilder {
             target: target.clone(),
             source,
         };
-        let cluster = cluster_client(&seeds, &config, None).map_err(connect_error)?;
-        let background = Background::start()?;
-        let home = match home_runtime() {
-            Some(_) => Some(RedisConnection::Cluster(
-                cluster
-                    .get_async_connection()
-                    .await
-                    .map_err(connect_error)?,
-            )),
-            None => None,
-        };
-        let opening = {
-            let cluster = cluster.clone();
-            background
-                .handle()
-                .spawn(async move { cluster.get_async_connection().await })
-        };
-        let own = opening
-            .await
-            .map_err(|err| {
-                connect_error(redis::RedisError::from(std::io::Error::other(format!(
-                    "the client's runtime stopped while connecting: {err}"
-                ))))
-            })?
-            .map_err(connect_error)?;
-        let connection = Connection::new(
-            home_runtime().zip(home.map(Link::from)),
-            RedisConnection::Cluster(own).into(),
-            background.handle().clone(),
-        );
-        scripts::preload(&connection).await.map_err(connect_error)?;
-        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         let sharded_pubsub = facts.major_version >= 7;
         let servers = Servers::Cluster {
             seeds,
             sharded: sharded_pubsub,
             config: config.clone(),
         };
+        let background = Background::start()?;
+        let home = match home_runtime() {
+            Some(_) => Some(
+                servers
+                    .open(&config, config.response_timeout)
+                    .await
+                    .map_err(connect_error)?,
+            ),
+            None => None,
+        };
+        let own = servers
+            .open_on(&background, &config, config.response_timeout)
+            .await?;
+        let connection = own.with_home(home_runtime().zip(home));
+        scripts::preload(&connection).await.map_err(connect_error)?;
+        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
         // Refuses an explicit replica sync: not offered on a cluster yet.
         replica_sync::resolve(self.replica_sync, &connection, true).await?;
         Ok(Client::start(
@@ -615,7 +600,20 @@ impl Servers {
                     ..config.clone()
                 };
                 let cluster = cluster_client(seeds, &config, None)?;
-                Ok(RedisConnection::Cluster(cluster.get_async_connection().await?).into())
+                let fallback = cluster.get_async_connection().await?;
+                // Every seed carries the same credentials, database and TLS mode.
+                let template = seeds.first().cloned().ok_or_else(|| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::InvalidClientConfig,
+                        "a cluster needs at least one seed",
+                    ))
+                })?;
+                let direct = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(config.connection_timeout))
+                    .set_response_timeout(Some(response_timeout));
+                Ok(Link::Cluster(
+                    ClusterLink::new(fallback, template, direct).await,
+                ))
             }
         }
     }

@@ -21,6 +21,7 @@
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
+use crate::cluster_link::ClusterLink;
 use crate::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::runtime::{Handle, Id};
@@ -63,6 +64,7 @@ impl From<ClusterConnection> for RedisConnection {
 pub(crate) enum Link {
     Redis(RedisConnection),
     Sentinel(FailoverLink),
+    Cluster(ClusterLink),
 }
 
 impl From<RedisConnection> for Link {
@@ -78,6 +80,7 @@ impl Link {
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn,
             Link::Redis(RedisConnection::Cluster(conn)) => conn,
             Link::Sentinel(conn) => conn,
+            Link::Cluster(conn) => conn,
         }
     }
 }
@@ -108,6 +111,11 @@ impl Connection {
             background_runtime,
             refuse_after: None,
         }
+    }
+
+    /// This connection with `home` as its home link (the caller's runtime's connection).
+    pub(crate) fn with_home(self, home: Option<(Id, Link)>) -> Self {
+        Self { home, ..self }
     }
 
     /// A clone that fails every call once `closing` is cancelled.
@@ -241,6 +249,7 @@ impl ConnectionLike for Connection {
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn.get_db(),
             Link::Redis(RedisConnection::Cluster(conn)) => conn.get_db(),
             Link::Sentinel(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
         }
     }
 }

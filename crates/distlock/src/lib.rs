@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod cluster_link;
 mod connection;
 mod deployment;
 mod duration;

@@ -1,13 +1,18 @@
 //! Redis Cluster against one server, in the same rounds: the uncontended cycle (one task)
 //! and 64 parallel tasks on 64 names spread over every master's slots. The cluster is 3
-//! masters and 3 replicas on this machine; the single server is one more private process.
+//! masters, each with a replica, on this machine. The baseline is one master with one
+//! replica, so both sides pay for replication (every lock write is also sent to, and
+//! applied by, a replica process on the same 2 cores); the same cycle on a server without
+//! a replica is reported beside it.
 //!
 //! The ratio is what routing by slot costs the client. It is not a scaling figure: the
 //! six cluster processes share the same 2 cores as the one server and the client, so the
 //! cluster cannot be faster here. Scaling out needs cores of its own per master.
 
-use distlock::Client;
-use distlock_testkit::RedisCluster;
+use std::time::Duration;
+
+use distlock::{Client, ReplicaSync};
+use distlock_testkit::{RedisCluster, RedisServer};
 
 use super::{interleaved, lock_cycles, BenchResult, Plan};
 use crate::report::{checked, figure, Report};
@@ -15,7 +20,16 @@ use crate::report::{checked, figure, Report};
 pub const TASKS: usize = 64;
 pub const TARGET: f64 = 0.8;
 
-pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
+pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
+    let master = RedisServer::start().await?;
+    let replica_of = master.port().to_string();
+    let _replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &replica_of]).await?;
+    wait_for_replica(&master).await?;
+    // Without sync, as on the cluster (where it is not offered): the same commands.
+    let single = &Client::builder()
+        .replica_sync(ReplicaSync::Off)
+        .connect(&master.url())
+        .await?;
     let cluster = RedisCluster::start().await?;
     let seeds: Vec<String> = cluster
         .seed_urls()
@@ -29,22 +43,24 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
     let clustered = Client::connect(&format!("redis+cluster://{}", seeds.join(","))).await?;
     let one = vec!["bench:cluster:one".to_owned()];
     let many: Vec<String> = (0..TASKS).map(|n| format!("bench:cluster:{n}")).collect();
-    let measured = interleaved(plan, 4, async |load, length| match load {
+    let measured = interleaved(plan, 5, async |load, length| match load {
         0 => lock_cycles(single, &one, length).await,
         1 => lock_cycles(&clustered, &one, length).await,
         2 => lock_cycles(single, &many, length).await,
-        _ => lock_cycles(&clustered, &many, length).await,
+        3 => lock_cycles(&clustered, &many, length).await,
+        _ => lock_cycles(unreplicated, &one, length).await,
     })
     .await?;
-    let [single_one, cluster_one, single_many, cluster_many] = <[_; 4]>::try_from(measured)
-        .map_err(|_| "interleaved returned the wrong number of loads")?;
+    let [single_one, cluster_one, single_many, cluster_many, bare_one] =
+        <[_; 5]>::try_from(measured)
+            .map_err(|_| "interleaved returned the wrong number of loads")?;
     // Each load's median ratio to the first; the parallel pair is compared by their ratios.
     let uncontended = cluster_one.ratio_to_first;
     let parallel = cluster_many.ratio_to_first / single_many.ratio_to_first;
     Ok(Report {
         scenario: "cluster",
         result: figure("cluster cycles/s (1 task)", cluster_one.rate, ""),
-        baseline: figure("single-server cycles/s =", single_one.rate, "cycles/s"),
+        baseline: figure("master+replica cycles/s =", single_one.rate, "cycles/s"),
         ratio: uncontended,
         target: format!("ratio >= {TARGET:.2}"),
         met: uncontended >= TARGET,
@@ -55,14 +71,18 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
                 "µs",
             ),
             figure(
-                "single lock+release p50 (1 task)",
+                "master+replica lock+release p50 (1 task)",
                 single_one.latency.micros(0.5),
                 "µs",
             ),
             figure("cluster cycles/s (64 tasks)", cluster_many.rate, "cycles/s"),
-            figure("single cycles/s (64 tasks)", single_many.rate, "cycles/s"),
+            figure(
+                "master+replica cycles/s (64 tasks)",
+                single_many.rate,
+                "cycles/s",
+            ),
             checked(
-                "cluster vs single, 64 tasks over every master",
+                "cluster vs master+replica, 64 tasks over every master",
                 parallel,
                 "×",
                 format!(">= {TARGET:.2}"),
@@ -73,6 +93,32 @@ pub async fn run(single: &Client, plan: Plan) -> BenchResult<Report> {
                 cluster_many.latency.micros(0.99),
                 "µs",
             ),
+            figure(
+                "server without a replica cycles/s (1 task)",
+                bare_one.rate,
+                "cycles/s",
+            ),
+            figure(
+                "cluster vs a server without a replica (1 task)",
+                cluster_one.ratio_to_first / bare_one.ratio_to_first,
+                "×",
+            ),
         ],
     })
+}
+
+/// Waits (bounded) until the master reports its replica online.
+pub async fn wait_for_replica(master: &RedisServer) -> BenchResult<()> {
+    let mut conn = master.connection().await?;
+    for _ in 0..200 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await?;
+        if info.contains("state=online") {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Err("the replica did not come online within 5 s".into())
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use distlock::{Client, ReplicaSync};
 use distlock_testkit::RedisServer;
 
+use super::cluster::wait_for_replica;
 use super::{interleaved, lock_cycles, BenchResult, Plan};
 use crate::report::{figure, Report};
 
@@ -51,20 +52,4 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
             figure("unsynced lock+release p50", off.latency.micros(0.5), "µs"),
         ],
     })
-}
-
-/// Waits (bounded) until the master reports its replica online.
-async fn wait_for_replica(master: &RedisServer) -> BenchResult<()> {
-    let mut conn = master.connection().await?;
-    for _ in 0..200 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await?;
-        if info.contains("state=online") {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    Err("the replica did not come online within 5 s".into())
 }
