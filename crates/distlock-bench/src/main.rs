@@ -32,6 +32,7 @@ enum Scenario {
     Redlock,
     ReplicaSync,
     Cluster,
+    Failover,
 }
 
 #[derive(Debug, Parser)]
@@ -134,6 +135,9 @@ async fn run(args: Args) -> BenchResult<()> {
     }
     if wanted(Scenario::Cluster) {
         emit(scenarios::cluster::run(&client, plan).await?);
+    }
+    if wanted(Scenario::Failover) {
+        emit(scenarios::failover::run().await?);
     }
     // With --json, stdout carries only the JSON lines; the table is for people.
     if !args.json {

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod contended;
+pub mod failover;
 pub mod parallel;
 pub mod redlock;
 pub mod replica_sync;
