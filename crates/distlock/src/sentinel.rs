@@ -76,8 +76,28 @@ struct Shared {
     /// discovery made it; `None` once it failed, until the next command discovers again.
     current: Mutex<Option<(u64, MultiplexedConnection)>>,
     /// Serializes discoveries: many commands failing at once ask the sentinels once.
-    discovering: tokio::sync::Mutex<u64>,
+    discovering: tokio::sync::Mutex<Discovery>,
 }
+
+/// The discoveries so far: how many succeeded (numbering the connections), and when the
+/// sentinels may be asked again after one failed.
+#[derive(Default)]
+struct Discovery {
+    generation: u64,
+    retry: Option<Retry>,
+}
+
+struct Retry {
+    not_before: tokio::time::Instant,
+    backoff: Duration,
+    reason: String,
+}
+
+/// Backoff between discoveries that fail (a failover in progress, sentinels down): fast
+/// enough to find the new master soon after it is promoted, slow enough that a fleet of
+/// failing commands does not flood the sentinels.
+const MIN_DISCOVERY_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_DISCOVERY_BACKOFF: Duration = Duration::from_millis(250);
 
 impl FailoverLink {
     /// Finds the master and connects to it.
@@ -95,7 +115,7 @@ impl FailoverLink {
                 config,
                 connection_timeout,
                 current: Mutex::new(None),
-                discovering: tokio::sync::Mutex::new(0),
+                discovering: tokio::sync::Mutex::new(Discovery::default()),
             }),
         };
         link.connection().await?;
@@ -115,9 +135,20 @@ impl FailoverLink {
         if let Some(current) = self.current().clone() {
             return Ok(current);
         }
-        let mut generation = self.shared.discovering.lock().await;
+        let mut discovery = self.shared.discovering.lock().await;
         if let Some(current) = self.current().clone() {
             return Ok(current);
+        }
+        if let Some(retry) = &discovery.retry {
+            if tokio::time::Instant::now() < retry.not_before {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    format!(
+                        "no master yet; the sentinels are asked again shortly: {}",
+                        retry.reason
+                    ),
+                )));
+            }
         }
         let discover = async {
             // During a failover the sentinels may name no reachable master for a while:
@@ -132,19 +163,38 @@ impl FailoverLink {
                 .get_multiplexed_async_connection_with_config(&self.shared.config)
                 .await
         };
-        let connection = tokio::time::timeout(self.shared.connection_timeout, discover)
+        let outcome = tokio::time::timeout(self.shared.connection_timeout, discover)
             .await
             .map_err(|_| {
                 RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "the sentinels did not lead to a master in time",
                 ))
-            })??;
-        *generation += 1;
-        let current = (*generation, connection);
+            })
+            .and_then(|connected| connected);
+        let connection = match outcome {
+            Ok(connection) => connection,
+            Err(err) => {
+                let backoff = discovery
+                    .retry
+                    .as_ref()
+                    .map_or(MIN_DISCOVERY_BACKOFF, |retry| {
+                        (retry.backoff * 2).min(MAX_DISCOVERY_BACKOFF)
+                    });
+                discovery.retry = Some(Retry {
+                    not_before: tokio::time::Instant::now() + backoff,
+                    backoff,
+                    reason: err.to_string(),
+                });
+                return Err(err);
+            }
+        };
+        discovery.retry = None;
+        discovery.generation += 1;
+        let current = (discovery.generation, connection);
         *self.current() = Some(current.clone());
         tracing::debug!(
-            generation = *generation,
+            generation = discovery.generation,
             "connected to the master the sentinels name"
         );
         Ok(current)
