@@ -271,25 +271,16 @@ impl ClientBuilder {
                 target: target.clone(),
                 source,
             })?;
-        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        let servers = Servers::Standalone(redis_client);
-        let synced = synced_writes(
-            self.replica_sync,
-            &connection,
-            &servers,
-            &config,
-            &background,
-        )
-        .await?;
-        Ok(Client::start(
+        self.finish(Connected {
             config,
-            servers,
+            servers: Servers::Standalone(redis_client),
             connection,
             background,
-            Deployment::Standalone,
+            deployment: Deployment::Standalone,
+            checked_at: target.clone(),
             target,
-            synced,
-        ))
+        })
+        .await
     }
 
     /// Connects to a Redis Cluster through any of `seeds` (`redis://host:port` URLs, all
@@ -413,25 +404,16 @@ impl ClientBuilder {
             background.handle().clone(),
         );
         scripts::preload(&connection).await.map_err(connect_error)?;
-        check_eviction_policy(&connection, &master_target, self.allow_eviction).await?;
-        let servers = Servers::Sentinel(spec);
-        let synced = synced_writes(
-            self.replica_sync,
-            &connection,
-            &servers,
-            &config,
-            &background,
-        )
-        .await?;
-        Ok(Client::start(
+        self.finish(Connected {
             config,
-            servers,
+            servers: Servers::Sentinel(spec),
             connection,
             background,
-            Deployment::Standalone,
+            deployment: Deployment::Standalone,
+            checked_at: master_target.clone(),
             target,
-            synced,
-        ))
+        })
+        .await
     }
 
     async fn start_cluster(
@@ -466,18 +448,16 @@ impl ClientBuilder {
             .await?;
         let connection = own.with_home(home_runtime().zip(home));
         scripts::preload(&connection).await.map_err(connect_error)?;
-        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        // Refuses an explicit replica sync: not offered on a cluster yet.
-        replica_sync::resolve(self.replica_sync, &connection, true).await?;
-        Ok(Client::start(
+        self.finish(Connected {
             config,
             servers,
             connection,
             background,
-            Deployment::Cluster { sharded_pubsub },
+            deployment: Deployment::Cluster { sharded_pubsub },
+            checked_at: target.clone(),
             target,
-            None,
-        ))
+        })
+        .await
     }
 
     /// Builds a client on a connection the caller already has. Calls made on the runtime
@@ -509,24 +489,56 @@ impl ClientBuilder {
             // Not fatal: each script is loaded again on first use.
             tracing::warn!(error = %err, "could not preload distlock's scripts");
         }
-        check_eviction_policy(&connection, &target, self.allow_eviction).await?;
-        let servers = Servers::Standalone(redis_client);
+        self.finish(Connected {
+            config,
+            servers: Servers::Standalone(redis_client),
+            connection,
+            background,
+            deployment: Deployment::Standalone,
+            checked_at: target.clone(),
+            target,
+        })
+        .await
+    }
+}
+
+/// A client's connections, before the last checks.
+struct Connected {
+    config: Config,
+    servers: Servers,
+    connection: Connection,
+    background: Background,
+    deployment: Deployment,
+    /// Where the connection goes (the master, for Sentinel), for the eviction check.
+    checked_at: String,
+    /// How the client names its deployment in errors.
+    target: String,
+}
+
+impl ClientBuilder {
+    /// The checks every deployment gets (eviction policy, replica sync), then the client.
+    async fn finish(self, connected: Connected) -> Result<Client> {
+        let Connected {
+            config,
+            servers,
+            connection,
+            background,
+            deployment,
+            checked_at,
+            target,
+        } = connected;
+        check_eviction_policy(&connection, &checked_at, self.allow_eviction).await?;
         let synced = synced_writes(
             self.replica_sync,
             &connection,
             &servers,
             &config,
             &background,
+            deployment.is_cluster(),
         )
         .await?;
         Ok(Client::start(
-            config,
-            servers,
-            connection,
-            background,
-            Deployment::Standalone,
-            target,
-            synced,
+            config, servers, connection, background, deployment, target, synced,
         ))
     }
 }
@@ -647,8 +659,9 @@ async fn synced_writes(
     servers: &Servers,
     config: &Config,
     background: &Background,
+    cluster: bool,
 ) -> Result<Option<SyncedWrites>> {
-    let Some(policy) = replica_sync::resolve(setting, connection, false).await? else {
+    let Some(policy) = replica_sync::resolve(setting, connection, cluster).await? else {
         return Ok(None);
     };
     let response_timeout = config.response_timeout.saturating_add(policy.timeout);

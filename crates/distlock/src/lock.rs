@@ -21,6 +21,7 @@ use crate::client::{Client, Core};
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
 use crate::engine::detach::Detached;
+use crate::engine::lease_set::LeaseSet;
 use crate::engine::watchdog::Lease;
 use crate::error::{is_connection_failure, Error, Result};
 use crate::keys::{release_channel, token_key, unlock_latch};
@@ -665,17 +666,20 @@ impl fmt::Debug for LockGuard {
     }
 }
 
+/// The leases of `guards` as one, trusted while `quorum` of them are (a MultiLock's
+/// guards, all of them; a RedLock's, a majority).
+pub(crate) fn lease_set(guards: &[LockGuard], quorum: usize) -> LeaseSet<'_> {
+    let background = guards
+        .first()
+        .map(|first| first.hold.holding().core.background());
+    LeaseSet::new(
+        guards.iter().map(|guard| &guard.hold.holding().lease_entry),
+        quorum,
+        background,
+    )
+}
+
 impl LockGuard {
-    /// The holding's entry in its client's watchdog, for composite leases.
-    pub(crate) fn lease(&self) -> &Lease {
-        &self.hold.holding().lease_entry
-    }
-
-    /// The client this guard's lock lives on.
-    pub(crate) fn client(&self) -> &Client {
-        &self._client
-    }
-
     /// The fencing token of this holding: larger than that of every earlier acquisition of
     /// the same lock name. Re-entries share their holding's token. Pass it to the resource
     /// you write, and have the resource refuse writes with a smaller token.

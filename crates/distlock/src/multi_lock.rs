@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, Result};
+use crate::lock::lease_set;
 use crate::lock::{Lock, LockGuard};
 
 /// A set of locks acquired together: all of them, or none.
@@ -169,7 +170,7 @@ impl fmt::Debug for MultiLockGuard {
 
 impl MultiLockGuard {
     fn leases(&self) -> LeaseSet<'_> {
-        LeaseSet::new(self.guards.iter().map(LockGuard::lease), self.guards.len())
+        lease_set(&self.guards, self.guards.len())
     }
 
     /// The members' names, in acquisition order.
@@ -189,31 +190,19 @@ impl MultiLockGuard {
 
     /// How long every member is sure to last, by the local clock: zero once one is lost.
     pub fn lease_remaining(&self) -> Duration {
-        self.leases()
-            .deadline()
-            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::ZERO)
+        self.leases().remaining()
     }
 
     /// Completes as soon as any member is lost; never after a normal release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let watch = self.leases().watch();
-        async move {
-            if !watch.await {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.leases().lost()
     }
 
     /// The same signal as [`MultiLockGuard::lost`], as a token to hand to other tasks.
     /// Each call gives a new token, watched by one small task on the first member's
     /// client until the set is lost or released.
     pub fn lost_token(&self) -> CancellationToken {
-        match self.guards.first() {
-            Some(first) => self.leases().lost_token(first.client().core().background()),
-            // A MultiLock has at least one member; an empty set could never be lost.
-            None => CancellationToken::new(),
-        }
+        self.leases().lost_token()
     }
 
     /// Releases every member, all at once. Each is released even if another fails; the

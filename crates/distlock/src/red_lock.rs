@@ -35,6 +35,7 @@ use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience}
 use crate::engine::detach::Detached;
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, NodeFailure, Result};
+use crate::lock::lease_set;
 use crate::lock::{Lock, LockAttempt, LockGuard};
 
 /// The longest default per-node timeout: a master that takes longer is counted as down.
@@ -422,7 +423,7 @@ impl fmt::Debug for RedLockGuard {
 
 impl RedLockGuard {
     fn leases(&self) -> LeaseSet<'_> {
-        LeaseSet::new(self.guards.iter().map(LockGuard::lease), self.quorum)
+        lease_set(&self.guards, self.quorum)
     }
 
     /// The lock's name.
@@ -442,29 +443,18 @@ impl RedLockGuard {
 
     /// How long a majority is sure to hold it, by the local clock: zero once lost.
     pub fn lease_remaining(&self) -> Duration {
-        self.leases()
-            .deadline()
-            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::ZERO)
+        self.leases().remaining()
     }
 
     /// Completes as soon as a majority can no longer be trusted to hold the lock; never
     /// after a normal release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let watch = self.leases().watch();
-        async move {
-            if !watch.await {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.leases().lost()
     }
 
     /// The same signal as [`RedLockGuard::lost`], as a token for other tasks.
     pub fn lost_token(&self) -> CancellationToken {
-        match self.guards.first() {
-            Some(first) => self.leases().lost_token(first.client().core().background()),
-            None => CancellationToken::new(),
-        }
+        self.leases().lost_token()
     }
 
     /// Releases on every master that granted it, all at once. Fails with

@@ -8,6 +8,7 @@
 //! to be cancelled by someone: that one task waits on the members' signals.
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
@@ -20,14 +21,24 @@ use crate::runtime::Background;
 pub(crate) struct LeaseSet<'a> {
     members: Vec<&'a Lease>,
     quorum: usize,
+    /// Where the lost token's watcher runs: the first member's client's runtime.
+    background: Option<&'a Background>,
 }
 
 impl<'a> LeaseSet<'a> {
     /// `quorum` members must be trusted for the set to be; it is clamped to 1..=members.
-    pub(crate) fn new(members: impl IntoIterator<Item = &'a Lease>, quorum: usize) -> Self {
+    pub(crate) fn new(
+        members: impl IntoIterator<Item = &'a Lease>,
+        quorum: usize,
+        background: Option<&'a Background>,
+    ) -> Self {
         let members: Vec<&Lease> = members.into_iter().collect();
         let quorum = quorum.clamp(1, members.len().max(1));
-        Self { members, quorum }
+        Self {
+            members,
+            quorum,
+            background,
+        }
     }
 
     /// True while at least `quorum` members are trusted.
@@ -55,6 +66,23 @@ impl<'a> LeaseSet<'a> {
         deadlines.get(self.quorum - 1).copied()
     }
 
+    /// How long the set is sure to be trusted, by the local clock: zero once lost.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.deadline()
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Completes as soon as the set is lost; never after a normal release.
+    pub(crate) fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let watch = self.watch();
+        async move {
+            if !watch.await {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// Completes with `true` once more members are lost than the set can spare, or with
     /// `false` when the members ended (released) without that. Spawns nothing: it is the
     /// members' own watches, counted.
@@ -76,14 +104,18 @@ impl<'a> LeaseSet<'a> {
         }
     }
 
-    /// A token cancelled when the set is lost. One small task on `background` waits for
-    /// it, and ends when the set is released.
-    pub(crate) fn lost_token(&self, background: &Background) -> CancellationToken {
+    /// A token cancelled when the set is lost. One small task on the first member's
+    /// client's runtime waits for it, and ends when the set is released.
+    pub(crate) fn lost_token(&self) -> CancellationToken {
         let token = CancellationToken::new();
         if !self.is_trusted() {
             token.cancel();
             return token;
         }
+        let Some(background) = self.background else {
+            // No member: a set that can never be lost.
+            return token;
+        };
         let watch = self.watch();
         let cancel = token.clone();
         background.handle().spawn(async move {

@@ -277,37 +277,29 @@ enum Event {
 
 impl Sink {
     async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        self.set(channels, true).await
+    }
+
+    async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        self.set(channels, false).await
+    }
+
+    /// Subscribes to `channels` (`on`), or unsubscribes from them.
+    async fn set(&mut self, channels: &[String], on: bool) -> RedisResult<()> {
         match self {
-            Sink::Classic(sink) => sink.subscribe(channels).await,
+            Sink::Classic(sink) if on => sink.subscribe(channels).await,
+            Sink::Classic(sink) => sink.unsubscribe(channels).await,
             // One channel per command: the channels of one SSUBSCRIBE must share a slot.
             Sink::Cluster {
                 connection,
                 sharded,
             } => {
                 for channel in channels {
-                    if *sharded {
-                        connection.ssubscribe(channel).await?;
-                    } else {
-                        connection.subscribe(channel).await?;
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
-        match self {
-            Sink::Classic(sink) => sink.unsubscribe(channels).await,
-            Sink::Cluster {
-                connection,
-                sharded,
-            } => {
-                for channel in channels {
-                    if *sharded {
-                        connection.sunsubscribe(channel).await?;
-                    } else {
-                        connection.unsubscribe(channel).await?;
+                    match (on, *sharded) {
+                        (true, true) => connection.ssubscribe(channel).await?,
+                        (true, false) => connection.subscribe(channel).await?,
+                        (false, true) => connection.sunsubscribe(channel).await?,
+                        (false, false) => connection.unsubscribe(channel).await?,
                     }
                 }
                 Ok(())
