@@ -206,6 +206,17 @@ impl RedisCluster {
             .collect()
     }
 
+    /// `redis+cluster://127.0.0.1:{port},…` naming every node: the URL distlock (and a
+    /// service's `REDIS_URL`) takes for a cluster.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports()
+            .into_iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
     /// A cluster client seeded with every node. Creating it does not connect.
     pub fn client(&self) -> Result<redis::cluster::ClusterClient, TestkitError> {
         Ok(redis::cluster::ClusterClient::new(self.seed_urls())?)

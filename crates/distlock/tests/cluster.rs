@@ -14,18 +14,9 @@ use distlock_testkit::{ExclusionChecker, RedisCluster};
 const LIMIT: Duration = Duration::from_secs(60);
 
 async fn cluster_client(cluster: &RedisCluster, watchdog: Duration) -> Client {
-    let url = format!(
-        "redis+cluster://{}",
-        cluster
-            .seed_urls()
-            .iter()
-            .map(|url| url.trim_start_matches("redis://").trim_end_matches('/'))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
     Client::builder()
         .watchdog_timeout(watchdog)
-        .connect(&url)
+        .connect(&cluster.url())
         .await
         .expect("connect to the cluster")
 }

@@ -11,25 +11,12 @@ use distlock_testkit::{ClusterRole, RedisCluster};
 use flashsale::load::run_against;
 use flashsale::{Service, Strategy};
 
-fn cluster_url(cluster: &RedisCluster) -> String {
-    let hosts: Vec<String> = cluster
-        .seed_urls()
-        .iter()
-        .map(|url| {
-            url.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    format!("redis+cluster://{}", hosts.join(","))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_guarded_strategy_keeps_the_rules_on_a_cluster() {
     let cluster = RedisCluster::start().await.expect("start cluster");
     for strategy in [Strategy::Lua, Strategy::Lock, Strategy::Segmented] {
         let dir = tempfile::tempdir().expect("dir");
-        let service = Service::start(sqlite_config(strategy, &dir, Some(cluster_url(&cluster))))
+        let service = Service::start(sqlite_config(strategy, &dir, Some(cluster.url())))
             .await
             .expect("start service on the cluster");
         let report = bounded(
@@ -49,13 +36,9 @@ async fn every_guarded_strategy_keeps_the_rules_on_a_cluster() {
 async fn the_worker_stores_the_orders_of_coupons_on_different_nodes() {
     let cluster = RedisCluster::start().await.expect("start cluster");
     let dir = tempfile::tempdir().expect("dir");
-    let service = Service::start(sqlite_config(
-        Strategy::Lua,
-        &dir,
-        Some(cluster_url(&cluster)),
-    ))
-    .await
-    .expect("start service on the cluster");
+    let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(cluster.url())))
+        .await
+        .expect("start service on the cluster");
     let (http, base) = (reqwest::Client::new(), service.base_url());
     let mut coupons = Vec::new();
     for _ in 0..4 {
@@ -77,13 +60,9 @@ async fn the_worker_stores_the_orders_of_coupons_on_different_nodes() {
 async fn a_cluster_that_lost_its_data_is_reloaded_from_sql() {
     let cluster = RedisCluster::start().await.expect("start cluster");
     let dir = tempfile::tempdir().expect("dir");
-    let service = Service::start(sqlite_config(
-        Strategy::Lua,
-        &dir,
-        Some(cluster_url(&cluster)),
-    ))
-    .await
-    .expect("start service on the cluster");
+    let service = Service::start(sqlite_config(Strategy::Lua, &dir, Some(cluster.url())))
+        .await
+        .expect("start service on the cluster");
     let (http, base) = (reqwest::Client::new(), service.base_url());
     let coupon = open_coupon(&http, &base, 50).await;
     for user in 1..=20 {

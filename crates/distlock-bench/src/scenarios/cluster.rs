@@ -31,16 +31,7 @@ pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
         .connect(&master.url())
         .await?;
     let cluster = RedisCluster::start().await?;
-    let seeds: Vec<String> = cluster
-        .seed_urls()
-        .iter()
-        .map(|url| {
-            url.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    let clustered = Client::connect(&format!("redis+cluster://{}", seeds.join(","))).await?;
+    let clustered = Client::connect(&cluster.url()).await?;
     let one = vec!["bench:cluster:one".to_owned()];
     let many: Vec<String> = (0..TASKS).map(|n| format!("bench:cluster:{n}")).collect();
     let measured = interleaved(plan, 5, async |load, length| match load {

@@ -81,16 +81,7 @@ async fn sentinel_failover() -> BenchResult<Duration> {
 
 async fn cluster_failover() -> BenchResult<Duration> {
     let mut cluster = RedisCluster::start().await?;
-    let seeds: Vec<String> = cluster
-        .seed_urls()
-        .iter()
-        .map(|url| {
-            url.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    let client = Client::connect(&format!("redis+cluster://{}", seeds.join(","))).await?;
+    let client = Client::connect(&cluster.url()).await?;
     let name = "failover:after";
     client.lock(name)?.lock().await?.release().await?;
     let slot = cluster.key_slot(name).await?;
