@@ -107,7 +107,22 @@ async fn a_waiting_acquisition_retries_until_a_replica_acknowledges() {
         let lock = client.lock("retried").unwrap();
         tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(10)).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Waiting: its first attempt found the lock held, and it subscribed to releases.
+    let mut conn = master.connection().await.unwrap();
+    common::eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        let mut conn = conn.clone();
+        async move {
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("redisson_lock__channel:{retried}")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            counts.first().is_some_and(|(_, count)| *count >= 1)
+        }
+    })
+    .await;
+    let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
     replica.pause().unwrap();
     holder.release().await.unwrap();
     // Attempts fail NotReplicated while the replica is away, and are retried.
