@@ -187,6 +187,12 @@ impl ClusterLink {
             connecting.push(Arc::clone(&node));
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Nothing here could drive the connection: let a later call open it.
+            self.shared
+                .connecting
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .retain(|other| *other != node);
             return;
         };
         let link = self.clone();
