@@ -191,7 +191,12 @@ fn parse_sentinel(url: &str, scheme: &str, rest: &str) -> Result<Endpoint> {
             if host.is_empty() {
                 return Err(invalid("a sentinel in the list is empty"));
             }
-            Ok(format!("{node_scheme}://{sentinel_userinfo}{host}"))
+            let sentinel = format!("{node_scheme}://{sentinel_userinfo}{host}");
+            // Checked here, so a bad port is reported as a bad URL, not as a failure to
+            // connect.
+            redis::IntoConnectionInfo::into_connection_info(sentinel.as_str())
+                .map_err(|err| invalid(&format!("sentinel {host:?}: {err}")))?;
+            Ok(sentinel)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Endpoint::Sentinel(SentinelSpec {
@@ -204,18 +209,28 @@ fn parse_sentinel(url: &str, scheme: &str, rest: &str) -> Result<Endpoint> {
     }))
 }
 
-/// Hides the password of a URL that is echoed back in an error.
+/// Longest URL echoed back in an error; the rest is cut, so a huge input does not make
+/// a huge error message.
+const MAX_ECHOED_URL: usize = 200;
+
+/// Hides the password of a URL that is echoed back in an error, and shortens it.
 pub(crate) fn mask_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => format!("{scheme}://***@{host}"),
-        },
+    let masked = match url.split_once("://") {
         None => url.to_owned(),
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://***@{host}"),
+            },
+            None => url.to_owned(),
+        },
+    };
+    if masked.chars().count() <= MAX_ECHOED_URL {
+        return masked;
     }
+    let mut short: String = masked.chars().take(MAX_ECHOED_URL).collect();
+    short.push('…');
+    short
 }
 
 /// How to reach a connected client's servers again: for its pub/sub hub, for the
@@ -348,6 +363,7 @@ mod tests {
             "redis+sentinel://h1:26379/m/x",
             "redis+sentinel://h1:26379/m?foo=1",
             "redis+sentinel://,h2:1/m",
+            "redis+sentinel://h:99999/m",
         ] {
             assert!(
                 matches!(parse_endpoint(bad), Err(Error::InvalidUrl { .. })),
@@ -382,6 +398,8 @@ mod tests {
         );
         assert_eq!(mask_password("redis://secret@db"), "redis://***@db");
         assert_eq!(mask_password("redis://db:6379"), "redis://db:6379");
+        let huge = format!("redis+cluster://{}", "h:1,".repeat(10_000));
+        assert_eq!(mask_password(&huge).chars().count(), MAX_ECHOED_URL + 1);
     }
 
     #[test]
