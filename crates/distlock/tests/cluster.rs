@@ -7,7 +7,6 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::bounded;
 use distlock::Client;
 use distlock_testkit::{ExclusionChecker, RedisCluster};
 
@@ -84,12 +83,7 @@ async fn contenders_on_names_over_every_master_never_overlap() {
             }));
         }
     }
-    bounded(LIMIT, async {
-        for task in tasks {
-            task.await.unwrap();
-        }
-    })
-    .await;
+    common::join_bounded(LIMIT, tasks).await;
     for (name, checker) in &checkers {
         let report = checker.report();
         assert_eq!(report.holds, 32, "{name}");
@@ -161,12 +155,7 @@ async fn a_slot_migrating_under_held_and_awaited_locks_loses_and_doubles_nothing
     );
     first_hold.finish();
     holder.release().await.unwrap();
-    bounded(LIMIT, async {
-        for waiter in waiters {
-            waiter.await.unwrap();
-        }
-    })
-    .await;
+    common::join_bounded(LIMIT, waiters).await;
     let report = checker.report();
     assert_eq!(report.holds, 5, "a waiter never got the lock");
     assert!(report.is_clean(), "{report}");

@@ -77,12 +77,7 @@ async fn overlapping_sets_named_in_opposite_order_never_deadlock() {
             }
         }));
     }
-    bounded(LIMIT, async {
-        for task in tasks {
-            task.await.unwrap();
-        }
-    })
-    .await;
+    common::join_bounded(LIMIT, tasks).await;
     let report = checker.report();
     assert_eq!(report.holds, 120);
     // Every set shares b and c with every other, so no two holds may overlap.

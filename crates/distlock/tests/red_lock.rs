@@ -75,12 +75,7 @@ async fn a_majority_grants_it_and_contenders_never_overlap() {
             }));
         }
     }
-    bounded(LIMIT, async {
-        for task in tasks {
-            task.await.unwrap();
-        }
-    })
-    .await;
+    common::join_bounded(LIMIT, tasks).await;
     let report = checker.report();
     assert_eq!(report.holds, 80);
     assert!(report.overlaps.is_empty(), "{report}");
@@ -404,4 +399,53 @@ async fn a_blackholed_or_cut_master_is_outvoted_within_the_node_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_futures_of_one_task_never_share_a_redlock() {
+    let servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(5)).await;
+    let lock = RedLock::new(NAME, &clients).unwrap();
+    for _ in 0..5 {
+        let (first, second) = tokio::join!(
+            lock.try_lock_for(Duration::from_millis(200)),
+            lock.try_lock_for(Duration::from_millis(200))
+        );
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert!(
+            first.is_some() != second.is_some(),
+            "joined futures: {first:?} and {second:?}"
+        );
+        for guard in [first, second].into_iter().flatten() {
+            guard.release().await.unwrap();
+        }
+    }
+}
+
+/// A guard still held when the runtime that took it ends is given back on every master
+/// (by each client's own runtime), not left until its lease runs out.
+#[test]
+fn a_redlock_held_when_its_runtime_ends_is_released() {
+    let outer = tokio::runtime::Runtime::new().unwrap();
+    let servers = outer.block_on(masters(3));
+    let clients = outer.block_on(clients_for(&urls(&servers), Duration::from_secs(30)));
+    let lock = RedLock::new(NAME, &clients).unwrap();
+    let inner = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = inner.block_on(lock.lock()).unwrap();
+    assert_eq!(guard.granted_by(), 3);
+    drop(inner);
+    drop(guard);
+    outer.block_on(async {
+        for server in &servers {
+            common::eventually(
+                Duration::from_secs(5),
+                "released on every master",
+                || async { !lock_key_on(server).await },
+            )
+            .await;
+        }
+    });
 }

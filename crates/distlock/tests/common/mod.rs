@@ -15,6 +15,19 @@ pub async fn bounded<T>(limit: Duration, future: impl Future<Output = T>) -> T {
     }
 }
 
+/// Waits for every task, failing the test if one panicked or they take longer than
+/// `limit` in all.
+pub async fn join_bounded<T>(limit: Duration, tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    bounded(limit, async {
+        let mut outputs = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            outputs.push(task.await.expect("a task panicked"));
+        }
+        outputs
+    })
+    .await
+}
+
 /// A fresh redis-server on a free loopback port.
 pub async fn server() -> RedisServer {
     RedisServer::start().await.expect("start redis-server")
