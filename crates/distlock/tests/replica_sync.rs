@@ -100,9 +100,11 @@ async fn a_waiting_acquisition_retries_until_a_replica_acknowledges() {
         },
     )
     .await;
-    // Held by another owner first, so the call below is already waiting when the
-    // replica goes away.
-    let holder = client.lock("retried").unwrap().lock().await.unwrap();
+    // Held by another client first (one without sync: its own acquisition must not
+    // depend on how fast a loaded machine's replica acknowledges), so the call below is
+    // already waiting when the replica goes away.
+    let other = connect(&master.url(), ReplicaSync::Off).await;
+    let holder = other.lock("retried").unwrap().lock().await.unwrap();
     let waiter = {
         let lock = client.lock("retried").unwrap();
         tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(10)).await })
