@@ -47,6 +47,18 @@ impl RedisServer {
         Ok(RedisServer { process })
     }
 
+    /// Starts a single Sentinel (`redis-server --sentinel`) with `config` as its
+    /// configuration, e.g. `sentinel monitor mymaster 127.0.0.1 6379 1` plus any
+    /// `sentinel auth-pass` a test needs. For a whole deployment with failover helpers,
+    /// use [`SentinelGroup`](crate::SentinelGroup).
+    pub async fn start_sentinel(config: &str) -> Result<RedisServer, TestkitError> {
+        let process = PrivateRedis::ephemeral()
+            .sentinel(config.to_owned())
+            .start()
+            .await?;
+        Ok(RedisServer { process })
+    }
+
     /// The TCP port the server listens on (stable across restarts).
     pub fn port(&self) -> u16 {
         self.process.port()

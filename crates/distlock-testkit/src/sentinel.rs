@@ -255,6 +255,49 @@ impl SentinelGroup {
         Ok(())
     }
 
+    /// A graceful failover, as an operator starts one: `SENTINEL FAILOVER` (sent again
+    /// while a Sentinel answers that no replica is fit yet), then waits, for at most
+    /// `limit`, until the Sentinels name a new master and the old one has become its
+    /// replica with its link up. Returns `(old, new)` master ports.
+    pub async fn manual_failover(&self, limit: Duration) -> Result<(u16, u16), TestkitError> {
+        let old = self.master_port().await?;
+        let sentinel = self
+            .live_sentinel_ports()
+            .first()
+            .copied()
+            .ok_or_else(|| TestkitError::Topology("no Sentinel is running".to_owned()))?;
+        poll(
+            "a Sentinel to accept SENTINEL FAILOVER",
+            limit,
+            || async move {
+                query::<String>(
+                    sentinel,
+                    redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
+                )
+                .await
+                .map(drop)
+                .map_err(|err| err.to_string())
+            },
+        )
+        .await?;
+        let new = self.wait_for_new_master(old, limit).await?;
+        poll(
+            &format!("old master {old} to replicate from {new}"),
+            limit,
+            || async move {
+                let replication = info(old, "replication")
+                    .await
+                    .map_err(|err| err.to_string())?;
+                match info_field(&replication, "master_link_status") {
+                    Some("up") => Ok(()),
+                    other => Err(format!("master_link_status {other:?}")),
+                }
+            },
+        )
+        .await?;
+        Ok((old, new))
+    }
+
     /// Waits, for at most `limit`, until every running Sentinel reports a master other
     /// than `old_port` and that server answers `INFO replication` with `role:master`.
     /// Returns its port. A Sentinel frozen with [`pause`](Self::pause) counts as running

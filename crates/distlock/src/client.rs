@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
@@ -14,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster_link::ClusterLink;
 use crate::connection::{Connection, Link, RedisConnection};
 use crate::deployment::{
-    cluster_client, mask_password, parse_endpoint, Deployment, Endpoint, SentinelSpec, Servers,
+    cluster_client, mask_password, parse_endpoint, shorten_for_errors, Deployment, Endpoint,
+    SentinelSpec, Servers,
 };
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
@@ -26,7 +28,7 @@ use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::replica_sync::{self, ReplicaSync, SyncedWrites};
 use crate::runtime::Background;
 use crate::scripts;
-use crate::sentinel::FailoverLink;
+use crate::sentinel::{FailoverLink, SentinelMaster};
 
 /// Settings of a [`Client`], validated when the client is built.
 #[derive(Debug, Clone)]
@@ -76,6 +78,11 @@ fn release_window(response_timeout: Duration) -> Duration {
 /// Most batches of the watchdog's renewal script stay far below this; the cap keeps one
 /// script from blocking Redis for long when a process holds very many locks.
 const MAX_RENEW_BATCH: usize = 1000;
+
+/// How many cluster seeds are asked at the same time while connecting: enough that a few
+/// silent ones do not hold up a live one, few enough that a long seed list does not open
+/// hundreds of sockets at once.
+const SEEDS_PROBED_AT_ONCE: usize = 8;
 
 impl Default for ClientBuilder {
     fn default() -> Self {
@@ -314,31 +321,50 @@ impl ClientBuilder {
             });
         }
         // The first seed that answers is enough: the cluster client learns the rest.
-        let mut failure = None;
-        for info in &infos {
-            let probe_client =
-                redis::Client::open(info.clone()).map_err(|err| Error::InvalidUrl {
-                    url: info.addr().to_string(),
-                    reason: err.to_string(),
-                })?;
-            let target = describe_target(&probe_client);
-            match probe(&probe_client, &config, &target).await {
-                Ok(facts) => {
-                    if !facts.cluster {
-                        tracing::warn!(%target, "a seed does not report cluster mode; connecting as a cluster anyway");
+        // Seeds are asked a few at a time, and the whole search is bounded by the
+        // connection timeout: asked one by one, N silent seeds took N timeouts.
+        let probes: Vec<_> = infos
+            .iter()
+            .cloned()
+            .map(|seed| probe_seed(seed, &config))
+            .collect();
+        let mut probes = futures_util::stream::iter(probes).buffer_unordered(SEEDS_PROBED_AT_ONCE);
+        let search = async {
+            let mut failure = None;
+            while let Some(outcome) = probes.next().await {
+                match outcome {
+                    Ok(found) => return Ok(found),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cluster seed did not answer");
+                        failure = Some(err);
                     }
-                    return self.start_cluster(config, infos, target, facts).await;
-                }
-                Err(err) => {
-                    tracing::warn!(%target, error = %err, "cluster seed did not answer; trying the next");
-                    failure = Some(err);
                 }
             }
+            Err(failure)
+        };
+        let seeds_named = infos
+            .iter()
+            .map(|info| info.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        match tokio::time::timeout(config.connection_timeout, search).await {
+            Ok(Ok((target, facts))) => {
+                drop(probes);
+                if !facts.cluster {
+                    tracing::warn!(%target, "a seed does not report cluster mode; connecting as a cluster anyway");
+                }
+                self.start_cluster(config, infos, target, facts).await
+            }
+            Ok(Err(Some(failure))) => Err(failure),
+            Ok(Err(None)) => Err(Error::InvalidUrl {
+                url: String::new(),
+                reason: "a cluster needs at least one seed node".into(),
+            }),
+            Err(_) => Err(Error::ConnectTimeout {
+                target: shorten_for_errors(format!("cluster seeds {seeds_named}")),
+                after: config.connection_timeout,
+            }),
         }
-        Err(failure.unwrap_or(Error::InvalidUrl {
-            url: String::new(),
-            reason: "a cluster needs at least one seed node".into(),
-        }))
     }
 
     /// Connects to the master a set of sentinels names, and follows it through failovers:
@@ -353,17 +379,25 @@ impl ClientBuilder {
             .map(|url| mask_password(url))
             .collect::<Vec<_>>()
             .join(",");
-        let target = format!("master {:?} of sentinels {sentinels}", spec.service);
-        let master = tokio::time::timeout(config.connection_timeout, spec.current_master())
-            .await
-            .map_err(|_| Error::ConnectTimeout {
-                target: target.clone(),
-                after: config.connection_timeout,
-            })?
-            .map_err(|source| Error::Connect {
-                target: target.clone(),
-                source,
-            })?;
+        let target = shorten_for_errors(format!(
+            "master {:?} of sentinels {sentinels}",
+            spec.service
+        ));
+        let sentinel_master = SentinelMaster::new(spec, config.connection_timeout);
+        let (_, master) =
+            sentinel_master
+                .current()
+                .await
+                .map_err(|source| match source.kind() {
+                    redis::ErrorKind::Io if source.is_timeout() => Error::ConnectTimeout {
+                        target: target.clone(),
+                        after: config.connection_timeout,
+                    },
+                    _ => Error::Connect {
+                        target: target.clone(),
+                        source,
+                    },
+                })?;
         let master_target = describe_target(&master);
         probe(&master, &config, &master_target).await?;
         let connect_error = |source| Error::Connect {
@@ -373,21 +407,17 @@ impl ClientBuilder {
         let background = Background::start()?;
         let home = match home_runtime() {
             Some(_) => Some(Link::Sentinel(
-                FailoverLink::connect(
-                    spec.clone(),
-                    config.connection_timeout,
-                    config.response_timeout,
-                )
-                .await
-                .map_err(connect_error)?,
+                FailoverLink::connect(sentinel_master.clone(), config.response_timeout)
+                    .await
+                    .map_err(connect_error)?,
             )),
             None => None,
         };
         let opening = {
-            let (spec, config) = (spec.clone(), config.clone());
+            let (sentinel_master, response_timeout) =
+                (sentinel_master.clone(), config.response_timeout);
             background.handle().spawn(async move {
-                FailoverLink::connect(spec, config.connection_timeout, config.response_timeout)
-                    .await
+                FailoverLink::connect(sentinel_master, response_timeout).await
             })
         };
         let own = opening
@@ -406,7 +436,7 @@ impl ClientBuilder {
         scripts::preload(&connection).await.map_err(connect_error)?;
         self.finish(Connected {
             config,
-            servers: Servers::Sentinel(spec),
+            servers: Servers::Sentinel(sentinel_master),
             connection,
             background,
             deployment: Deployment::Standalone,
@@ -583,6 +613,18 @@ async fn check_eviction_policy(connection: &Connection, target: &str, allowed: b
     })
 }
 
+/// Asks one cluster seed what it is: the seed as a target for messages, and its facts.
+async fn probe_seed(seed: redis::ConnectionInfo, config: &Config) -> Result<(String, ServerFacts)> {
+    let url = seed.addr().to_string();
+    let probe_client = redis::Client::open(seed).map_err(|err| Error::InvalidUrl {
+        url,
+        reason: err.to_string(),
+    })?;
+    let target = describe_target(&probe_client);
+    let facts = probe(&probe_client, config, &target).await?;
+    Ok((target, facts))
+}
+
 fn manager_config(config: &Config) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connection_timeout))
@@ -602,9 +644,8 @@ impl Servers {
                 .await?;
                 Ok(RedisConnection::Manager(manager).into())
             }
-            Servers::Sentinel(spec) => Ok(Link::Sentinel(
-                FailoverLink::connect(spec.clone(), config.connection_timeout, response_timeout)
-                    .await?,
+            Servers::Sentinel(master) => Ok(Link::Sentinel(
+                FailoverLink::connect(master.clone(), response_timeout).await?,
             )),
             Servers::Cluster { seeds, .. } => {
                 let config = Config {

@@ -21,6 +21,7 @@ use redis::{ConnectionInfo, PushInfo, RedisResult};
 
 use crate::client::Config;
 use crate::error::{Error, Result};
+use crate::sentinel::SentinelMaster;
 
 /// How often one cluster command is sent again after a redirection it cannot follow at
 /// once (TRYAGAIN while a slot migrates, CLUSTERDOWN during a failover) or a lost node.
@@ -140,15 +141,21 @@ fn parse_sentinel(url: &str, scheme: &str, rest: &str) -> Result<Endpoint> {
         Some((userinfo, hosts)) => (Some(userinfo), hosts),
         None => (None, authority),
     };
+    // The data nodes' credentials are decoded by redis-rs's own URL parser, so that a
+    // percent-encoded password means here what it means in a redis:// URL.
     let (username, password) = match userinfo {
         None => (None, None),
-        Some(userinfo) => match userinfo.split_once(':') {
-            Some((user, password)) => (
-                (!user.is_empty()).then(|| user.to_owned()),
-                Some(password.to_owned()),
-            ),
-            None => (None, Some(userinfo.to_owned())),
-        },
+        Some(userinfo) => {
+            let info = redis::IntoConnectionInfo::into_connection_info(
+                format!("redis://{userinfo}@localhost").as_str(),
+            )
+            .map_err(|_| invalid("the credentials before @ do not parse"))?;
+            let settings = info.redis_settings();
+            (
+                settings.username().map(str::to_owned),
+                settings.password().map(str::to_owned),
+            )
+        }
     };
     let mut segments = path.split('/').filter(|segment| !segment.is_empty());
     let service = segments
@@ -215,7 +222,11 @@ const MAX_ECHOED_URL: usize = 200;
 
 /// Hides the password of a URL that is echoed back in an error, and shortens it.
 pub(crate) fn mask_password(url: &str) -> String {
-    let masked = match url.split_once("://") {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, Some(query)),
+        None => (url, None),
+    };
+    let mut masked = match url.split_once("://") {
         None => url.to_owned(),
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((userinfo, host)) => match userinfo.split_once(':') {
@@ -225,10 +236,31 @@ pub(crate) fn mask_password(url: &str) -> String {
             None => url.to_owned(),
         },
     };
-    if masked.chars().count() <= MAX_ECHOED_URL {
-        return masked;
+    if let Some(query) = query {
+        // Query parameters may carry passwords too (`sentinel_password=`, redis-rs's
+        // `password=`): any parameter whose name mentions one is masked.
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        masked.push('?');
+        masked.push_str(&pairs.join("&"));
     }
-    let mut short: String = masked.chars().take(MAX_ECHOED_URL).collect();
+    shorten_for_errors(masked)
+}
+
+/// Cuts text that came from the user (a URL, a master's name) to what an error message
+/// may carry, so a huge input does not make a huge error.
+pub(crate) fn shorten_for_errors(text: String) -> String {
+    if text.chars().count() <= MAX_ECHOED_URL {
+        return text;
+    }
+    let mut short: String = text.chars().take(MAX_ECHOED_URL).collect();
     short.push('…');
     short
 }
@@ -239,8 +271,8 @@ pub(crate) fn mask_password(url: &str) -> String {
 pub(crate) enum Servers {
     /// One server.
     Standalone(redis::Client),
-    /// The master a set of sentinels names, asked again at every connect.
-    Sentinel(SentinelSpec),
+    /// The master a set of sentinels names, as the client's connections last found it.
+    Sentinel(SentinelMaster),
     /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`.
     Cluster {
         seeds: Vec<ConnectionInfo>,
@@ -350,6 +382,14 @@ mod tests {
         assert_eq!(spec.username.as_deref(), Some("app"));
         assert_eq!(spec.password.as_deref(), Some("pw"));
         assert!(!spec.tls);
+        // Credentials are percent-decoded, as in a redis:// URL.
+        let Endpoint::Sentinel(spec) =
+            parse_endpoint("redis+sentinel://:p%40ss%2Fw@h1:26379/mymaster")?
+        else {
+            panic!("not a sentinel endpoint");
+        };
+        assert_eq!(spec.password.as_deref(), Some("p@ss/w"));
+        assert_eq!(spec.username, None);
         let Endpoint::Sentinel(spec) =
             parse_endpoint("rediss+sentinel://h1:26379/m?sentinel_password=s3")?
         else {
@@ -398,6 +438,14 @@ mod tests {
         );
         assert_eq!(mask_password("redis://secret@db"), "redis://***@db");
         assert_eq!(mask_password("redis://db:6379"), "redis://db:6379");
+        assert_eq!(
+            mask_password("redis+sentinel://h:1/m?sentinel_username=u&sentinel_password=pw"),
+            "redis+sentinel://h:1/m?sentinel_username=u&sentinel_password=***"
+        );
+        assert_eq!(
+            mask_password("redis+sentinel://u:pw@h:1/m?sentinel_password=x@y"),
+            "redis+sentinel://u:***@h:1/m?sentinel_password=***"
+        );
         let huge = format!("redis+cluster://{}", "h:1,".repeat(10_000));
         assert_eq!(mask_password(&huge).chars().count(), MAX_ECHOED_URL + 1);
     }

@@ -27,6 +27,7 @@ use crate::error::{is_connection_failure, Error, Result};
 use crate::keys::{release_channel, token_key, unlock_latch};
 use crate::scripts::{
     ScriptCall, FENCE_ADVANCE, LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE,
+    LOCK_RENEW,
 };
 
 /// The message Redisson publishes when a lock is freed.
@@ -229,6 +230,11 @@ impl Lock {
         &self.client
     }
 
+    /// The fixed lease this lock is taken with; `None` in watchdog mode.
+    pub(crate) fn fixed_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
     pub(crate) fn guard(&self, hold: Hold) -> LockGuard {
         LockGuard {
             hold,
@@ -330,12 +336,12 @@ impl Acquire for LockAttempt {
                         owner,
                         channel,
                         token: token.unsigned_abs(),
-                        lease,
-                        lease_ms,
                         guards: AtomicU32::new(1),
                         state: tokio::sync::Mutex::new(HoldState {
                             holds: 1,
                             ended: false,
+                            lease,
+                            lease_ms,
                         }),
                         lease_entry,
                     });
@@ -394,8 +400,6 @@ struct Holding {
     owner: Arc<str>,
     channel: Arc<str>,
     token: u64,
-    lease: Duration,
-    lease_ms: u64,
     /// Guards alive and not yet released: read synchronously when a guard is dropped, to
     /// stop renewing the moment the last one goes.
     guards: AtomicU32,
@@ -410,6 +414,10 @@ struct HoldState {
     holds: u32,
     /// The holding is over: released, or found lost by a release or re-entry.
     ended: bool,
+    /// The lease a partial release sets again: the one the holding was taken with, or
+    /// the one it was fixed to later.
+    lease: Duration,
+    lease_ms: u64,
 }
 
 impl Holding {
@@ -448,7 +456,7 @@ impl Holding {
                 ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7);
             call.arg(&*self.owner)
                 .arg(left)
-                .arg(self.lease_ms)
+                .arg(state.lease_ms)
                 .arg(RELEASE_MESSAGE)
                 .arg(if latch.is_some() {
                     self.core.config().unlock_latch_ttl_ms
@@ -503,7 +511,7 @@ impl Holding {
                 Ok(())
             }
             Ok(_) => {
-                self.lease_entry.extended(sent_at, self.lease);
+                self.lease_entry.extended(sent_at, state.lease);
                 Ok(())
             }
             Err(err) => {
@@ -561,6 +569,45 @@ impl Holding {
                 Err(self.not_held())
             }
         }
+    }
+}
+
+impl Holding {
+    /// Turns a holding the watchdog renews into one with a fixed lease of `lease`,
+    /// counted from now: the watchdog stops renewing it (and nothing it sent earlier is
+    /// still in flight), then the lease is set on the server, if this owner still holds
+    /// it. A MultiLock does this for members with a fixed lease once it holds them all,
+    /// so that no member's lease runs out while a later member is awaited.
+    async fn fix_lease(&self, lease: Duration) -> Result<()> {
+        let lease_ms = to_millis("lease", lease)?;
+        let mut state = self.state.lock().await;
+        if state.ended || !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
+        self.lease_entry.stop_renewing().await;
+        let mut connection = self.core.connection();
+        let sent_at = Instant::now();
+        let sent_on_home = connection.routes_home();
+        let renewed = self
+            .core
+            .background()
+            .reply_unless_stalled(
+                sent_on_home,
+                ScriptCall::new(&LOCK_RENEW, &[&self.name], 2)
+                    .arg(lease_ms)
+                    .arg(&*self.owner)
+                    .invoke::<Vec<i64>>(&mut connection),
+            )
+            .await?;
+        if renewed.first() != Some(&1) {
+            state.ended = true;
+            self.lease_entry.mark_lost();
+            return Err(self.not_held());
+        }
+        state.lease = lease;
+        state.lease_ms = lease_ms;
+        self.lease_entry.fixed(sent_at, lease);
+        Ok(())
     }
 }
 
@@ -663,6 +710,14 @@ impl fmt::Debug for LockGuard {
             .field("token", &holding.token)
             .field("holds", &self.hold_count())
             .finish()
+    }
+}
+
+impl LockGuard {
+    /// Fixes the lease of a holding taken in watchdog mode to `lease` from now (see
+    /// `Holding::fix_lease`). Fails with [`Error::NotHeld`] if it is no longer held.
+    pub(crate) async fn fix_lease(&self, lease: Duration) -> Result<()> {
+        self.hold.holding().fix_lease(lease).await
     }
 }
 

@@ -7,6 +7,12 @@
 //! gets the rest before the other can. If a member cannot be had in time, the members
 //! already taken are given back, and the call reports that it got nothing.
 //!
+//! While the set is being collected every member is held in watchdog mode, so no member
+//! runs out while a later one is awaited. Once all are held, members with a fixed lease
+//! have it set, counted from that moment (Redisson's MultiLock does the same). A member
+//! found lost before the set is complete makes the attempt start over: a guard is never
+//! handed out with a member it does not hold.
+//!
 //! The guard's lease is the set of the members' leases with a quorum of all of them
 //! ([`LeaseSet`]): the set is lost as soon as any member is.
 
@@ -18,6 +24,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::duration::to_millis;
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, Result};
 use crate::lock::lease_set;
@@ -26,8 +33,9 @@ use crate::lock::{Lock, LockGuard};
 /// A set of locks acquired together: all of them, or none.
 ///
 /// The members may live on one client or on several (different Redis deployments).
-/// Each is acquired in its own mode (watchdog or fixed lease, as the [`Lock`] handle
-/// says) and renewed by its own client's watchdog.
+/// Each is held in its own mode (watchdog or fixed lease, as the [`Lock`] handle says)
+/// and renewed by its own client's watchdog. A fixed lease counts from the moment the
+/// whole set is held, however long the earlier members waited for the later ones.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -53,8 +61,10 @@ use crate::lock::{Lock, LockGuard};
 /// ```
 #[derive(Clone)]
 pub struct MultiLock {
-    /// In acquisition order.
+    /// As the caller gave them, in acquisition order.
     members: Vec<Lock>,
+    /// The same locks in watchdog mode: how each is held while the set is collected.
+    collecting: Vec<Lock>,
 }
 
 impl fmt::Debug for MultiLock {
@@ -63,6 +73,16 @@ impl fmt::Debug for MultiLock {
             .field("members", &self.members)
             .finish()
     }
+}
+
+/// How one pass over the members ended.
+enum Collected {
+    /// Every member is held, each with its own lease.
+    All(MultiLockGuard),
+    /// A member could not be had (held elsewhere, or the patience ran out).
+    Busy,
+    /// A member taken earlier was found lost before the set was complete.
+    MemberLost,
 }
 
 impl MultiLock {
@@ -89,7 +109,14 @@ impl MultiLock {
                 ),
             });
         }
-        Ok(Self { members })
+        let collecting = members
+            .iter()
+            .map(|member| member.clone().with_watchdog())
+            .collect();
+        Ok(Self {
+            members,
+            collecting,
+        })
     }
 
     /// The members, in the order they are acquired.
@@ -101,16 +128,22 @@ impl MultiLock {
     ///
     /// Cancel-safe: dropping the future gives back the members taken so far.
     pub async fn lock(&self) -> Result<MultiLockGuard> {
-        let mut guards = Vec::with_capacity(self.members.len());
-        for member in &self.members {
-            guards.push(member.lock().await?);
+        loop {
+            let collected = self
+                .collect(|member| async move { member.lock().await.map(Some) })
+                .await?;
+            if let Collected::All(guard) = collected {
+                return Ok(guard);
+            }
         }
-        Ok(MultiLockGuard { guards })
     }
 
     /// Tries each member once; `Ok(None)` (having given back what it took) if any is held.
     pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
-        self.acquire_each(|member| member.try_lock()).await
+        match self.collect(|member| member.try_lock()).await? {
+            Collected::All(guard) => Ok(Some(guard)),
+            Collected::Busy | Collected::MemberLost => Ok(None),
+        }
     }
 
     /// Waits up to `timeout` in all for every member; `Ok(None)` (having given back what
@@ -123,28 +156,58 @@ impl MultiLock {
                     what: "wait timeout",
                     reason: format!("{timeout:?} overflows the clock"),
                 })?;
-        self.acquire_each(|member| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            member.try_lock_for(left)
-        })
-        .await
+        loop {
+            let collected = self
+                .collect(|member| {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    member.try_lock_for(left)
+                })
+                .await?;
+            match collected {
+                Collected::All(guard) => return Ok(Some(guard)),
+                Collected::Busy => return Ok(None),
+                Collected::MemberLost if Instant::now() >= deadline => return Ok(None),
+                Collected::MemberLost => {}
+            }
+        }
     }
 
-    /// Acquires the members in order with `acquire`; the first that is not had ends the
-    /// attempt, and the guards taken so far are dropped, which gives them back.
-    async fn acquire_each<'a, F, Fut>(&'a self, acquire: F) -> Result<Option<MultiLockGuard>>
+    /// One pass: acquires the members in order with `acquire`, each in watchdog mode, then
+    /// gives the members with a fixed lease that lease, from now. The first member that is
+    /// not had ends the pass, and the guards taken so far are dropped, which gives them
+    /// back.
+    async fn collect<'a, F, Fut>(&'a self, acquire: F) -> Result<Collected>
     where
         F: Fn(&'a Lock) -> Fut,
         Fut: Future<Output = Result<Option<LockGuard>>>,
     {
-        let mut guards = Vec::with_capacity(self.members.len());
-        for member in &self.members {
+        // Checked before anything is taken: a bad lease must not cost a whole pass.
+        for lease in self.members.iter().filter_map(Lock::fixed_lease) {
+            to_millis("lease", lease)?;
+        }
+        let mut guards = Vec::with_capacity(self.collecting.len());
+        for member in &self.collecting {
             match acquire(member).await? {
                 Some(guard) => guards.push(guard),
-                None => return Ok(None),
+                None => return Ok(Collected::Busy),
             }
         }
-        Ok(Some(MultiLockGuard { guards }))
+        for (guard, member) in guards.iter().zip(&self.members) {
+            if let Some(lease) = member.fixed_lease() {
+                match guard.fix_lease(lease).await {
+                    Ok(()) => {}
+                    Err(Error::NotHeld { .. }) => return Ok(Collected::MemberLost),
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+        let guard = MultiLockGuard { guards };
+        if guard.is_lost() {
+            // Lost while later members were awaited (deleted, evicted, or not renewed in
+            // time): never hand out a set that is not held.
+            return Ok(Collected::MemberLost);
+        }
+        Ok(Collected::All(guard))
     }
 }
 

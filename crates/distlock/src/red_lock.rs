@@ -25,7 +25,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -351,6 +350,8 @@ impl Acquire for RedLockAttempt {
                     quorum,
                     masters: masters.len(),
                     guards: granted,
+                    home: Arc::clone(&home),
+                    node_timeout,
                 }));
             }
             if granted.len() >= quorum {
@@ -409,6 +410,10 @@ pub struct RedLockGuard {
     masters: usize,
     /// One per master that granted the lock.
     guards: Vec<LockGuard>,
+    /// The first master's client, whose clock bounds a release.
+    home: Arc<Core>,
+    /// How long a release waits for the last masters once a majority has released.
+    node_timeout: Duration,
 }
 
 impl fmt::Debug for RedLockGuard {
@@ -459,20 +464,48 @@ impl RedLockGuard {
 
     /// Releases on every master that granted it, all at once. Fails with
     /// [`Error::NotHeld`] if fewer than a majority still held it.
+    ///
+    /// Once a majority has released, the rest get at most the node timeout: a master that
+    /// stalls does not hold up the caller for its whole retry window. Its release goes on
+    /// in the background, and its client's shutdown waits for it.
     pub async fn release(self) -> Result<()> {
-        let owner = self
-            .guards
+        let RedLockGuard {
+            name,
+            quorum,
+            guards,
+            home,
+            node_timeout,
+            ..
+        } = self;
+        let owner = guards
             .first()
             .map(|guard| guard.owner().to_owned())
             .unwrap_or_default();
-        let outcomes = join_all(self.guards.into_iter().map(LockGuard::release)).await;
-        let released = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
-        if released >= self.quorum {
+        let started = Instant::now();
+        // Each release runs to completion even when this future stops polling it.
+        let mut releases: FuturesUnordered<_> =
+            guards.into_iter().map(LockGuard::release).collect();
+        let stragglers_deadline = home.background().sleep_until(started + node_timeout);
+        tokio::pin!(stragglers_deadline);
+        let (mut released, mut failure) = (0, None);
+        loop {
+            tokio::select! {
+                outcome = releases.next() => match outcome {
+                    Some(Ok(())) => released += 1,
+                    Some(Err(err)) => {
+                        failure.get_or_insert(err);
+                    }
+                    None => break,
+                },
+                _ = &mut stragglers_deadline, if released >= quorum => break,
+            }
+        }
+        if released >= quorum {
             return Ok(());
         }
-        match outcomes.into_iter().find_map(Result::err) {
+        match failure {
             Some(Error::NotHeld { .. }) | None => Err(Error::NotHeld {
-                name: self.name.to_string(),
+                name: name.to_string(),
                 owner,
             }),
             Some(other) => Err(other),

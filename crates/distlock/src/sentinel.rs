@@ -9,6 +9,7 @@
 //! sent again is the caller's decision (the engine retries acquisitions while waiting,
 //! releases retry with their latch).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -61,29 +62,32 @@ impl SentinelSpec {
     }
 }
 
-/// A command connection to the current master. Cheap to clone; clones share the
-/// connection and its rediscovery.
+/// The master the sentinels name, as this client last found it. One is shared by all of a
+/// client's connections to the master (its command connections, the connections synced
+/// writes use, dedicated ones), so that when one of them finds the master gone, the
+/// sentinels are asked once and every other connection moves with it on its next
+/// command, instead of each finding out by failing a command of its own.
 #[derive(Clone)]
-pub(crate) struct FailoverLink {
-    shared: Arc<Shared>,
+pub(crate) struct SentinelMaster {
+    shared: Arc<MasterShared>,
 }
 
-struct Shared {
+struct MasterShared {
     spec: SentinelSpec,
-    config: AsyncConnectionConfig,
     connection_timeout: Duration,
-    /// The connection to the master as last discovered, with a number that says which
-    /// discovery made it; `None` once it failed, until the next command discovers again.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// The generation of the master as last found, or 0 while it must be asked for
+    /// again. Read on every command, so it is an atomic rather than behind the lock.
+    known: AtomicU64,
     /// Serializes discoveries: many commands failing at once ask the sentinels once.
-    discovering: tokio::sync::Mutex<Discovery>,
+    discovery: tokio::sync::Mutex<Discovery>,
 }
 
-/// The discoveries so far: how many succeeded (numbering the connections), and when the
-/// sentinels may be asked again after one failed.
+/// The discoveries so far: the master last found, numbered by how often it changed, and
+/// when the sentinels may be asked again after a discovery failed.
 #[derive(Default)]
 struct Discovery {
     generation: u64,
+    master: Option<(String, redis::Client)>,
     retry: Option<Retry>,
 }
 
@@ -99,45 +103,45 @@ struct Retry {
 const MIN_DISCOVERY_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_DISCOVERY_BACKOFF: Duration = Duration::from_millis(250);
 
-impl FailoverLink {
-    /// Finds the master and connects to it.
-    pub(crate) async fn connect(
-        spec: SentinelSpec,
-        connection_timeout: Duration,
-        response_timeout: Duration,
-    ) -> RedisResult<Self> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connection_timeout))
-            .set_response_timeout(Some(response_timeout));
-        let link = Self {
-            shared: Arc::new(Shared {
+impl SentinelMaster {
+    pub(crate) fn new(spec: SentinelSpec, connection_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(MasterShared {
                 spec,
-                config,
                 connection_timeout,
-                current: Mutex::new(None),
-                discovering: tokio::sync::Mutex::new(Discovery::default()),
+                known: AtomicU64::new(0),
+                discovery: tokio::sync::Mutex::new(Discovery::default()),
             }),
-        };
-        link.connection().await?;
-        Ok(link)
-    }
-
-    fn current(&self) -> MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
-        // Only whole values are stored, so a poisoned lock still holds a consistent one.
-        self.shared
-            .current
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The current connection, discovering the master first if there is none.
-    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(current) = self.current().clone() {
-            return Ok(current);
         }
-        let mut discovery = self.shared.discovering.lock().await;
-        if let Some(current) = self.current().clone() {
-            return Ok(current);
+    }
+
+    pub(crate) fn spec(&self) -> &SentinelSpec {
+        &self.shared.spec
+    }
+
+    /// True while `generation` is the master as last found.
+    fn is_current(&self, generation: u64) -> bool {
+        self.shared.known.load(Ordering::Acquire) == generation
+    }
+
+    /// A command on a connection to master `generation` failed in a way that says the
+    /// master may have moved: the next command of any connection asks the sentinels.
+    fn suspect(&self, generation: u64) {
+        let _ =
+            self.shared
+                .known
+                .compare_exchange(generation, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The master as last found, with its generation; asks the sentinels first if it is
+    /// in doubt. The generation changes only when the sentinels name another server, so
+    /// connections to the same master survive a discovery that found it again.
+    pub(crate) async fn current(&self) -> RedisResult<(u64, redis::Client)> {
+        let mut discovery = self.shared.discovery.lock().await;
+        if let Some((_, client)) = &discovery.master {
+            if self.is_current(discovery.generation) {
+                return Ok((discovery.generation, client.clone()));
+            }
         }
         if let Some(retry) = &discovery.retry {
             if tokio::time::Instant::now() < retry.not_before {
@@ -150,30 +154,29 @@ impl FailoverLink {
                 )));
             }
         }
-        let discover = async {
-            // During a failover the sentinels may name no reachable master for a while:
-            // that is an outage of the connection, to be retried like a refused one.
-            let master = self.shared.spec.current_master().await.map_err(|err| {
+        // During a failover the sentinels may name no reachable master for a while: that
+        // is an outage of the connection, to be retried like a refused one.
+        let outcome = tokio::time::timeout(
+            self.shared.connection_timeout,
+            self.shared.spec.current_master(),
+        )
+        .await
+        .map_err(|_| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the sentinels did not name a master in time",
+            ))
+        })
+        .and_then(|found| {
+            found.map_err(|err| {
                 RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     format!("the sentinels name no reachable master: {err}"),
                 ))
-            })?;
-            master
-                .get_multiplexed_async_connection_with_config(&self.shared.config)
-                .await
-        };
-        let outcome = tokio::time::timeout(self.shared.connection_timeout, discover)
-            .await
-            .map_err(|_| {
-                RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the sentinels did not lead to a master in time",
-                ))
             })
-            .and_then(|connected| connected);
-        let connection = match outcome {
-            Ok(connection) => connection,
+        });
+        let master = match outcome {
+            Ok(master) => master,
             Err(err) => {
                 let backoff = discovery
                     .retry
@@ -190,26 +193,113 @@ impl FailoverLink {
             }
         };
         discovery.retry = None;
-        discovery.generation += 1;
-        let current = (discovery.generation, connection);
+        let address = master.get_connection_info().addr().to_string();
+        let moved = discovery
+            .master
+            .as_ref()
+            .is_none_or(|(known, _)| *known != address);
+        if moved {
+            discovery.generation += 1;
+            tracing::info!(master = %address, generation = discovery.generation, "the sentinels name a new master");
+        }
+        discovery.master = Some((address, master.clone()));
+        self.shared
+            .known
+            .store(discovery.generation, Ordering::Release);
+        Ok((discovery.generation, master))
+    }
+}
+
+/// A command connection to the current master. Cheap to clone; clones share the
+/// connection. Links of one client share their [`SentinelMaster`].
+#[derive(Clone)]
+pub(crate) struct FailoverLink {
+    shared: Arc<LinkShared>,
+}
+
+struct LinkShared {
+    master: SentinelMaster,
+    config: AsyncConnectionConfig,
+    /// This link's connection, with the generation of the master it goes to; `None` once
+    /// it failed, until the next command connects again.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Serializes reconnects of this link.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl FailoverLink {
+    /// A link to `master`, connected now.
+    pub(crate) async fn connect(
+        master: SentinelMaster,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(master.shared.connection_timeout))
+            .set_response_timeout(Some(response_timeout));
+        let link = Self {
+            shared: Arc::new(LinkShared {
+                master,
+                config,
+                current: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+            }),
+        };
+        link.connection().await?;
+        Ok(link)
+    }
+
+    fn current(&self) -> MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        // Only whole values are stored, so a poisoned lock still holds a consistent one.
+        self.shared
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// This link's connection if it still goes to the master as last found.
+    fn fresh(&self) -> Option<(u64, MultiplexedConnection)> {
+        self.current()
+            .clone()
+            .filter(|(generation, _)| self.shared.master.is_current(*generation))
+    }
+
+    /// The connection to the current master, connecting (and asking the sentinels) first
+    /// if this link has none, or one to a master that is no longer current.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(fresh) = self.fresh() {
+            return Ok(fresh);
+        }
+        let _connecting = self.shared.connecting.lock().await;
+        let (generation, master) = self.shared.master.current().await?;
+        if let Some(current) = self.current().clone() {
+            if current.0 == generation {
+                return Ok(current);
+            }
+        }
+        let connection = master
+            .get_multiplexed_async_connection_with_config(&self.shared.config)
+            .await
+            .inspect_err(|_| self.shared.master.suspect(generation))?;
+        let current = (generation, connection);
         *self.current() = Some(current.clone());
-        tracing::debug!(
-            generation = discovery.generation,
-            "connected to the master the sentinels name"
-        );
         Ok(current)
     }
 
-    /// Drops the connection a failed command used, unless a newer one replaced it.
+    /// A command on this link's connection to master `generation` failed in a way that
+    /// says the master may have moved: the link drops that connection (unless a newer one
+    /// replaced it) and every link of the client asks again.
     fn forget(&self, generation: u64, err: &RedisError) {
-        let mut current = self.current();
-        if current
-            .as_ref()
-            .is_some_and(|(made_by, _)| *made_by == generation)
         {
-            tracing::warn!(error = %err, "the master's connection failed; asking the sentinels again");
-            *current = None;
+            let mut current = self.current();
+            if current
+                .as_ref()
+                .is_some_and(|(made_for, _)| *made_for == generation)
+            {
+                tracing::warn!(error = %err, "the master's connection failed; asking the sentinels again");
+                *current = None;
+            }
         }
+        self.shared.master.suspect(generation);
     }
 }
 
@@ -277,6 +367,6 @@ impl ConnectionLike for FailoverLink {
     }
 
     fn get_db(&self) -> i64 {
-        self.shared.spec.db
+        self.shared.master.spec().db
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bounded, client, client_with_watchdog, server};
+use common::{bounded, client, client_with_watchdog, raw, server};
 use distlock::{Error, MultiLock};
 use distlock_testkit::ExclusionChecker;
 
@@ -154,4 +154,84 @@ async fn refuses_empty_and_duplicate_sets() {
         MultiLock::new([client.lock("d").unwrap(), client.lock("d").unwrap()]),
         Err(Error::InvalidConfig { .. })
     ));
+}
+
+/// A member with a fixed lease does not run out while later members are awaited: its lease
+/// counts from the moment the whole set is held. (Review 9: the guard came back with that
+/// member already expired and another client holding it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_member_does_not_expire_while_later_members_are_awaited() {
+    let server = server().await;
+    let ours = client(&server).await;
+    let theirs = client(&server).await;
+    // "b" is busy for 800 ms.
+    let blocker = theirs
+        .lock("b")
+        .expect("lock")
+        .with_lease(Duration::from_millis(800))
+        .try_lock()
+        .await
+        .expect("try_lock")
+        .expect("free");
+    let multi = MultiLock::new([
+        ours.lock("a")
+            .expect("lock")
+            .with_lease(Duration::from_millis(300)),
+        ours.lock("b").expect("lock"),
+    ])
+    .expect("multi");
+    let guard = bounded(LIMIT, multi.try_lock_for(Duration::from_secs(5)))
+        .await
+        .expect("try_lock_for")
+        .expect("both can be had within 5 s");
+    // Someone else takes "a" while our guard says all members are held.
+    let stolen = theirs
+        .lock("a")
+        .expect("lock")
+        .try_lock()
+        .await
+        .expect("try_lock");
+    let lost = guard.is_lost();
+    drop(blocker);
+    assert!(
+        !lost && stolen.is_none(),
+        "MultiLock returned a guard with is_lost()={lost}, and another client took member \
+         \"a\": {}",
+        stolen.is_some()
+    );
+    // Member "a" keeps its own 300 ms lease, set when the set was complete, and nothing
+    // renews it past that: the watchdog that held it while "b" was awaited let go.
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("a")
+        .query_async(&mut raw(&server).await)
+        .await
+        .expect("PTTL");
+    assert!(
+        (1..=300).contains(&pttl),
+        "member a's lease on the server: {pttl} ms"
+    );
+    bounded(Duration::from_secs(2), guard.lost()).await;
+    common::eventually(Duration::from_secs(1), "member a to expire", || async {
+        !common::key_exists(&server, "a").await
+    })
+    .await;
+}
+
+/// One member's server dies: the set's lost signal and token fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_is_lost_when_one_members_server_dies() {
+    let one = server().await;
+    let mut two = server().await;
+    let c1 = client_with_watchdog(&one, Duration::from_millis(600)).await;
+    let c2 = client_with_watchdog(&two, Duration::from_millis(600)).await;
+    let multi =
+        MultiLock::new([c1.lock("x").expect("lock"), c2.lock("x").expect("lock")]).expect("multi");
+    let guard = bounded(LIMIT, multi.lock()).await.expect("lock");
+    let token = guard.lost_token();
+    two.kill().await.expect("kill");
+    bounded(Duration::from_secs(3), guard.lost()).await;
+    bounded(Duration::from_secs(1), token.cancelled()).await;
+    assert!(guard.is_lost());
+    assert_eq!(guard.lease_remaining(), Duration::ZERO);
+    drop(guard);
 }

@@ -43,13 +43,7 @@ fn urls(servers: &[RedisServer]) -> Vec<String> {
 }
 
 async fn lock_key_on(server: &RedisServer) -> bool {
-    let mut conn = server.connection().await.expect("raw connection");
-    redis::cmd("EXISTS")
-        .arg(NAME)
-        .query_async::<i64>(&mut conn)
-        .await
-        .expect("EXISTS")
-        == 1
+    common::key_exists(server, NAME).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,4 +442,78 @@ fn a_redlock_held_when_its_runtime_ends_is_released() {
             .await;
         }
     });
+}
+
+/// Once a majority has released, a release waits for the other masters at most the node
+/// timeout. (Review 9: one paused master held release() up for its whole retry window.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_not_held_up_by_one_paused_master() {
+    let servers = [
+        RedisServer::start().await.expect("start"),
+        RedisServer::start().await.expect("start"),
+        RedisServer::start().await.expect("start"),
+    ];
+    let mut clients = Vec::new();
+    for server in &servers {
+        clients.push(Client::connect(&server.url()).await.expect("connect"));
+    }
+    let lock = RedLock::new("slow-release", &clients)
+        .expect("redlock")
+        .with_lease(Duration::from_secs(10));
+    let guard = bounded(LIMIT, lock.try_lock())
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert_eq!(guard.granted_by(), 3);
+    servers[2].pause().expect("pause");
+    let started = Instant::now();
+    let released = bounded(LIMIT, guard.release()).await;
+    let elapsed = started.elapsed();
+    servers[2].resume().expect("resume");
+    eprintln!("release: {released:?} after {elapsed:?}");
+    assert!(released.is_ok(), "{released:?}");
+    assert!(
+        elapsed < Duration::from_millis(500),
+        "two of three masters released at once, but release() returned after {elapsed:?}"
+    );
+}
+
+/// A RedLock acquisition cut off at any point (a timeout around lock()) leaves no key on
+/// any master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_cancelled_mid_attempt_leaves_no_key() {
+    let servers = [
+        RedisServer::start().await.expect("start"),
+        RedisServer::start().await.expect("start"),
+        RedisServer::start().await.expect("start"),
+    ];
+    let proxies = [
+        distlock_testkit::FaultProxy::in_front_of(&servers[0])
+            .await
+            .expect("proxy"),
+        distlock_testkit::FaultProxy::in_front_of(&servers[1])
+            .await
+            .expect("proxy"),
+        distlock_testkit::FaultProxy::in_front_of(&servers[2])
+            .await
+            .expect("proxy"),
+    ];
+    let mut clients = Vec::new();
+    for proxy in &proxies {
+        clients.push(Client::connect(&proxy.url()).await.expect("connect"));
+    }
+    for proxy in &proxies {
+        proxy.set_delay(Duration::from_millis(40));
+    }
+    let lock = RedLock::new("cancelled", &clients).expect("redlock");
+    for cut in [5u64, 20, 39, 41, 60, 90] {
+        let _ = tokio::time::timeout(Duration::from_millis(cut), lock.lock()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for server in &servers {
+        assert!(
+            !common::key_exists(server, "cancelled").await,
+            "a key was left behind"
+        );
+    }
 }

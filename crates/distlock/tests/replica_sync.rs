@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::bounded;
 use distlock::{Client, Error, ReplicaSync};
@@ -182,4 +182,98 @@ async fn replica_sync_is_refused_when_it_cannot_be_met_or_is_nonsense() {
         .connect(&master.url())
         .await;
     assert!(matches!(zero, Err(Error::InvalidConfig { .. })), "{zero:?}");
+}
+
+/// A paused replica: an acquisition fails with NotReplicated and leaves no key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_fails_the_acquisition_and_leaves_no_key() {
+    let (master, replica) = replicated().await;
+    let client = Client::builder()
+        .replica_sync(ReplicaSync::Replicas {
+            count: 1,
+            timeout: Duration::from_millis(200),
+        })
+        .connect(&master.url())
+        .await
+        .expect("connect");
+    replica.pause().expect("pause");
+    let outcome = bounded(LIMIT, client.lock("synced").expect("lock").try_lock()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = common::key_exists(&master, "synced").await;
+    replica.resume().expect("resume");
+    assert!(
+        matches!(outcome, Err(Error::NotReplicated { .. })),
+        "{outcome:?}"
+    );
+    assert!(!left, "the unreplicated lock key was left on the master");
+}
+
+/// A lost signal is final: once a renewal no replica acknowledged let the lease run out,
+/// the guard is never trusted again, even when the replica comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_signal_is_final_when_the_replica_comes_back() {
+    let (master, replica) = replicated().await;
+    let client = Client::builder()
+        .watchdog_timeout(Duration::from_millis(600))
+        .response_timeout(Duration::from_millis(300))
+        .replica_sync(ReplicaSync::Replicas {
+            count: 1,
+            timeout: Duration::from_millis(100),
+        })
+        .connect(&master.url())
+        .await
+        .expect("connect");
+    let guard = bounded(LIMIT, client.lock("renewed").expect("lock").lock())
+        .await
+        .expect("lock");
+    let lost = guard.lost();
+    replica.pause().expect("pause");
+    bounded(Duration::from_secs(3), lost).await;
+    assert!(guard.is_lost());
+    replica.resume().expect("resume");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (is_lost, remaining) = (guard.is_lost(), guard.lease_remaining());
+    let key_still_there = common::key_exists(&master, "renewed").await;
+    drop(guard);
+    assert!(
+        is_lost,
+        "lost() completed, then the guard was trusted again: is_lost()=false, \
+         lease_remaining()={remaining:?}, key on master={key_still_there}"
+    );
+}
+
+/// Asking for more replicas than there are: every acquisition fails with NotReplicated
+/// and leaves no key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_replicas_than_there_are_fails_every_acquisition() {
+    let (master, _replica) = replicated().await;
+    let connected = bounded(
+        LIMIT,
+        Client::builder()
+            .replica_sync(ReplicaSync::Replicas {
+                count: 5,
+                timeout: Duration::from_millis(200),
+            })
+            .connect(&master.url()),
+    )
+    .await;
+    let client = match connected {
+        Err(err) => {
+            eprintln!("refused at connect: {err}");
+            return;
+        }
+        Ok(client) => client,
+    };
+    let started = Instant::now();
+    let outcome = bounded(LIMIT, client.lock("five").expect("lock").try_lock()).await;
+    eprintln!("try_lock: {outcome:?} after {:?}", started.elapsed());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !common::key_exists(&master, "five").await,
+        "key left behind"
+    );
+    assert!(
+        matches!(outcome, Err(Error::NotReplicated { .. })),
+        "{outcome:?}"
+    );
 }

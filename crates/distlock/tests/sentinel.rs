@@ -191,3 +191,86 @@ async fn an_unacknowledged_acquisition_leaves_no_lock_behind() {
         .expect("acquired once replicas acknowledge");
     guard.release().await.unwrap();
 }
+
+/// After a graceful failover (`SENTINEL FAILOVER`: the old master comes back as a
+/// replica), the first lock call of a client that was idle through it succeeds: when one
+/// of the client's connections finds the master moved, all of them follow. A waiter on
+/// the new master is then woken by the release. Review 9 found that with replica sync on,
+/// each of the four synced connections failed once with "broken pipe", so even
+/// `try_lock_for(20 s)` returned that error.
+async fn first_call_after_a_graceful_failover(sync: ReplicaSync) {
+    let group = SentinelGroup::start().await.expect("sentinel group");
+    let a = sentinel_client(&group, sync).await;
+    let b = sentinel_client(&group, sync).await;
+    // Both clients have used their connections (and b its pub/sub) on the old master.
+    drop(
+        bounded(LIMIT, a.lock("warm").unwrap().lock())
+            .await
+            .unwrap(),
+    );
+    drop(
+        bounded(LIMIT, b.lock("warm").unwrap().lock())
+            .await
+            .unwrap(),
+    );
+    let (_, new_master) = group
+        .manual_failover(LIMIT)
+        .await
+        .expect("graceful failover");
+
+    // The sentinels name the new master and it has its replicas back: a call with 20 s of
+    // patience simply gets the free lock, at the first call.
+    let first = bounded(
+        LIMIT,
+        a.lock("after-failover")
+            .unwrap()
+            .try_lock_for(Duration::from_secs(20)),
+    )
+    .await;
+    let held = match first {
+        Ok(Some(guard)) => guard,
+        other => panic!("the first call after a completed failover: {other:?}"),
+    };
+    let mut new_master = redis::Client::open(format!("redis://127.0.0.1:{new_master}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let on_new_master: i64 = redis::cmd("EXISTS")
+        .arg("after-failover")
+        .query_async(&mut new_master)
+        .await
+        .unwrap();
+    assert_eq!(on_new_master, 1, "the lock is not on the new master");
+
+    // b's first call goes through too, and its waiter hears the release there.
+    assert!(bounded(LIMIT, b.lock("probe").unwrap().try_lock())
+        .await
+        .expect("b's first call after the failover")
+        .is_some());
+    let lock_b = b.lock("after-failover").unwrap();
+    let waiter = tokio::spawn(async move {
+        let outcome = lock_b.try_lock_for(Duration::from_secs(20)).await;
+        (outcome.map(|guard| guard.is_some()), Instant::now())
+    });
+    common::until_subscribers(&new_master, "redisson_lock__channel:{after-failover}", 1).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (got, woke) = bounded(LIMIT, waiter).await.unwrap();
+    let woke_after = woke.saturating_duration_since(released_at);
+    assert!(matches!(got, Ok(true)), "{got:?}");
+    assert!(
+        woke_after < Duration::from_millis(200),
+        "the waiter did not hear the release on the new master ({woke_after:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_graceful_failover_succeeds() {
+    first_call_after_a_graceful_failover(ReplicaSync::Off).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_graceful_failover_succeeds_with_replica_sync() {
+    first_call_after_a_graceful_failover(ReplicaSync::Auto).await;
+}

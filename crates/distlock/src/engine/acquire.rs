@@ -251,13 +251,14 @@ async fn wait(core: &Core, released: impl Future<Output = ()>, wake_at: Instant)
 
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.
 ///
-/// A connection found dropped (a server restarted since this connection's last use) is
-/// reopened by that failure; one more attempt, as a new owner, then tells whether the
-/// server is really gone. The first attempt's owner gives itself up.
+/// A connection found dropped (a server restarted since this connection's last use), or
+/// a server found to be a replica now (a failover since), is replaced because of that
+/// failure; one more attempt, as a new owner, then tells whether the server is really
+/// gone. The first attempt's owner gives itself up.
 async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A::Guard>> {
     let outcome = match attempt(core, primitive).await {
-        Err(Error::Redis(err)) if err.is_connection_dropped() => {
-            tracing::debug!(error = %err, "connection was dropped; trying once more");
+        Err(Error::Redis(err)) if went_stale(&err) => {
+            tracing::debug!(error = %err, "connection went stale; trying once more");
             attempt(core, primitive).await
         }
         other => other,
@@ -284,4 +285,14 @@ async fn attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Gu
         return Err(Error::Shutdown);
     }
     Ok(outcome)
+}
+
+/// A failure that says the connection used was stale, not that the server is down: it
+/// was dropped since its last use, or its server has become a replica (READONLY).
+fn went_stale(err: &redis::RedisError) -> bool {
+    err.is_connection_dropped()
+        || matches!(
+            err.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        )
 }

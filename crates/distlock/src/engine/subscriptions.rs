@@ -357,8 +357,9 @@ async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
             let (sink, stream) = redis.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
-        Servers::Sentinel(spec) => {
-            let master = spec.current_master().await?;
+        Servers::Sentinel(master) => {
+            // Asked afresh at every reconnect: the hub may be the first to see a failover.
+            let master = master.spec().current_master().await?;
             let (sink, stream) = master.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }

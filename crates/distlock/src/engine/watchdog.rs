@@ -73,6 +73,23 @@ impl Entry {
         !self.lost && self.fire_at() > now
     }
 
+    /// A command sent at `sent_at` set the lease to `lease` on the server. Ignored for an
+    /// older command than the last one applied (the server applied the newer one last).
+    /// A lease that stopped being trusted stays lost even if the reply is good news: its
+    /// holder may already have acted on the loss, and a lost signal is final.
+    fn apply(&mut self, sent_at: Instant, lease: Duration, now: Instant) {
+        if self.lost || sent_at <= self.set_at {
+            return;
+        }
+        if self.fire_at() <= now {
+            self.mark_lost();
+            return;
+        }
+        self.lease = lease;
+        self.deadline = sent_at + lease;
+        self.set_at = sent_at;
+    }
+
     fn mark_lost(&mut self) {
         self.lost = true;
         self.renew = false;
@@ -110,6 +127,8 @@ struct Shared {
     /// A refused renewal (ACL) is logged as an error once per client, not every round.
     warned_refused: AtomicBool,
     changed: Notify,
+    /// Notified whenever a renewal round ends (`renewing_now` goes false).
+    round_ended: Notify,
     connection: Connection,
     lease: Duration,
     lease_ms: u64,
@@ -232,13 +251,31 @@ impl Lease {
 
     /// A command sent at `sent_at` set the lease to `lease` again (a partial release).
     pub(crate) fn extended(&self, sent_at: Instant, lease: Duration) {
-        self.with_entry(|entry| {
-            if sent_at > entry.set_at && !entry.lost {
-                entry.lease = lease;
-                entry.deadline = sent_at + lease;
-                entry.set_at = sent_at;
+        let now = Instant::now();
+        self.with_entry(|entry| entry.apply(sent_at, lease, now));
+    }
+
+    /// Stops the watchdog renewing this lease, and waits until no renewal sent before is
+    /// still in flight: after this, nothing of the watchdog's can reach the server and
+    /// set the lease again. Used before a holding's lease is fixed to a length of its own.
+    pub(crate) async fn stop_renewing(&self) {
+        self.with_entry(|entry| entry.renew = false);
+        loop {
+            let round_ended = self.shared.round_ended.notified();
+            tokio::pin!(round_ended);
+            round_ended.as_mut().enable();
+            if !self.shared.renewing_now.load(Ordering::Acquire) {
+                return;
             }
-        });
+            round_ended.await;
+        }
+    }
+
+    /// A command sent at `sent_at` fixed the lease to `lease`, which may be shorter than
+    /// the deadline before: the scheduler is told, so the lost signal comes on time.
+    pub(crate) fn fixed(&self, sent_at: Instant, lease: Duration) {
+        self.extended(sent_at, lease);
+        self.shared.changed.notify_one();
     }
 
     /// The server said the owner no longer holds the lock.
@@ -290,6 +327,7 @@ impl Watchdog {
             closed: AtomicBool::new(false),
             warned_refused: AtomicBool::new(false),
             changed: Notify::new(),
+            round_ended: Notify::new(),
             connection,
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
@@ -494,6 +532,7 @@ async fn renew_all(shared: Arc<Shared>) {
     };
     join_all(batches.into_iter().map(|batch| renew_batch(&shared, batch))).await;
     shared.renewing_now.store(false, Ordering::Release);
+    shared.round_ended.notify_waiters();
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
@@ -535,7 +574,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             return;
         }
     };
-    let deadline = sent_at + shared.lease;
+    let now = Instant::now();
     let mut registry = shared.registry();
     for ((id, key, owner), still_held) in batch.into_iter().zip(renewed) {
         let Some(entry) = registry.entries.get_mut(&id) else {
@@ -547,11 +586,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             continue;
         }
         if still_held == 1 {
-            if sent_at > entry.set_at {
-                entry.lease = shared.lease;
-                entry.deadline = deadline;
-                entry.set_at = sent_at;
-            }
+            entry.apply(sent_at, shared.lease, now);
         } else {
             tracing::warn!(
                 lock = %key,

@@ -210,3 +210,14 @@ pub fn block_every_worker(runtime: &tokio::runtime::Runtime, workers: usize, bus
             .expect("a worker started its synchronous work");
     }
 }
+
+/// Whether `key` exists on `server`, asked on a raw connection.
+pub async fn key_exists(server: &RedisServer, key: &str) -> bool {
+    let mut conn = server.connection().await.expect("raw connection");
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(&mut conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
