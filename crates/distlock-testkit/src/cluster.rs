@@ -125,40 +125,87 @@ impl RedisCluster {
     ///
     /// `redis-cli` is taken from `DISTLOCK_REDIS_CLI` if set, otherwise from `PATH`.
     pub async fn start() -> Result<RedisCluster, TestkitError> {
-        let mut nodes = Vec::with_capacity(NODES);
-        for _ in 0..NODES {
-            let (process, bus_port) = start_node().await?;
-            let id: String = query(process.port(), redis::cmd("CLUSTER").arg("MYID")).await?;
-            nodes.push(Node {
-                process,
-                bus_port,
-                id,
-                paused: AtomicBool::new(false),
-            });
-        }
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes: start_nodes(NODES).await?,
+        };
         cluster.create().await?;
-        cluster
-            .wait_until(
-                "a new cluster: all nodes joined, all slots covered",
-                SETTLE_TIMEOUT,
-                |views| {
-                    let (_, view) = views.first().ok_or("no node answered")?;
-                    if view.len() != NODES {
-                        return Err(format!("{} of {NODES} nodes known", view.len()));
-                    }
-                    let masters = view
-                        .iter()
-                        .filter(|node| node.role == ClusterRole::Master)
-                        .count();
-                    if masters != MASTERS {
-                        return Err(format!("{masters} masters, want {MASTERS}"));
-                    }
-                    Ok(())
-                },
-            )
-            .await?;
+        cluster.wait_for_topology(NODES, MASTERS).await?;
         Ok(cluster)
+    }
+
+    /// One master serving all 16384 slots, with one replica: a cluster with the same
+    /// processes as a standalone master and its replica, so that comparing the two shows
+    /// what cluster mode and routing by slot cost, apart from the cost of more processes.
+    /// Failover helpers work on it as on [`start`](Self::start)'s cluster.
+    pub async fn start_single_shard() -> Result<RedisCluster, TestkitError> {
+        let cluster = RedisCluster {
+            nodes: start_nodes(2).await?,
+        };
+        let (master, replica) = (cluster.port(0)?, cluster.port(1)?);
+        let () = query(
+            master,
+            redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(0)
+                .arg(CLUSTER_SLOTS - 1),
+        )
+        .await?;
+        let () = query(
+            replica,
+            redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(master)
+                .arg(cluster.bus_port(0)?),
+        )
+        .await?;
+        // A node can follow only a master it has met.
+        let master_id = cluster.node_id(0)?.to_owned();
+        poll("the replica to learn the master", SETTLE_TIMEOUT, || {
+            let master_id = &master_id;
+            async move {
+                let nodes: String = query(replica, redis::cmd("CLUSTER").arg("NODES"))
+                    .await
+                    .map_err(|err| err.to_string())?;
+                if nodes.contains(master_id.as_str()) {
+                    Ok(())
+                } else {
+                    Err("master not known yet".to_owned())
+                }
+            }
+        })
+        .await?;
+        let () = query(
+            replica,
+            redis::cmd("CLUSTER").arg("REPLICATE").arg(&master_id),
+        )
+        .await?;
+        cluster.wait_for_topology(2, 1).await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every node reports a healthy cluster of `nodes` nodes, `masters` of
+    /// them masters.
+    async fn wait_for_topology(&self, nodes: usize, masters: usize) -> Result<(), TestkitError> {
+        self.wait_until(
+            "a new cluster: all nodes joined, all slots covered",
+            SETTLE_TIMEOUT,
+            |views| {
+                let (_, view) = views.first().ok_or("no node answered")?;
+                if view.len() != nodes {
+                    return Err(format!("{} of {nodes} nodes known", view.len()));
+                }
+                let found = view
+                    .iter()
+                    .filter(|node| node.role == ClusterRole::Master)
+                    .count();
+                if found != masters {
+                    return Err(format!("{found} masters, want {masters}"));
+                }
+                Ok(())
+            },
+        )
+        .await
     }
 
     /// `redis-cli --cluster create`: assigns slots to the first three nodes and makes the
@@ -704,6 +751,22 @@ impl SlotMigration {
 
 /// Starts one cluster-mode server, retrying with a new bus port if its bus port was taken
 /// between probing and binding.
+/// Starts `count` cluster-mode servers, not yet joined into a cluster.
+async fn start_nodes(count: usize) -> Result<Vec<Node>, TestkitError> {
+    let mut nodes = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (process, bus_port) = start_node().await?;
+        let id: String = query(process.port(), redis::cmd("CLUSTER").arg("MYID")).await?;
+        nodes.push(Node {
+            process,
+            bus_port,
+            id,
+            paused: AtomicBool::new(false),
+        });
+    }
+    Ok(nodes)
+}
+
 async fn start_node() -> Result<(PrivateRedis, u16), TestkitError> {
     let mut last_error = None;
     for _ in 0..BUS_PORT_ATTEMPTS {

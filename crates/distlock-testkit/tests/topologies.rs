@@ -85,6 +85,34 @@ async fn cluster_starts_with_every_slot_covered_and_serves_a_cluster_client() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_shard_cluster_serves_every_slot_from_one_master_and_fails_over() -> TestResult {
+    bounded(async {
+        let cluster = RedisCluster::start_single_shard().await?;
+        let nodes = cluster.nodes().await?;
+        assert_eq!(nodes.len(), 2, "{nodes:?}");
+        assert_eq!(nodes[0].role, ClusterRole::Master);
+        let covered: usize = nodes[0]
+            .slots
+            .iter()
+            .map(|range| usize::from(range.end() - range.start()) + 1)
+            .sum();
+        assert_eq!(covered, 16384);
+        assert_eq!(cluster.replica_of(0).await?, 1);
+
+        let mut conn = cluster.client()?.get_async_connection().await?;
+        let () = conn.set("greeting", "hello").await?;
+        // The replica takes over with the data: it was replicating.
+        let promoted = cluster.manual_failover(0).await?;
+        assert_eq!(promoted, 1);
+        let mut direct = cluster.node_connection(1).await?;
+        let seen: Option<String> = direct.get("greeting").await?;
+        assert_eq!(seen.as_deref(), Some("hello"));
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_by_kill_promotes_the_replica_and_the_old_master_rejoins() -> TestResult {
     bounded(async {
         let mut cluster = RedisCluster::start().await?;

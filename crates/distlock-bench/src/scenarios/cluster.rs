@@ -8,6 +8,13 @@
 //! The ratio is what routing by slot costs the client. It is not a scaling figure: the
 //! six cluster processes share the same 2 cores as the one server and the client, so the
 //! cluster cannot be faster here. Scaling out needs cores of its own per master.
+//!
+//! With 64 tasks the 3-master cluster also pays for its extra processes: three masters
+//! and three replicas take turns on 2 cores, each woken for a third of the commands, where
+//! the baseline's one master takes them in larger batches. To separate that from routing,
+//! a single-shard cluster (one master with every slot, one replica: the same processes as
+//! the baseline) runs the same loads; its ratio is the cost of cluster mode and routing
+//! alone.
 
 use std::time::Duration;
 
@@ -32,22 +39,28 @@ pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
         .await?;
     let cluster = RedisCluster::start().await?;
     let clustered = Client::connect(&cluster.url()).await?;
+    let shard = RedisCluster::start_single_shard().await?;
+    let one_shard = Client::connect(&shard.url()).await?;
     let one = vec!["bench:cluster:one".to_owned()];
     let many: Vec<String> = (0..TASKS).map(|n| format!("bench:cluster:{n}")).collect();
-    let measured = interleaved(plan, 5, async |load, length| match load {
+    let measured = interleaved(plan, 7, async |load, length| match load {
         0 => lock_cycles(single, &one, length).await,
         1 => lock_cycles(&clustered, &one, length).await,
         2 => lock_cycles(single, &many, length).await,
         3 => lock_cycles(&clustered, &many, length).await,
+        4 => lock_cycles(&one_shard, &one, length).await,
+        5 => lock_cycles(&one_shard, &many, length).await,
         _ => lock_cycles(unreplicated, &one, length).await,
     })
     .await?;
-    let [single_one, cluster_one, single_many, cluster_many, bare_one] =
-        <[_; 5]>::try_from(measured)
+    let [single_one, cluster_one, single_many, cluster_many, shard_one, shard_many, bare_one] =
+        <[_; 7]>::try_from(measured)
             .map_err(|_| "interleaved returned the wrong number of loads")?;
-    // Each load's median ratio to the first; the parallel pair is compared by their ratios.
+    // Each load's median ratio to the first; the parallel pairs are compared by their ratios.
     let uncontended = cluster_one.ratio_to_first;
     let parallel = cluster_many.ratio_to_first / single_many.ratio_to_first;
+    let shard_parallel = shard_many.ratio_to_first / single_many.ratio_to_first;
+    let shard_uncontended = shard_one.ratio_to_first;
     Ok(Report {
         scenario: "cluster",
         result: figure("cluster cycles/s (1 task)", cluster_one.rate, ""),
@@ -78,6 +91,20 @@ pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
                 "×",
                 format!(">= {TARGET:.2}"),
                 parallel >= TARGET,
+            ),
+            checked(
+                "single-shard cluster vs master+replica, 64 tasks (routing alone)",
+                shard_parallel,
+                "×",
+                format!(">= {TARGET:.2}"),
+                shard_parallel >= TARGET,
+            ),
+            checked(
+                "single-shard cluster vs master+replica, 1 task (routing alone)",
+                shard_uncontended,
+                "×",
+                format!(">= {TARGET:.2}"),
+                shard_uncontended >= TARGET,
             ),
             figure(
                 "cluster lock+release p99 (64 tasks)",
