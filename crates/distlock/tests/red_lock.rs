@@ -448,15 +448,8 @@ fn a_redlock_held_when_its_runtime_ends_is_released() {
 /// timeout. (Review 9: one paused master held release() up for its whole retry window.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_not_held_up_by_one_paused_master() {
-    let servers = [
-        RedisServer::start().await.expect("start"),
-        RedisServer::start().await.expect("start"),
-        RedisServer::start().await.expect("start"),
-    ];
-    let mut clients = Vec::new();
-    for server in &servers {
-        clients.push(Client::connect(&server.url()).await.expect("connect"));
-    }
+    let servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(10)).await;
     let lock = RedLock::new("slow-release", &clients)
         .expect("redlock")
         .with_lease(Duration::from_secs(10));
@@ -482,26 +475,8 @@ async fn a_release_is_not_held_up_by_one_paused_master() {
 /// any master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_cancelled_mid_attempt_leaves_no_key() {
-    let servers = [
-        RedisServer::start().await.expect("start"),
-        RedisServer::start().await.expect("start"),
-        RedisServer::start().await.expect("start"),
-    ];
-    let proxies = [
-        distlock_testkit::FaultProxy::in_front_of(&servers[0])
-            .await
-            .expect("proxy"),
-        distlock_testkit::FaultProxy::in_front_of(&servers[1])
-            .await
-            .expect("proxy"),
-        distlock_testkit::FaultProxy::in_front_of(&servers[2])
-            .await
-            .expect("proxy"),
-    ];
-    let mut clients = Vec::new();
-    for proxy in &proxies {
-        clients.push(Client::connect(&proxy.url()).await.expect("connect"));
-    }
+    let servers = masters(3).await;
+    let (proxies, clients) = proxied(&servers).await;
     for proxy in &proxies {
         proxy.set_delay(Duration::from_millis(40));
     }
@@ -509,7 +484,10 @@ async fn an_acquisition_cancelled_mid_attempt_leaves_no_key() {
     for cut in [5u64, 20, 39, 41, 60, 90] {
         let _ = tokio::time::timeout(Duration::from_millis(cut), lock.lock()).await;
     }
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Shutdown waits for the attempts still in flight, which give back what they took.
+    for client in &clients {
+        bounded(LIMIT, client.shutdown()).await;
+    }
     for server in &servers {
         assert!(
             !common::key_exists(server, "cancelled").await,
