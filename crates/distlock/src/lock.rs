@@ -570,9 +570,7 @@ impl Holding {
             }
         }
     }
-}
 
-impl Holding {
     /// Turns a holding the watchdog renews into one with a fixed lease of `lease`,
     /// counted from now: the watchdog stops renewing it (and nothing it sent earlier is
     /// still in flight), then the lease is set on the server, if this owner still holds
