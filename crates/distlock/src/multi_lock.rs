@@ -192,20 +192,23 @@ impl MultiLock {
                 None => return Ok(Collected::Busy),
             }
         }
-        for (guard, member) in guards.iter().zip(&self.members) {
-            if let Some(lease) = member.fixed_lease() {
-                match guard.fix_lease(lease).await {
-                    Ok(()) => {}
-                    Err(Error::NotHeld { .. }) => return Ok(Collected::MemberLost),
-                    Err(other) => return Err(other),
-                }
-            }
-        }
         let guard = MultiLockGuard { guards };
         if guard.is_lost() {
             // Lost while later members were awaited (deleted, evicted, or not renewed in
             // time): never hand out a set that is not held.
             return Ok(Collected::MemberLost);
+        }
+        // Checked before the fixed leases are set, not after: a lease shorter than a round
+        // trip is already running out once set, and is handed out as a plain Lock with
+        // that lease would be, instead of failing every pass.
+        for (member_guard, member) in guard.guards.iter().zip(&self.members) {
+            if let Some(lease) = member.fixed_lease() {
+                match member_guard.fix_lease(lease).await {
+                    Ok(()) => {}
+                    Err(Error::NotHeld { .. }) => return Ok(Collected::MemberLost),
+                    Err(other) => return Err(other),
+                }
+            }
         }
         Ok(Collected::All(guard))
     }

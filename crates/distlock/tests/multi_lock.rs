@@ -235,3 +235,30 @@ async fn the_set_is_lost_when_one_members_server_dies() {
     assert_eq!(guard.lease_remaining(), Duration::ZERO);
     drop(guard);
 }
+
+/// A member whose fixed lease is shorter than a round trip is handed out like a plain
+/// `Lock` with that lease would be (already running out), not retried forever: the set
+/// is checked for losses before the fixed leases are set, not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lease_shorter_than_a_round_trip_does_not_make_lock_spin() {
+    let server = server().await;
+    let client = client(&server).await;
+    let multi = MultiLock::new([
+        client
+            .lock("brief")
+            .unwrap()
+            .with_lease(Duration::from_millis(1)),
+        client.lock("steady").unwrap(),
+    ])
+    .unwrap();
+    let guard = bounded(Duration::from_secs(5), multi.lock()).await.unwrap();
+    bounded(Duration::from_secs(1), guard.lost()).await;
+    drop(guard);
+    let again = bounded(
+        Duration::from_secs(5),
+        multi.try_lock_for(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    assert!(again.is_some(), "try_lock_for gave up on a free set");
+}
