@@ -42,6 +42,7 @@ pub struct ClientBuilder {
     allow_eviction: bool,
     fencing_counter: FencingCounter,
     replica_sync: ReplicaSync,
+    tls_certificates: Option<redis::TlsCertificates>,
 }
 
 /// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
@@ -57,6 +58,9 @@ pub(crate) struct Config {
     pub(crate) unlock_latch_ttl_ms: u64,
     pub(crate) renew_batch_size: usize,
     pub(crate) fencing_counter: FencingCounter,
+    /// For every TLS connection: cluster nodes and sentinels are connected to long after
+    /// the builder is gone.
+    pub(crate) tls_certificates: Option<redis::TlsCertificates>,
 }
 
 impl Config {
@@ -95,6 +99,7 @@ impl Default for ClientBuilder {
             allow_eviction: false,
             fencing_counter: FencingCounter::PerSlot,
             replica_sync: ReplicaSync::Auto,
+            tls_certificates: None,
         }
     }
 }
@@ -160,6 +165,47 @@ impl ClientBuilder {
         self
     }
 
+    /// Certificates for TLS deployments (`rediss://`, `rediss+cluster://`,
+    /// `rediss+sentinel://`): a root certificate to trust instead of the built-in web roots
+    /// (a private CA), and a client certificate for servers that ask for one
+    /// (`tls-auth-clients yes`). They apply to every connection the client opens: each
+    /// cluster node, the sentinels, and the master they name, through failovers.
+    ///
+    /// A URL without TLS is refused while they are set ([`Error::InvalidConfig`]) rather
+    /// than connected to in clear, and so are certificates that do not parse as PEM.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let certificates = redis::TlsCertificates {
+    ///     client_tls: None,
+    ///     root_cert: Some(std::fs::read("/etc/redis/ca.crt")?),
+    /// };
+    /// let client = distlock::Client::builder()
+    ///     .tls_certificates(certificates)
+    ///     .connect("rediss+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster")
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls_certificates = Some(certificates);
+        self
+    }
+
+    /// `info` with the builder's TLS certificates, if any: they need a TLS address.
+    fn with_certificates(&self, info: redis::ConnectionInfo) -> Result<redis::ConnectionInfo> {
+        let Some(certificates) = &self.tls_certificates else {
+            return Ok(info);
+        };
+        let address = mask_password(&info.addr().to_string());
+        redis::Client::build_with_tls(info, certificates.clone())
+            .map(|client| client.get_connection_info().clone())
+            .map_err(|err| Error::InvalidConfig {
+                what: "TLS certificates",
+                reason: format!("cannot be used for {address}: {err}"),
+            })
+    }
+
     /// How many locks one renewal script extends. Default 200; at most 1000.
     pub fn renew_batch_size(mut self, size: usize) -> Self {
         self.renew_batch_size = size;
@@ -173,6 +219,9 @@ impl ClientBuilder {
                 what: "watchdog timeout",
                 reason: "must be at least 30 ms, to renew every third of it".into(),
             });
+        }
+        if let Some(certificates) = &self.tls_certificates {
+            check_certificates(certificates)?;
         }
         to_millis("connection timeout", self.connection_timeout)?;
         to_millis("response timeout", self.response_timeout)?;
@@ -200,6 +249,7 @@ impl ClientBuilder {
             unlock_latch_ttl_ms,
             renew_batch_size: self.renew_batch_size,
             fencing_counter: self.fencing_counter,
+            tls_certificates: self.tls_certificates.clone(),
         };
         let window = config.release_window();
         if unlock_latch_ttl <= window {
@@ -228,10 +278,17 @@ impl ClientBuilder {
     pub async fn connect(self, url: &str) -> Result<Client> {
         match parse_endpoint(url)? {
             Endpoint::Single(single) => {
-                let redis_client =
-                    redis::Client::open(single.as_str()).map_err(|err| Error::InvalidUrl {
+                let info = redis::IntoConnectionInfo::into_connection_info(single.as_str())
+                    .map_err(|err| Error::InvalidUrl {
                         url: mask_password(url),
                         reason: err.to_string(),
+                    })?;
+                let redis_client =
+                    redis::Client::open(self.with_certificates(info)?).map_err(|err| {
+                        Error::InvalidUrl {
+                            url: mask_password(url),
+                            reason: err.to_string(),
+                        }
                     })?;
                 self.connect_with(redis_client).await
             }
@@ -241,11 +298,26 @@ impl ClientBuilder {
     }
 
     /// Connects through a `redis::Client` the caller configured, for settings a URL
-    /// cannot carry: TLS with your own root certificate or a client certificate
-    /// (`redis::Client::build_with_tls`), or a custom DNS resolver. A cluster node is
-    /// joined as the seed of its cluster, as by [`ClientBuilder::connect`].
+    /// cannot carry, such as a custom DNS resolver. A cluster node is joined as the seed
+    /// of its cluster, as by [`ClientBuilder::connect`].
+    ///
+    /// For TLS with your own root certificate or a client certificate, prefer
+    /// [`ClientBuilder::tls_certificates`]: certificates given to the builder reach every
+    /// node of a cluster, while those built into `redis_client`
+    /// (`redis::Client::build_with_tls`) reach only that server. When both are given, the
+    /// builder's are used.
     pub async fn connect_with(self, redis_client: redis::Client) -> Result<Client> {
         let config = self.validate()?;
+        let redis_client = match self.tls_certificates {
+            None => redis_client,
+            Some(_) => redis::Client::open(
+                self.with_certificates(redis_client.get_connection_info().clone())?,
+            )
+            .map_err(|err| Error::InvalidConfig {
+                what: "TLS certificates",
+                reason: err.to_string(),
+            })?,
+        };
         ensure_tls_provider();
         let target = describe_target(&redis_client);
         let facts = probe(&redis_client, &config, &target).await?;
@@ -312,7 +384,7 @@ impl ClientBuilder {
                     reason: err.to_string(),
                 }
             })?;
-            infos.push(info);
+            infos.push(self.with_certificates(info)?);
         }
         if infos.is_empty() {
             return Err(Error::InvalidUrl {
@@ -383,7 +455,20 @@ impl ClientBuilder {
             "master {:?} of sentinels {sentinels}",
             spec.service
         ));
-        let sentinel_master = SentinelMaster::new(spec, config.connection_timeout);
+        if config.tls_certificates.is_some() && !spec.tls {
+            return Err(Error::InvalidConfig {
+                what: "TLS certificates",
+                reason: format!(
+                    "{target} is not a TLS deployment: use rediss+sentinel:// to connect \
+                     with them"
+                ),
+            });
+        }
+        let sentinel_master = SentinelMaster::new(
+            spec,
+            config.connection_timeout,
+            config.tls_certificates.clone(),
+        );
         let (_, master) =
             sentinel_master
                 .current()
@@ -612,6 +697,32 @@ async fn check_eviction_policy(connection: &Connection, target: &str, allowed: b
         policy,
     })
 }
+
+/// Refuses certificates that could never verify a server: unparsable PEM, or a root
+/// certificate with no certificate in it (redis-rs would trust nothing, and every connect
+/// would fail later with a vaguer error).
+fn check_certificates(certificates: &redis::TlsCertificates) -> Result<()> {
+    let invalid = |reason: String| Error::InvalidConfig {
+        what: "TLS certificates",
+        reason,
+    };
+    if let Some(root) = &certificates.root_cert {
+        if !root
+            .windows(PEM_CERTIFICATE.len())
+            .any(|window| window == PEM_CERTIFICATE)
+        {
+            return Err(invalid(
+                "the root certificate holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+                    .into(),
+            ));
+        }
+    }
+    redis::Client::build_with_tls("rediss://127.0.0.1/", certificates.clone())
+        .map(drop)
+        .map_err(|err| invalid(err.to_string()))
+}
+
+const PEM_CERTIFICATE: &[u8] = b"-----BEGIN CERTIFICATE-----";
 
 /// Asks one cluster seed what it is: the seed as a target for messages, and its facts.
 async fn probe_seed(seed: redis::ConnectionInfo, config: &Config) -> Result<(String, ServerFacts)> {

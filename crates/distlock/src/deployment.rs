@@ -46,6 +46,11 @@ pub(crate) fn cluster_client(
         .retries(CLUSTER_RETRIES)
         .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
         .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS);
+    if let Some(certificates) = &config.tls_certificates {
+        // The seeds carry them too, but the cluster client connects to the nodes it
+        // discovers with these alone.
+        builder = builder.certs(certificates.clone());
+    }
     if let Some(pushes) = pushes {
         builder = builder
             .use_protocol(redis::ProtocolVersion::RESP3)

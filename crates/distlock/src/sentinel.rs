@@ -17,14 +17,14 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
-    Value,
+    TlsCertificates, Value,
 };
 
 use crate::deployment::SentinelSpec;
 
 impl SentinelSpec {
-    /// A sentinel client that finds this master.
-    pub(crate) fn client(&self) -> RedisResult<SentinelClient> {
+    /// A sentinel client that finds this master, trusting `certificates` over TLS.
+    fn client(&self, certificates: Option<&TlsCertificates>) -> RedisResult<SentinelClient> {
         let addresses = self
             .sentinels
             .iter()
@@ -52,13 +52,13 @@ impl SentinelSpec {
             builder = builder
                 .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+            if let Some(certificates) = certificates {
+                builder = builder
+                    .set_client_to_redis_certificates(certificates.clone())
+                    .set_client_to_sentinel_certificates(certificates.clone());
+            }
         }
         builder.build()
-    }
-
-    /// A client for the server the sentinels name as master right now.
-    pub(crate) async fn current_master(&self) -> RedisResult<redis::Client> {
-        self.client()?.async_get_client().await
     }
 }
 
@@ -75,6 +75,7 @@ pub(crate) struct SentinelMaster {
 struct MasterShared {
     spec: SentinelSpec,
     connection_timeout: Duration,
+    tls_certificates: Option<TlsCertificates>,
     /// The generation of the master as last found, or 0 while it must be asked for
     /// again. Read on every command, so it is an atomic rather than behind the lock.
     known: AtomicU64,
@@ -104,11 +105,16 @@ const MIN_DISCOVERY_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_DISCOVERY_BACKOFF: Duration = Duration::from_millis(250);
 
 impl SentinelMaster {
-    pub(crate) fn new(spec: SentinelSpec, connection_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        spec: SentinelSpec,
+        connection_timeout: Duration,
+        tls_certificates: Option<TlsCertificates>,
+    ) -> Self {
         Self {
             shared: Arc::new(MasterShared {
                 spec,
                 connection_timeout,
+                tls_certificates,
                 known: AtomicU64::new(0),
                 discovery: tokio::sync::Mutex::new(Discovery::default()),
             }),
@@ -117,6 +123,16 @@ impl SentinelMaster {
 
     pub(crate) fn spec(&self) -> &SentinelSpec {
         &self.shared.spec
+    }
+
+    /// A client for the server the sentinels name as master right now, asked afresh.
+    pub(crate) async fn ask_sentinels(&self) -> RedisResult<redis::Client> {
+        let certificates = self.shared.tls_certificates.as_ref();
+        self.shared
+            .spec
+            .client(certificates)?
+            .async_get_client()
+            .await
     }
 
     /// True while `generation` is the master as last found.
@@ -156,25 +172,22 @@ impl SentinelMaster {
         }
         // During a failover the sentinels may name no reachable master for a while: that
         // is an outage of the connection, to be retried like a refused one.
-        let outcome = tokio::time::timeout(
-            self.shared.connection_timeout,
-            self.shared.spec.current_master(),
-        )
-        .await
-        .map_err(|_| {
-            RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the sentinels did not name a master in time",
-            ))
-        })
-        .and_then(|found| {
-            found.map_err(|err| {
+        let outcome = tokio::time::timeout(self.shared.connection_timeout, self.ask_sentinels())
+            .await
+            .map_err(|_| {
                 RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::NotConnected,
-                    format!("the sentinels name no reachable master: {err}"),
+                    std::io::ErrorKind::TimedOut,
+                    "the sentinels did not name a master in time",
                 ))
             })
-        });
+            .and_then(|found| {
+                found.map_err(|err| {
+                    RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        format!("the sentinels name no reachable master: {err}"),
+                    ))
+                })
+            });
         let master = match outcome {
             Ok(master) => master,
             Err(err) => {

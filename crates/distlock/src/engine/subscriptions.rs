@@ -359,7 +359,7 @@ async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
         }
         Servers::Sentinel(master) => {
             // Asked afresh at every reconnect: the hub may be the first to see a failover.
-            let master = master.spec().current_master().await?;
+            let master = master.ask_sentinels().await?;
             let (sink, stream) = master.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
