@@ -25,7 +25,9 @@ use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::keys::{validate_name, FencingCounter};
 use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
-use crate::replica_sync::{self, ReplicaSync, SyncedWrites};
+use crate::replica_sync::{
+    self, ReplicaSync, Resolved, SyncPolicy, SyncSlot, SyncedWrites, AUTO_RECHECK,
+};
 use crate::runtime::Background;
 use crate::scripts;
 use crate::sentinel::{FailoverLink, SentinelMaster};
@@ -156,8 +158,8 @@ impl ClientBuilder {
 
     /// Whether each acquisition, renewal and release waits until replicas have it, so a
     /// failover to a replica cannot lose a held lock. Default [`ReplicaSync::Auto`]: on
-    /// (one replica, within 1 s) when the master has replicas connected at connect, off
-    /// otherwise. An acquisition no replica acknowledged is given back and fails with
+    /// (one replica, within 1 s) once the master has a replica connected, at connect or
+    /// at a check every 5 s after it. An acquisition no replica acknowledged is given back and fails with
     /// [`Error::NotReplicated`]. Not offered on a cluster yet (an explicit setting is
     /// refused there). See docs/deployment.md for what each choice costs.
     pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
@@ -559,7 +561,7 @@ impl ClientBuilder {
             None => None,
         };
         let own = servers
-            .open_on(&background, &config, config.response_timeout)
+            .open_on(background.handle(), &config, config.response_timeout)
             .await?;
         let connection = own.with_home(home_runtime().zip(home));
         scripts::preload(&connection).await.map_err(connect_error)?;
@@ -786,25 +788,25 @@ impl Servers {
     /// reconnects) never depends on the caller's.
     async fn open_on(
         &self,
-        background: &Background,
+        runtime: &tokio::runtime::Handle,
         config: &Config,
         response_timeout: Duration,
     ) -> Result<Connection> {
         let opening = {
             let (servers, config) = (self.clone(), config.clone());
-            background
-                .handle()
-                .spawn(async move { servers.open(&config, response_timeout).await })
+            runtime.spawn(async move { servers.open(&config, response_timeout).await })
         };
         let link = opening
             .await
             .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))??;
-        Ok(Connection::new(None, link, background.handle().clone()))
+        Ok(Connection::new(None, link, runtime.clone()))
     }
 }
 
-/// Settles replica sync and, when it is on, opens the connections synced writes use:
-/// on the client's own runtime, each allowed the WAIT on top of a normal reply.
+/// Settles replica sync and, when it is on, opens the connections synced writes use.
+/// Under [`ReplicaSync::Auto`], a master with no replica yet is asked again every
+/// [`AUTO_RECHECK`] by a service on the client's runtime, which turns sync on once one
+/// has attached.
 async fn synced_writes(
     setting: ReplicaSync,
     connection: &Connection,
@@ -812,25 +814,84 @@ async fn synced_writes(
     config: &Config,
     background: &Background,
     cluster: bool,
-) -> Result<Option<SyncedWrites>> {
-    let Some(policy) = replica_sync::resolve(setting, connection, cluster).await? else {
-        return Ok(None);
-    };
+) -> Result<SyncSlot> {
+    let slot = SyncSlot::default();
+    match replica_sync::resolve(setting, connection, cluster).await? {
+        Resolved::Off => {}
+        Resolved::On(policy) => {
+            let writes = open_synced_writes(policy, servers, config, background.handle()).await?;
+            let _ = slot.set(writes);
+        }
+        Resolved::NoReplicaYet => {
+            let (slot, connection, servers, config) = (
+                slot.clone(),
+                connection.clone(),
+                servers.clone(),
+                config.clone(),
+            );
+            let runtime = background.handle().clone();
+            background.spawn_service(async move {
+                watch_for_a_replica(slot, connection, servers, config, runtime).await;
+            });
+        }
+    }
+    Ok(slot)
+}
+
+/// Asks the master every [`AUTO_RECHECK`] whether a replica has attached, and turns
+/// replica sync on when one has. Runs until then, or until the client shuts down.
+async fn watch_for_a_replica(
+    slot: SyncSlot,
+    connection: Connection,
+    servers: Servers,
+    config: Config,
+    runtime: tokio::runtime::Handle,
+) {
+    loop {
+        tokio::time::sleep(AUTO_RECHECK).await;
+        let policy = match replica_sync::resolve(ReplicaSync::Auto, &connection, false).await {
+            Ok(Resolved::On(policy)) => policy,
+            Ok(Resolved::NoReplicaYet) => continue,
+            Ok(Resolved::Off) => return,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not ask the master about replicas");
+                continue;
+            }
+        };
+        match open_synced_writes(policy, &servers, &config, &runtime).await {
+            Ok(writes) => {
+                let _ = slot.set(writes);
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "a replica attached, but the connections for synced writes did not open; trying again");
+            }
+        }
+    }
+}
+
+/// The connections synced writes use: on the client's own runtime, each allowed the WAIT
+/// on top of a normal reply.
+async fn open_synced_writes(
+    policy: SyncPolicy,
+    servers: &Servers,
+    config: &Config,
+    runtime: &tokio::runtime::Handle,
+) -> Result<SyncedWrites> {
     let response_timeout = config.response_timeout.saturating_add(policy.timeout);
     let mut connections = Vec::new();
     for _ in 0..SyncedWrites::pool_size() {
-        connections.push(
-            servers
-                .open_on(background, config, response_timeout)
-                .await?,
-        );
+        connections.push(servers.open_on(runtime, config, response_timeout).await?);
     }
     tracing::info!(
         replicas = policy.replicas,
         timeout = ?policy.timeout,
         "replica sync is on: lock writes wait for replicas"
     );
-    Ok(SyncedWrites::new(policy, connections))
+    SyncedWrites::new(policy, connections).ok_or(Error::InvalidConfig {
+        what: "replica sync",
+        reason: "no connection for synced writes".into(),
+    })
 }
 
 async fn open_manager(
@@ -1056,8 +1117,8 @@ pub(crate) struct Core {
     /// Where the client connected (`host:port` of the server or first cluster seed): names
     /// the node in errors, and orders locks of one name on different deployments.
     target: String,
-    /// Where lock writes go when they wait for replicas (`None`: replica sync is off).
-    synced: Option<SyncedWrites>,
+    /// Where lock writes go when they wait for replicas (empty while replica sync is off).
+    synced: SyncSlot,
     /// How to reach the servers again, for connections of their own.
     servers: Servers,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
@@ -1212,7 +1273,7 @@ impl Core {
 
     /// The synced-write connections and policy, when replica sync is on.
     pub(crate) fn synced(&self) -> Option<&SyncedWrites> {
-        self.synced.as_ref()
+        self.synced.get()
     }
 }
 
@@ -1242,7 +1303,7 @@ impl Client {
         background: Background,
         deployment: Deployment,
         target: String,
-        synced: Option<SyncedWrites>,
+        synced: SyncSlot,
     ) -> Client {
         let watchdog = Watchdog::start(
             connection.clone(),
@@ -1317,7 +1378,7 @@ impl Client {
         to_millis("response timeout", response_timeout)?;
         let connection = core
             .servers
-            .open_on(&core.background, &core.config, response_timeout)
+            .open_on(core.background.handle(), &core.config, response_timeout)
             .await?;
         Ok(connection.refusing_after(&core.closing))
     }

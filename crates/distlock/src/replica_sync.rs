@@ -36,8 +36,13 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ReplicaSync {
-    /// On (1 replica, within 1 s) when the master has replicas connected at connect
-    /// time, as Redisson's `checkLockSyncedSlaves`; off when it has none. The default.
+    /// On (1 replica, within 1 s) whenever the master has a replica connected, as
+    /// Redisson's `checkLockSyncedSlaves`. The default.
+    ///
+    /// A master with no replica at connect is asked again every 5 seconds, so a replica that attaches after the client started (a
+    /// deployment whose services start before their replicas) turns sync on within that
+    /// time. Once on, it stays on: a replica that goes away makes acquisitions fail with
+    /// [`Error::NotReplicated`] rather than quietly unprotected.
     #[default]
     Auto,
     /// Never wait: a failover can lose a lock that a replica had not received yet.
@@ -55,6 +60,27 @@ pub enum ReplicaSync {
 
 /// The default of [`ReplicaSync::Auto`]: one replica, within a second.
 const AUTO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often [`ReplicaSync::Auto`] asks a master that had no replica whether one has
+/// attached: one `INFO replication` per client each time, which costs the server
+/// microseconds.
+pub(crate) const AUTO_RECHECK: Duration = Duration::from_secs(5);
+
+/// Where a client's synced writes live once replica sync is on: set at connect, or later
+/// when [`ReplicaSync::Auto`] first sees a replica, and never unset. The lock calls and
+/// the watchdog read it on each write.
+pub(crate) type SyncSlot = Arc<std::sync::OnceLock<SyncedWrites>>;
+
+/// What [`resolve`] settled on.
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    /// Sync is on, with this policy.
+    On(SyncPolicy),
+    /// Sync is off for good (asked for, or the server does not take WAIT).
+    Off,
+    /// [`ReplicaSync::Auto`] found no replica connected yet: ask again later.
+    NoReplicaYet,
+}
 
 /// Synced writes are spread over this many connections, so that a few slow WAITs do not
 /// queue every other lock write behind them.
@@ -112,9 +138,9 @@ pub(crate) async fn resolve(
     setting: ReplicaSync,
     connection: &Connection,
     cluster: bool,
-) -> Result<Option<SyncPolicy>> {
+) -> Result<Resolved> {
     let (replicas, timeout) = match setting {
-        ReplicaSync::Off => return Ok(None),
+        ReplicaSync::Off => return Ok(Resolved::Off),
         ReplicaSync::Replicas { count, timeout } => {
             if cluster {
                 return Err(Error::InvalidConfig {
@@ -132,12 +158,12 @@ pub(crate) async fn resolve(
         }
         ReplicaSync::Auto => {
             if cluster {
-                return Ok(None);
+                return Ok(Resolved::Off);
             }
             let replication = info(connection, "replication").await;
             match field(&replication, "connected_slaves").and_then(|n| n.parse::<u32>().ok()) {
                 Some(connected) if connected >= 1 => (1, AUTO_TIMEOUT),
-                _ => return Ok(None),
+                _ => return Ok(Resolved::NoReplicaYet),
             }
         }
     };
@@ -154,7 +180,7 @@ pub(crate) async fn resolve(
             "the server does not take WAIT (a proxy or a managed Redis?): replica sync is off, \
              and a failover can lose a lock a replica had not received"
         );
-        return Ok(None);
+        return Ok(Resolved::Off);
     }
     let has_waitaof = redis::cmd("WAITAOF")
         .arg(0)
@@ -164,7 +190,7 @@ pub(crate) async fn resolve(
         .await
         .is_ok();
     let aof_on = field(&info(connection, "persistence").await, "aof_enabled") == Some("1".into());
-    Ok(Some(SyncPolicy {
+    Ok(Resolved::On(SyncPolicy {
         replicas,
         timeout,
         timeout_ms,

@@ -89,6 +89,74 @@ async fn auto_sync_stays_off_without_replicas() {
     assert_eq!(stats.get("wait"), None, "{stats:?}");
 }
 
+/// Services often start before their replicas do. A client that connected to a master
+/// with no replica must not stay unsynced for its whole life once one attaches: Auto
+/// asks again every 5 s and turns sync on, after which an acquisition no replica
+/// acknowledged fails as it would have had the replica been there at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_sync_turns_on_when_a_replica_attaches_after_connect() {
+    let master = RedisServer::start().await.expect("master");
+    let client = connect(&master.url(), ReplicaSync::Auto).await;
+    let lock = client.lock("late-replica").unwrap();
+    lock.try_lock()
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+    let stats = master.info_commandstats().await.unwrap();
+    assert_eq!(
+        stats.get("wait"),
+        None,
+        "no replica yet, no sync: {stats:?}"
+    );
+
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port])
+        .await
+        .expect("replica");
+    // Sync is on once a lock write is followed by a WAIT: within one recheck (5 s) of
+    // the replica coming online, plus the time it takes to come online.
+    common::eventually(
+        Duration::from_secs(15),
+        "lock writes followed by WAIT",
+        || {
+            let (lock, master) = (lock.clone(), &master);
+            async move {
+                if let Ok(Some(guard)) = lock.try_lock().await {
+                    let _ = guard.release().await;
+                }
+                let waits = master
+                    .info_commandstats()
+                    .await
+                    .unwrap()
+                    .get("wait")
+                    .copied();
+                // The probe sends one `WAIT 0 0`; a synced acquisition and release send two more.
+                waits.unwrap_or(0) >= 3
+            }
+        },
+    )
+    .await;
+
+    replica.pause().unwrap();
+    let outcome = bounded(LIMIT, lock.try_lock()).await;
+    replica.resume().unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::NotReplicated {
+                acknowledged: 0,
+                required: 1,
+                ..
+            })
+        ),
+        "expected NotReplicated, got {outcome:?}"
+    );
+    assert!(!lock.is_locked().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_acquisition_retries_until_a_replica_acknowledges() {
     let (master, replica) = replicated().await;

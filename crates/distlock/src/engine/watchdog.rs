@@ -39,7 +39,7 @@ use crate::client::Config;
 use crate::connection::Connection;
 use crate::deployment::Deployment;
 use crate::error::is_permission_denied;
-use crate::replica_sync::SyncedWrites;
+use crate::replica_sync::SyncSlot;
 use crate::runtime::{sleep_until_on, Background};
 use crate::scripts::{ScriptCall, LOCK_RENEW};
 
@@ -137,7 +137,7 @@ struct Shared {
     deployment: Deployment,
     /// With replica sync on, renewals wait for replicas too: a renewal no replica has
     /// would be lost by a failover.
-    synced: Option<SyncedWrites>,
+    synced: SyncSlot,
 }
 
 impl Shared {
@@ -316,7 +316,7 @@ impl Watchdog {
         config: &Config,
         background: &Background,
         deployment: Deployment,
-        synced: Option<SyncedWrites>,
+        synced: SyncSlot,
     ) -> Self {
         let shared = Arc::new(Shared {
             registry: Arc::new(Mutex::new(Registry {
@@ -490,7 +490,7 @@ async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
     for (_, _, owner) in batch {
         invocation.arg(&**owner);
     }
-    let renewed: Vec<i64> = match &shared.synced {
+    let renewed: Vec<i64> = match shared.synced.get() {
         None => {
             let mut connection = shared.connection.clone();
             invocation.invoke(&mut connection).await?
