@@ -1318,7 +1318,7 @@ impl Client {
             background.handle().clone(),
             background.stopping().clone(),
         );
-        let latches = Latches::new(connection.clone());
+        let latches = Latches::new(connection.clone(), deployment.is_cluster());
         Client {
             inner: Arc::new(ClientInner {
                 core: Arc::new(Core {

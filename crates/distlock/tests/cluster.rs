@@ -95,6 +95,57 @@ async fn contenders_on_names_over_every_master_never_overlap() {
     assert!(calls_on_masters(&cluster, "ssubscribe").await > 0);
 }
 
+/// A final release leaves an unlock latch, which the client deletes in batches. On a
+/// cluster one UNLINK may name keys of one slot only, so the batch is split by slot and
+/// each part sent to its slot's master: every latch of releases over every master is gone
+/// soon after, and none was refused as CROSSSLOT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_latches_over_every_master_are_deleted() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let client = cluster_client(&cluster, Duration::from_secs(10)).await;
+    let mut tasks = Vec::new();
+    for n in 0..24 {
+        let lock = client.lock(format!("latched:{n}")).unwrap();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let guard = lock.try_lock().await.unwrap().expect("uncontended");
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        common::bounded(LIMIT, task).await.unwrap();
+    }
+    assert!(calls_on_masters(&cluster, "unlink").await > 0);
+    common::eventually(Duration::from_secs(5), "every latch deleted", || async {
+        let mut left = 0;
+        for node in cluster.nodes().await.unwrap() {
+            let mut conn = cluster.node_connection(node.index).await.unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("redisson_unlock_latch:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            left += keys.len();
+        }
+        left == 0
+    })
+    .await;
+    for node in cluster.nodes().await.unwrap() {
+        let mut conn = cluster.node_connection(node.index).await.unwrap();
+        let errors: String = redis::cmd("INFO")
+            .arg("errorstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !errors.contains("CROSSSLOT"),
+            "node {}: {errors}",
+            node.index
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_held_and_awaited_locks_loses_and_doubles_nothing() {
     let cluster = RedisCluster::start().await.expect("start cluster");

@@ -6,7 +6,11 @@
 //! come fast, off the caller's critical path. A crash loses the queue; the keys then expire
 //! with their TTL.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
 
 use crate::connection::Connection;
 use crate::runtime::Background;
@@ -27,6 +31,9 @@ pub(crate) struct Latches {
 struct Shared {
     pending: Mutex<Vec<String>>,
     connection: Connection,
+    /// On a cluster one UNLINK may only name keys of one slot: latches are deleted by
+    /// slot, each UNLINK sent straight to its slot's master.
+    cluster: bool,
 }
 
 impl Shared {
@@ -39,11 +46,12 @@ impl Shared {
 }
 
 impl Latches {
-    pub(crate) fn new(connection: Connection) -> Self {
+    pub(crate) fn new(connection: Connection, cluster: bool) -> Self {
         Self {
             shared: Arc::new(Shared {
                 pending: Mutex::new(Vec::new()),
                 connection,
+                cluster,
             }),
         }
     }
@@ -65,7 +73,6 @@ impl Latches {
 async fn drain(shared: Arc<Shared>) {
     // Runs on the client's runtime, so this timer is its own.
     tokio::time::sleep(LINGER).await;
-    let mut connection = shared.connection.clone();
     loop {
         let batch: Vec<String> = {
             let mut pending = shared.pending();
@@ -75,12 +82,33 @@ async fn drain(shared: Arc<Shared>) {
         if batch.is_empty() {
             return;
         }
-        let deleted = redis::cmd("UNLINK")
-            .arg(&batch)
-            .query_async::<i64>(&mut connection)
+        if shared.cluster {
+            let mut by_slot: HashMap<Slot, Vec<String>> = HashMap::new();
+            for latch in batch {
+                by_slot
+                    .entry(Slot::for_key(&latch))
+                    .or_default()
+                    .push(latch);
+            }
+            join_all(
+                by_slot
+                    .into_values()
+                    .map(|keys| unlink(&shared.connection, keys)),
+            )
             .await;
-        if let Err(err) = deleted {
-            tracing::debug!(error = %err, keys = batch.len(), "could not delete unlock latches; they expire by themselves");
+        } else {
+            unlink(&shared.connection, batch).await;
         }
+    }
+}
+
+async fn unlink(connection: &Connection, keys: Vec<String>) {
+    let mut connection = connection.clone();
+    let deleted = redis::cmd("UNLINK")
+        .arg(&keys)
+        .query_async::<i64>(&mut connection)
+        .await;
+    if let Err(err) = deleted {
+        tracing::debug!(error = %err, keys = keys.len(), "could not delete unlock latches; they expire by themselves");
     }
 }
