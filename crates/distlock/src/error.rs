@@ -148,8 +148,9 @@ pub enum Error {
     },
 
     /// Fewer replicas acknowledged an acquisition than replica sync requires, so it was
-    /// given back: a failover could have promoted a replica without it. Transient: a
-    /// waiting acquisition retries; see [`ReplicaSync`](crate::ReplicaSync).
+    /// given back: a failover could have promoted a replica without it. Returned by
+    /// `try_lock`; a call willing to wait retries until a replica acknowledges or its
+    /// patience ends. See [`ReplicaSync`](crate::ReplicaSync).
     #[error(
         "lock {name:?}: {acknowledged} replica(s) acknowledged the acquisition within \
          {timeout:?}, {required} required; it was given back"

@@ -276,6 +276,53 @@ async fn a_paused_replica_fails_the_acquisition_and_leaves_no_key() {
     assert!(!left, "the unreplicated lock key was left on the master");
 }
 
+/// "No acknowledgement, no lock, then retried per the retry policy": a caller that is
+/// willing to wait (`lock`, `try_lock_for`) waits through a replica that is briefly
+/// away, as it would wait for a holder, instead of failing on its first attempt. Only
+/// `try_lock` reports the refusal at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patient_acquisition_waits_through_a_replica_stall() {
+    let (master, replica) = replicated().await;
+    let client = connect(
+        &master.url(),
+        ReplicaSync::Replicas {
+            count: 1,
+            timeout: Duration::from_millis(100),
+        },
+    )
+    .await;
+    replica.pause().unwrap();
+    let waiter = {
+        let lock = client.lock("stalled").unwrap();
+        tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(20)).await })
+    };
+    // Refused at least twice while the replica is away (each refusal is one WAIT that
+    // timed out), then the replica comes back.
+    common::eventually(Duration::from_secs(10), "two refused attempts", || async {
+        master
+            .info_commandstats()
+            .await
+            .unwrap()
+            .get("wait")
+            .copied()
+            .unwrap_or(0)
+            >= 3
+    })
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter gave up while the replica was away"
+    );
+    replica.resume().unwrap();
+    let guard = bounded(LIMIT, waiter)
+        .await
+        .unwrap()
+        .expect("acquired once the replica answered")
+        .expect("within the wait");
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
+
 /// A lost signal is final: once a renewal no replica acknowledged let the lease run out,
 /// the guard is never trusted again, even when the replica comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,7 +21,9 @@
 //! Once waiting, a connection error (a restart, a failover, a network blip) does not end
 //! the wait: the engine tries again with backoff for as long as the caller's patience
 //! lasts. Only the first attempt reports such an error, so `try_lock` on a dead server
-//! fails at once instead of hiding the outage.
+//! fails at once instead of hiding the outage. A grant no replica acknowledged
+//! ([`Error::NotReplicated`]) is the exception: the server is up and the lock was free, so
+//! a caller with patience waits for the replicas as it would for a holder.
 //!
 //! Each attempt is [`Detached`]: if the caller's future is dropped while an attempt is in
 //! flight (a timeout, a `select!`), the attempt still completes in a task on the client's
@@ -148,9 +150,14 @@ pub(crate) async fn acquire<A: Acquire>(
             return Ok(None);
         }
     } else {
-        let acquired = last_chance(core, primitive).await?;
-        if acquired.is_some() || !waiting_patiently {
-            return Ok(acquired);
+        match last_chance(core, primitive).await {
+            Ok(acquired) if acquired.is_some() || !waiting_patiently => return Ok(acquired),
+            Ok(_) => {}
+            // The server answered and the lock was free, but no replica acknowledged the
+            // grant (given back already): a caller with patience waits for the replicas
+            // as it would for a holder, with the backoff of the waiting loop below.
+            Err(Error::NotReplicated { .. }) if waiting_patiently => {}
+            Err(err) => return Err(err),
         }
     }
     let subscribing = async {
