@@ -20,6 +20,16 @@ async fn cluster_client(cluster: &RedisCluster, watchdog: Duration) -> Client {
         .expect("connect to the cluster")
 }
 
+/// One section of a node's INFO.
+async fn info(cluster: &RedisCluster, node: usize, section: &str) -> String {
+    let mut conn = cluster.node_connection(node).await.unwrap();
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// Calls of `command` on every master, from INFO commandstats.
 async fn calls_on_masters(cluster: &RedisCluster, command: &str) -> u64 {
     let mut total = 0;
@@ -27,12 +37,7 @@ async fn calls_on_masters(cluster: &RedisCluster, command: &str) -> u64 {
         if node.role != distlock_testkit::ClusterRole::Master {
             continue;
         }
-        let mut conn = cluster.node_connection(node.index).await.unwrap();
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let stats = info(cluster, node.index, "commandstats").await;
         total += stats
             .lines()
             .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
@@ -132,12 +137,7 @@ async fn unlock_latches_over_every_master_are_deleted() {
     })
     .await;
     for node in cluster.nodes().await.unwrap() {
-        let mut conn = cluster.node_connection(node.index).await.unwrap();
-        let errors: String = redis::cmd("INFO")
-            .arg("errorstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let errors = info(&cluster, node.index, "errorstats").await;
         assert!(
             !errors.contains("CROSSSLOT"),
             "node {}: {errors}",

@@ -11,6 +11,12 @@ use distlock_testkit::RedisServer;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// One replica within 100 ms: a replica that is away is noticed quickly.
+const FAST_SYNC: ReplicaSync = ReplicaSync::Replicas {
+    count: 1,
+    timeout: Duration::from_millis(100),
+};
+
 /// A master and a replica that is online.
 async fn replicated() -> (RedisServer, RedisServer) {
     let master = RedisServer::start().await.expect("master");
@@ -160,14 +166,7 @@ async fn auto_sync_turns_on_when_a_replica_attaches_after_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_acquisition_retries_until_a_replica_acknowledges() {
     let (master, replica) = replicated().await;
-    let client = connect(
-        &master.url(),
-        ReplicaSync::Replicas {
-            count: 1,
-            timeout: Duration::from_millis(100),
-        },
-    )
-    .await;
+    let client = connect(&master.url(), FAST_SYNC).await;
     // Held by another client first (one without sync: its own acquisition must not
     // depend on how fast a loaded machine's replica acknowledges), so the call below is
     // already waiting when the replica goes away.
@@ -218,14 +217,7 @@ async fn a_server_that_refuses_wait_turns_sync_off() {
         .await
         .unwrap();
     let url = format!("redis://nowait:pw@127.0.0.1:{}/", master.port());
-    let client = connect(
-        &url,
-        ReplicaSync::Replicas {
-            count: 1,
-            timeout: Duration::from_millis(100),
-        },
-    )
-    .await;
+    let client = connect(&url, FAST_SYNC).await;
     // Sync is off: with the replica away, acquisitions still succeed (and a failover now
     // could lose them; docs/deployment.md says so).
     replica.pause().unwrap();
@@ -283,14 +275,7 @@ async fn a_paused_replica_fails_the_acquisition_and_leaves_no_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_patient_acquisition_waits_through_a_replica_stall() {
     let (master, replica) = replicated().await;
-    let client = connect(
-        &master.url(),
-        ReplicaSync::Replicas {
-            count: 1,
-            timeout: Duration::from_millis(100),
-        },
-    )
-    .await;
+    let client = connect(&master.url(), FAST_SYNC).await;
     replica.pause().unwrap();
     let waiter = {
         let lock = client.lock("stalled").unwrap();
@@ -331,10 +316,7 @@ async fn a_lost_signal_is_final_when_the_replica_comes_back() {
     let client = Client::builder()
         .watchdog_timeout(Duration::from_millis(600))
         .response_timeout(Duration::from_millis(300))
-        .replica_sync(ReplicaSync::Replicas {
-            count: 1,
-            timeout: Duration::from_millis(100),
-        })
+        .replica_sync(FAST_SYNC)
         .connect(&master.url())
         .await
         .expect("connect");
