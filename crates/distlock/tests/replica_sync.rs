@@ -374,3 +374,40 @@ async fn more_replicas_than_there_are_fails_every_acquisition() {
         "{outcome:?}"
     );
 }
+
+/// An acquisition cancelled while its WAIT is pending (a `select!` whose timer fires
+/// first) is finished on the client's runtime: whether the replica acknowledged or not,
+/// nothing stays held afterwards, and the lock is free for the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_cancelled_during_its_wait_leaves_nothing_held() {
+    let (master, replica) = replicated().await;
+    let client = connect(
+        &master.url(),
+        ReplicaSync::Replicas {
+            count: 1,
+            timeout: Duration::from_millis(500),
+        },
+    )
+    .await;
+    let lock = client.lock("cancelled-mid-wait").unwrap();
+    for round in 0..5 {
+        replica.pause().unwrap();
+        tokio::select! {
+            outcome = lock.lock() => panic!("round {round}: finished with the replica paused: {outcome:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(50 + 40 * round)) => {}
+        }
+        replica.resume().unwrap();
+        common::eventually(
+            Duration::from_secs(5),
+            "the cancelled grant given back",
+            || async { !common::key_exists(&master, "cancelled-mid-wait").await },
+        )
+        .await;
+        let other = connect(&master.url(), ReplicaSync::Off).await;
+        let guard = bounded(LIMIT, other.lock("cancelled-mid-wait").unwrap().try_lock())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: still held after the cancellation"));
+        guard.release().await.unwrap();
+    }
+}
