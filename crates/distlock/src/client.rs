@@ -159,9 +159,10 @@ impl ClientBuilder {
     /// Whether each acquisition, renewal and release waits until replicas have it, so a
     /// failover to a replica cannot lose a held lock. Default [`ReplicaSync::Auto`]: on
     /// (one replica, within 1 s) once the master has a replica connected, at connect or
-    /// at a check every 5 s after it. An acquisition no replica acknowledged is given back and fails with
-    /// [`Error::NotReplicated`]. Not offered on a cluster yet (an explicit setting is
-    /// refused there). See docs/deployment.md for what each choice costs.
+    /// at a check every 5 s after it. An acquisition no replica acknowledged is given
+    /// back: `try_lock` fails with [`Error::NotReplicated`], a waiting call tries again.
+    /// Not offered on a cluster yet (an explicit setting is refused there). See
+    /// docs/deployment.md for what each choice costs.
     pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
         self.replica_sync = sync;
         self

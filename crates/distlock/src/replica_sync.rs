@@ -39,17 +39,19 @@ pub enum ReplicaSync {
     /// On (1 replica, within 1 s) whenever the master has a replica connected, as
     /// Redisson's `checkLockSyncedSlaves`. The default.
     ///
-    /// A master with no replica at connect is asked again every 5 seconds, so a replica that attaches after the client started (a
-    /// deployment whose services start before their replicas) turns sync on within that
-    /// time. Once on, it stays on: a replica that goes away makes acquisitions fail with
-    /// [`Error::NotReplicated`] rather than quietly unprotected.
+    /// A master with no replica at connect is asked again every 5 seconds, so a replica
+    /// that attaches after the client started (a deployment whose services start before
+    /// their replicas) turns sync on within that time. Once on, it stays on: while no
+    /// replica answers, acquisitions are refused ([`Error::NotReplicated`] from
+    /// `try_lock`; waiting calls wait) rather than granted unprotected.
     #[default]
     Auto,
     /// Never wait: a failover can lose a lock that a replica had not received yet.
     Off,
     /// Wait after each acquisition, renewal and release until `count` replicas have the
-    /// write, at most `timeout`. An acquisition with fewer acknowledgements is given back
-    /// and fails with [`Error::NotReplicated`].
+    /// write, at most `timeout`. An acquisition with fewer acknowledgements is given back;
+    /// `try_lock` then fails with [`Error::NotReplicated`], and a call willing to wait
+    /// tries again with backoff until replicas acknowledge or its patience ends.
     Replicas {
         /// How many replicas must acknowledge.
         count: u32,
