@@ -371,7 +371,17 @@ async fn a_blackholed_or_cut_master_is_outvoted_within_the_node_timeout() {
     );
     guard.release().await.unwrap();
 
+    // Healing closes the connections that lived through the blackhole (their lost bytes
+    // cannot be replayed), and the first call on such a connection fails. Wait until the
+    // healed master answers its client again, or this attempt may find two masters out.
     proxies[0].heal();
+    let healed = clients[0].lock(NAME).unwrap();
+    common::eventually(
+        Duration::from_secs(10),
+        "the healed master answers",
+        || async { healed.is_locked().await.is_ok() },
+    )
+    .await;
     proxies[1].cut().await;
     let guard = bounded(LIMIT, lock.try_lock())
         .await
