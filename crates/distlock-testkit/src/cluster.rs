@@ -428,6 +428,34 @@ impl RedisCluster {
         Ok(replica)
     }
 
+    /// Stops replication from master `master` without making its replica unpromotable:
+    /// freezes the replica (SIGSTOP), then has the master drop its replica connections and
+    /// checks that it has none left. From then on a write the master acknowledges exists
+    /// on the master only. Returns the replica's index; finish with
+    /// [`failover_by_kill_after_cut`](Self::failover_by_kill_after_cut).
+    pub async fn cut_replica_link(&self, master: usize) -> Result<usize, TestkitError> {
+        let replica = self.replica_of(master).await?;
+        self.pause(replica)?;
+        probe::drop_replica_links(self.port(master)?).await?;
+        Ok(replica)
+    }
+
+    /// The lossy failover: kills master `master`, then thaws `replica` (frozen by
+    /// [`cut_replica_link`](Self::cut_replica_link)), in that order so that the replica
+    /// cannot catch up first, and waits until the replica serves the master's slots. What
+    /// the master took after the cut is gone.
+    pub async fn failover_by_kill_after_cut(
+        &mut self,
+        master: usize,
+        replica: usize,
+    ) -> Result<(), TestkitError> {
+        let slots = self.slots_of(master).await?;
+        self.kill(master).await?;
+        self.resume(replica)?;
+        self.wait_for_promotion(master, replica, &slots, "failover after a cut link")
+            .await
+    }
+
     /// Sends `CLUSTER FAILOVER` to a replica of master `master` (an orderly switch: the
     /// replica catches up first, so no write is lost) and waits until it serves the
     /// slots, the old master has become its replica with its link up, and the cluster is

@@ -61,6 +61,25 @@ pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     })
 }
 
+/// Has the master at `port` drop its replica connections (`CLIENT KILL TYPE replica`) and
+/// checks that it has none left. Freeze the replicas first, or they reconnect at once.
+pub(crate) async fn drop_replica_links(port: u16) -> Result<(), TestkitError> {
+    let _killed: i64 = query(
+        port,
+        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+    )
+    .await?;
+    // CLIENT KILL frees the connections synchronously; checking makes a surprise (say, a
+    // replica that was not frozen and reconnected) fail here, not later.
+    let replication = info(port, "replication").await?;
+    match info_field(&replication, "connected_slaves") {
+        Some("0") => Ok(()),
+        other => Err(TestkitError::Topology(format!(
+            "master {port} still has replicas after CLIENT KILL: connected_slaves {other:?}"
+        ))),
+    }
+}
+
 /// The replication role the server at `port` reports (`master` or `slave`).
 pub(crate) async fn role(port: u16) -> Result<String, TestkitError> {
     let info = info(port, "replication").await?;

@@ -45,7 +45,7 @@ use std::time::Duration;
 use private_redis::PrivateRedis;
 
 use crate::error::TestkitError;
-use crate::probe::{info, info_field, poll, query, role};
+use crate::probe::{drop_replica_links, info, info_field, poll, query, role};
 
 /// The name under which the sentinels monitor the master.
 pub const MASTER_NAME: &str = "mymaster";
@@ -230,20 +230,7 @@ impl SentinelGroup {
             self.pause(port)?;
             self.cut.push(port);
         }
-        let _killed: i64 = query(
-            master,
-            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
-        )
-        .await?;
-        // CLIENT KILL frees the connections synchronously; checking makes a surprise
-        // (say, a replica that was not frozen and reconnected) fail here, not later.
-        let replication = info(master, "replication").await?;
-        match info_field(&replication, "connected_slaves") {
-            Some("0") => Ok(()),
-            other => Err(TestkitError::Topology(format!(
-                "master {master} still has replicas after CLIENT KILL: connected_slaves {other:?}"
-            ))),
-        }
+        drop_replica_links(master).await
     }
 
     /// Thaws the replicas frozen by [`cut_replica_links`](Self::cut_replica_links)

@@ -12,7 +12,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster_link::ClusterLink;
+use crate::cluster_link::{ClusterLink, Topology};
 use crate::connection::{Connection, Link, RedisConnection};
 use crate::deployment::{
     cluster_client, mask_password, parse_endpoint, shorten_for_errors, Deployment, Endpoint,
@@ -548,6 +548,7 @@ impl ClientBuilder {
         let sharded_pubsub = facts.major_version >= 7;
         let servers = Servers::Cluster {
             seeds,
+            topology: Topology::new(),
             sharded: sharded_pubsub,
             config: config.clone(),
         };
@@ -761,7 +762,9 @@ impl Servers {
             Servers::Sentinel(master) => Ok(Link::Sentinel(
                 FailoverLink::connect(master.clone(), response_timeout).await?,
             )),
-            Servers::Cluster { seeds, .. } => {
+            Servers::Cluster {
+                seeds, topology, ..
+            } => {
                 let config = Config {
                     response_timeout,
                     ..config.clone()
@@ -779,7 +782,14 @@ impl Servers {
                     .set_connection_timeout(Some(config.connection_timeout))
                     .set_response_timeout(Some(response_timeout));
                 Ok(Link::Cluster(
-                    ClusterLink::new(fallback, template, direct).await,
+                    ClusterLink::new(
+                        fallback,
+                        template,
+                        direct,
+                        response_timeout,
+                        Arc::clone(topology),
+                    )
+                    .await,
                 ))
             }
         }

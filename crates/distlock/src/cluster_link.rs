@@ -20,60 +20,139 @@
 //! SLOTS, through the cluster connection), so a failover moves the direct path to the new
 //! master. A direct send whose connection broke is never repeated here: the script may
 //! have run, and only the caller knows whether sending it again is safe.
+//!
+//! Pipelines whose first command is such a script (a synced write: the script, then WAIT)
+//! take the direct path too, and follow redirections here: WAIT counts the writes of the
+//! connection it is sent on, so the script and its WAIT must reach the slot's master
+//! together, on one connection, whichever master that turns out to be. redis-rs sends a
+//! pipeline to one node and hands back a MOVED or ASK inside it as a value, without
+//! following it.
+//!
+//! The map also says how many replicas the cluster lists for each slot's master (CLUSTER
+//! SLOTS leaves out replicas flagged as failed), which replica sync uses to decide per
+//! shard whether a write has a replica to wait for.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{SingleNodeRoutingInfo, Slot};
 use redis::{
-    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisFuture,
-    RedisResult, Value,
+    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, Pipeline,
+    RedisFuture, RedisResult, Value,
 };
+
+use crate::deployment::{CLUSTER_MAX_RETRY_WAIT_MS, CLUSTER_MIN_RETRY_WAIT_MS, CLUSTER_RETRIES};
 
 const SLOTS: u16 = 16_384;
 
+/// How old the slot map may be before a lookup of a slot's replicas reads it again (in
+/// the background): a replica that joins a shard is waited for from then on.
+const REPLICAS_RECHECK: Duration = Duration::from_secs(5);
+
 /// A master's address, as CLUSTER SLOTS and MOVED give it.
 type Node = Arc<(String, u16)>;
+
+/// A slot's master, and how many replicas that are not flagged as failed the cluster
+/// lists for it (`None` when not known: the slot was learnt from a MOVED).
+#[derive(Clone)]
+struct Owner {
+    node: Node,
+    replicas: Option<u32>,
+}
+
+/// What a client's cluster links know of the cluster, shared by all of them (the command
+/// links, the synced-write links, dedicated ones): what one learns, that a master is gone
+/// or a slot has moved, the others use on their next command, instead of each failing
+/// once on its own connection to a dead master first.
+pub(crate) struct Topology {
+    /// The master of each slot, when known.
+    slots: RwLock<HashMap<Slot, Owner>>,
+    /// When `slots` was last read whole.
+    read_at: Mutex<Instant>,
+    refreshing: AtomicBool,
+    /// Counts failures of masters' connections; a link's connection opened before its
+    /// master's latest failure is not used again.
+    generation: AtomicU64,
+    broken_at: Mutex<HashMap<Node, u64>>,
+}
+
+impl Topology {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            slots: RwLock::new(HashMap::new()),
+            read_at: Mutex::new(Instant::now()),
+            refreshing: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            broken_at: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn broken_at(&self) -> MutexGuard<'_, HashMap<Node, u64>> {
+        self.broken_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `node`'s connection failed: every link's connection to it opened so far is
+    /// dropped, and its slots are forgotten until the map is read again.
+    fn mark_broken(&self, node: &Node) {
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.broken_at().insert(Arc::clone(node), generation);
+        self.slots
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .retain(|_, owner| owner.node != *node);
+    }
+}
 
 /// A cluster connection with a direct path for slot-routed scripts. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct ClusterLink {
     fallback: ClusterConnection,
     shared: Arc<Shared>,
+    topology: Arc<Topology>,
 }
 
 struct Shared {
-    /// The master of each slot, when known.
-    slots: RwLock<HashMap<Slot, Node>>,
-    /// Direct connections, by master; a master missing here is being connected to, or
-    /// its connection failed.
-    nodes: Mutex<HashMap<Node, MultiplexedConnection>>,
+    /// Direct connections, by master, with the topology's generation when each was
+    /// opened; a master missing here is being connected to, or its connection failed.
+    nodes: Mutex<HashMap<Node, (MultiplexedConnection, u64)>>,
     connecting: Mutex<Vec<Node>>,
-    refreshing: AtomicBool,
     /// Credentials, database and TLS of the seeds, for connections to any master.
     template: ConnectionInfo,
     config: AsyncConnectionConfig,
+    /// Bounds a pipeline with every redirection it follows, as redis-rs's response
+    /// timeout bounds a command.
+    response_timeout: Duration,
+    /// The runtime that drives this link, for background reads of the map (a lookup may
+    /// come from a caller on another runtime, which may end).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl ClusterLink {
-    /// Wraps `fallback`, and reads the slot map through it.
+    /// Wraps `fallback`, sharing `topology` with the client's other links, and reads the
+    /// slot map through it.
     pub(crate) async fn new(
         fallback: ClusterConnection,
         template: ConnectionInfo,
         config: AsyncConnectionConfig,
+        response_timeout: Duration,
+        topology: Arc<Topology>,
     ) -> Self {
         let link = Self {
             fallback,
+            topology,
             shared: Arc::new(Shared {
-                slots: RwLock::new(HashMap::new()),
                 nodes: Mutex::new(HashMap::new()),
                 connecting: Mutex::new(Vec::new()),
-                refreshing: AtomicBool::new(false),
                 template,
                 config,
+                response_timeout,
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }),
         };
         // Without a map every command takes the cluster connection: slower, still right.
@@ -83,7 +162,7 @@ impl ClusterLink {
         link
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<Node, MultiplexedConnection>> {
+    fn nodes(&self) -> MutexGuard<'_, HashMap<Node, (MultiplexedConnection, u64)>> {
         // Whole values only: a poisoned lock still holds a consistent map.
         self.shared
             .nodes
@@ -91,15 +170,42 @@ impl ClusterLink {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Reads CLUSTER SLOTS through the cluster connection and replaces the map.
+    /// This link's connection to `node`, unless the node's connection failed (on any
+    /// link of the client) since it was opened.
+    fn open_connection(&self, node: &Node) -> Option<MultiplexedConnection> {
+        let broken_at = self.topology.broken_at().get(node).copied().unwrap_or(0);
+        let mut nodes = self.nodes();
+        match nodes.get(node) {
+            Some((connection, opened)) if *opened >= broken_at => Some(connection.clone()),
+            Some(_) => {
+                nodes.remove(node);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Reads CLUSTER SLOTS (who serves each slot) and CLUSTER NODES (each master's
+    /// replicas) from one node, through the cluster connection, and replaces the map.
     async fn refresh(&self) -> RedisResult<()> {
         let mut fallback = self.fallback.clone();
-        let reply = fallback
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await?;
+        let mut both = redis::pipe();
+        both.cmd("CLUSTER").arg("SLOTS").cmd("CLUSTER").arg("NODES");
+        let mut replies = fallback
+            .route_pipeline(both, 0, 2, SingleNodeRoutingInfo::Random)
+            .await?
+            .into_iter();
+        let (Some(reply), nodes) = (replies.next(), replies.next()) else {
+            return Ok(());
+        };
+        if let Value::ServerError(err) = reply {
+            return Err(err.into());
+        }
+        // Without CLUSTER NODES (an ACL may forbid it), replica counts are unknown, and
+        // replica sync waits for a replica everywhere.
+        let replicas_by_master = nodes
+            .and_then(|nodes| String::from_redis_value(nodes).ok())
+            .map(|nodes| replicas_by_master(&nodes));
         let mut map = HashMap::with_capacity(usize::from(SLOTS));
         if let Value::Array(ranges) = reply {
             for range in ranges {
@@ -114,6 +220,14 @@ impl ClusterLink {
                 let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
                     continue;
                 };
+                let master_id = match master.get(2) {
+                    Some(Value::BulkString(id)) => String::from_utf8_lossy(id).into_owned(),
+                    Some(Value::SimpleString(id)) => id.clone(),
+                    _ => String::new(),
+                };
+                let replicas = replicas_by_master
+                    .as_ref()
+                    .map(|counts| counts.get(&master_id).copied().unwrap_or(0));
                 let host = match host {
                     Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                     Value::SimpleString(text) => text.clone(),
@@ -126,51 +240,107 @@ impl ClusterLink {
                 ) else {
                     continue;
                 };
-                let node: Node = Arc::new((host, port));
+                let owner = Owner {
+                    node: Arc::new((host, port)),
+                    replicas,
+                };
                 for slot in (first..=last.min(SLOTS - 1)).filter_map(Slot::new) {
-                    map.insert(slot, Arc::clone(&node));
+                    map.insert(slot, owner.clone());
                 }
             }
         }
         *self
-            .shared
+            .topology
             .slots
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = map;
+        *self
+            .topology
+            .read_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
         Ok(())
+    }
+
+    /// How many replicas the cluster lists for the master of `cmd`'s slot, if `cmd` is
+    /// one the direct path routes. A map older than [`REPLICAS_RECHECK`] is read again in
+    /// the background; a slot whose master or count the map does not know (after a failed
+    /// connection or a MOVED: a failover, a migration) is read now, so that the first
+    /// write after a failover waits for the new master's replicas, not the old one's.
+    /// `None` if the map cannot be read.
+    pub(crate) async fn replicas_serving(&self, cmd: &Cmd) -> Option<u32> {
+        let slot = direct_slot(cmd)?;
+        if let Some(Owner {
+            node,
+            replicas: Some(replicas),
+        }) = self.owner(slot)
+        {
+            // A master the map names but that cannot be reached (killed, and not yet
+            // replaced in the map) is not the one the write will reach.
+            if self.connection_to(&node).await.is_ok() {
+                let read_at = *self
+                    .topology
+                    .read_at
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if read_at.elapsed() > REPLICAS_RECHECK {
+                    self.refresh_soon();
+                }
+                return Some(replicas);
+            }
+            self.forget_now(&node);
+        }
+        if let Err(err) = self.refresh().await {
+            tracing::debug!(error = %err, "could not read the cluster's slot map");
+            return None;
+        }
+        self.owner(slot)?.replicas
+    }
+
+    fn owner(&self, slot: Slot) -> Option<Owner> {
+        self.topology
+            .slots
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&slot)
+            .cloned()
     }
 
     /// Reads the map again in the background, once at a time.
     fn refresh_soon(&self) {
-        if self.shared.refreshing.swap(true, Ordering::AcqRel) {
+        /// Lowers the flag however the read ends, even if its task is dropped unrun.
+        struct Refreshing(Arc<Topology>);
+        impl Drop for Refreshing {
+            fn drop(&mut self) {
+                self.0.refreshing.store(false, Ordering::Release);
+            }
+        }
+        if self.topology.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let link = self.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let flag = Refreshing(Arc::clone(&self.topology));
+        let runtime = self
+            .shared
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            let link = self.clone();
             runtime.spawn(async move {
+                let _flag = flag;
                 if let Err(err) = link.refresh().await {
                     tracing::debug!(error = %err, "could not read the cluster's slot map");
                 }
-                link.shared.refreshing.store(false, Ordering::Release);
             });
-        } else {
-            self.shared.refreshing.store(false, Ordering::Release);
         }
     }
 
     /// The direct connection for `cmd`, if it is one [`direct_slot`] routes, its slot's
     /// master is known, and a connection to it is open (one is opened for next time if not).
     fn direct(&self, cmd: &Cmd) -> Option<(Node, MultiplexedConnection)> {
-        let slot = direct_slot(cmd)?;
-        let node = self
-            .shared
-            .slots
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&slot)?
-            .clone();
-        if let Some(connection) = self.nodes().get(&node) {
-            return Some((node, connection.clone()));
+        let node = self.owner(direct_slot(cmd)?)?.node;
+        if let Some(connection) = self.open_connection(&node) {
+            return Some((node, connection));
         }
         self.connect_soon(node);
         None
@@ -201,31 +371,11 @@ impl ClusterLink {
         };
         let link = self.clone();
         runtime.spawn(async move {
-            let addr = match link.shared.template.addr() {
-                ConnectionAddr::TcpTls {
-                    insecure,
-                    tls_params,
-                    ..
-                } => ConnectionAddr::TcpTls {
-                    host: node.0.clone(),
-                    port: node.1,
-                    insecure: *insecure,
-                    tls_params: tls_params.clone(),
-                },
-                _ => ConnectionAddr::Tcp(node.0.clone(), node.1),
-            };
-            let info = link.shared.template.clone().set_addr(addr);
-            let opened = match redis::Client::open(info) {
-                Ok(client) => {
-                    client
-                        .get_multiplexed_async_connection_with_config(&link.shared.config)
-                        .await
-                }
-                Err(err) => Err(err),
-            };
-            match opened {
+            let generation = link.topology.generation.load(Ordering::Acquire);
+            match link.open_node(&node).await {
                 Ok(connection) => {
-                    link.nodes().insert(Arc::clone(&node), connection);
+                    link.nodes()
+                        .insert(Arc::clone(&node), (connection, generation));
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, node = %node.0, "no direct connection to a cluster master");
@@ -239,39 +389,223 @@ impl ClusterLink {
         });
     }
 
+    /// Opens a direct connection to `node`, with the seeds' credentials and TLS, on the
+    /// runtime that drives this link (a connection is driven where it was opened, and a
+    /// caller's runtime may end).
+    async fn open_node(&self, node: &Node) -> RedisResult<MultiplexedConnection> {
+        let addr = match self.shared.template.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: node.0.clone(),
+                port: node.1,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(node.0.clone(), node.1),
+        };
+        let info = self.shared.template.clone().set_addr(addr);
+        let config = self.shared.config.clone();
+        let open = async move {
+            redis::Client::open(info)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        };
+        let here = tokio::runtime::Handle::try_current().map(|current| current.id());
+        match &self.shared.runtime {
+            Some(runtime) if here.ok() != Some(runtime.id()) => {
+                runtime.spawn(open).await.map_err(|err| {
+                    redis::RedisError::from(std::io::Error::other(format!(
+                        "the client's runtime did not open the connection: {err}"
+                    )))
+                })?
+            }
+            _ => open.await,
+        }
+    }
+
+    /// The direct connection to `node`, opened now if there is none.
+    async fn connection_to(&self, node: &Node) -> RedisResult<MultiplexedConnection> {
+        if let Some(connection) = self.open_connection(node) {
+            return Ok(connection);
+        }
+        let generation = self.topology.generation.load(Ordering::Acquire);
+        let connection = self.open_node(node).await?;
+        self.nodes()
+            .insert(Arc::clone(node), (connection.clone(), generation));
+        Ok(connection)
+    }
+
     /// The direct connection to `node` failed: forget it and its slots, and read the map
     /// again, so that the next scripts go through the cluster connection meanwhile.
     fn forget(&self, node: &Node) {
-        self.nodes().remove(node);
-        self.shared
-            .slots
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .retain(|_, owner| owner != node);
+        self.forget_now(node);
         self.refresh_soon();
     }
 
-    /// A MOVED reply names the slot's new master.
+    /// Drops `node`'s connections (this link's and the other links') and its slots from
+    /// the map, without reading it again.
+    fn forget_now(&self, node: &Node) {
+        self.nodes().remove(node);
+        self.topology.mark_broken(node);
+    }
+
+    /// A MOVED reply names the slot's new master; how many replicas it has is read with
+    /// the whole map, in the background.
     fn moved(&self, detail: &str) {
-        let mut parts = detail.split_whitespace();
-        let (Some(slot), Some(address)) = (parts.next(), parts.next()) else {
+        let Some((slot, node)) = redirection(detail) else {
             return;
         };
-        let (Some(slot), Some((host, port))) = (
-            slot.parse::<u16>().ok().and_then(Slot::new),
-            address.rsplit_once(':'),
-        ) else {
-            return;
-        };
-        let Ok(port) = port.parse::<u16>() else {
-            return;
-        };
-        self.shared
+        self.topology
             .slots
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(slot, Arc::new((host.to_owned(), port)));
+            .insert(
+                slot,
+                Owner {
+                    node,
+                    replicas: None,
+                },
+            );
+        self.refresh_soon();
     }
+
+    /// Sends `pipeline`, whose first command goes to `slot`, to that slot's master on a
+    /// direct connection, and sends it again wherever a reply to that first command says
+    /// it should have gone (MOVED: the new master; ASK: the importing master, after
+    /// ASKING) or after a pause (TRYAGAIN, CLUSTERDOWN). Each of those replies means the
+    /// first command did not run. At most [`CLUSTER_RETRIES`] times, all within the
+    /// response timeout; the last reply is returned as it is. A broken connection is not
+    /// retried, as for a single command.
+    async fn pipeline_to_slot(
+        &self,
+        slot: Slot,
+        pipeline: &Pipeline,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut asked: Option<Node> = None;
+        let mut attempt = 0;
+        loop {
+            let (node, replies) = match asked.take() {
+                Some(node) => {
+                    let mut with_asking = redis::pipe();
+                    with_asking.cmd("ASKING");
+                    for cmd in pipeline.cmd_iter() {
+                        with_asking.add_command(cmd.clone());
+                    }
+                    let Some(mut connection) = self.reach(&node, attempt).await? else {
+                        attempt += 1;
+                        continue;
+                    };
+                    let replies = connection.req_packed_commands(&with_asking, 1, count).await;
+                    (node, replies)
+                }
+                None => {
+                    let owner = match self.owner(slot) {
+                        Some(owner) => owner,
+                        None => {
+                            // No map yet, or the owner's connection failed: read it now.
+                            self.refresh().await?;
+                            self.owner(slot).ok_or_else(|| {
+                                redis::RedisError::from((
+                                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                                    "no master serves the slot",
+                                ))
+                            })?
+                        }
+                    };
+                    let Some(mut connection) = self.reach(&owner.node, attempt).await? else {
+                        attempt += 1;
+                        continue;
+                    };
+                    let replies = connection.req_packed_commands(pipeline, 0, count).await;
+                    (owner.node, replies)
+                }
+            };
+            let replies = match replies {
+                Ok(replies) => replies,
+                Err(err) => {
+                    self.forget(&node);
+                    return Err(err);
+                }
+            };
+            attempt += 1;
+            let redirected = replies.first().and_then(misrouted);
+            if attempt > CLUSTER_RETRIES {
+                return Ok(replies);
+            }
+            match redirected {
+                None => return Ok(replies),
+                Some(Misrouted::Moved(detail)) => self.moved(&detail),
+                Some(Misrouted::Ask(detail)) => asked = redirection(&detail).map(|(_, node)| node),
+                Some(Misrouted::InTransition) => retry_pause(attempt).await,
+            }
+        }
+    }
+
+    /// A connection to `node`, for attempt `attempt` of a pipeline. A master that cannot
+    /// be connected to was sent nothing, so the pipeline may go elsewhere: its slots are
+    /// forgotten, the map is read again after a pause, and `None` says to try again, until
+    /// the attempts run out and the failure is returned.
+    async fn reach(&self, node: &Node, attempt: u32) -> RedisResult<Option<MultiplexedConnection>> {
+        match self.connection_to(node).await {
+            Ok(connection) => Ok(Some(connection)),
+            Err(err) if attempt >= CLUSTER_RETRIES => Err(err),
+            Err(err) => {
+                tracing::debug!(error = %err, node = %node.0, "cannot reach a cluster master; reading the slot map again");
+                self.forget_now(node);
+                retry_pause(attempt).await;
+                if let Err(err) = self.refresh().await {
+                    tracing::debug!(error = %err, "could not read the cluster's slot map");
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// How many replicas follow each master (by node id), from CLUSTER NODES. A replica
+/// flagged as failing counts: it may come back and be promoted with whatever it had when
+/// it was cut off, so the writes made meanwhile must still be waited for (and are refused
+/// while it cannot acknowledge them). A node that is not a member yet (handshake) does
+/// not. A master killed and replaced in a failover is listed as a failed master until it
+/// returns, as a replica of its successor, so the successor counts no replica until then.
+fn replicas_by_master(nodes: &str) -> HashMap<String, u32> {
+    let mut counts = HashMap::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(flags), Some(master)) = (fields.get(2), fields.get(3)) else {
+            continue;
+        };
+        let is_replica = flags
+            .split(',')
+            .any(|flag| flag == "slave" || flag == "replica");
+        if is_replica && !flags.contains("handshake") && *master != "-" {
+            *counts.entry((*master).to_owned()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// The pause before attempt `attempt + 1` of a command the cluster could not take yet:
+/// doubling from [`CLUSTER_MIN_RETRY_WAIT_MS`] up to [`CLUSTER_MAX_RETRY_WAIT_MS`].
+async fn retry_pause(attempt: u32) {
+    let pause = CLUSTER_MIN_RETRY_WAIT_MS
+        .saturating_mul(1 << attempt.min(10))
+        .min(CLUSTER_MAX_RETRY_WAIT_MS);
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+}
+
+/// The slot and node of a MOVED or ASK reply's detail: `<slot> <host>:<port>`.
+fn redirection(detail: &str) -> Option<(Slot, Node)> {
+    let mut parts = detail.split_whitespace();
+    let (slot, address) = (parts.next()?, parts.next()?);
+    let slot = slot.parse::<u16>().ok().and_then(Slot::new)?;
+    let (host, port) = address.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    Some((slot, Arc::new((host.to_owned(), port))))
 }
 
 /// The slot a command can go straight to, if it is one the direct path takes: a script
@@ -318,7 +652,9 @@ fn direct_slot(cmd: &Cmd) -> Option<Slot> {
 enum Misrouted {
     /// MOVED: the slot has a new master, given in the detail.
     Moved(String),
-    /// ASK, TRYAGAIN, CLUSTERDOWN: the slot is in transition.
+    /// ASK: this key has moved to the importing master named in the detail.
+    Ask(String),
+    /// TRYAGAIN, CLUSTERDOWN: the slot is in transition.
     InTransition,
 }
 
@@ -331,7 +667,8 @@ fn misrouted(reply: &Value) -> Option<Misrouted> {
         Kind::Moved => Some(Misrouted::Moved(
             err.details().unwrap_or_default().to_owned(),
         )),
-        Kind::Ask | Kind::TryAgain | Kind::ClusterDown => Some(Misrouted::InTransition),
+        Kind::Ask => Some(Misrouted::Ask(err.details().unwrap_or_default().to_owned())),
+        Kind::TryAgain | Kind::ClusterDown => Some(Misrouted::InTransition),
         _ => None,
     }
 }
@@ -345,7 +682,7 @@ impl ConnectionLike for ClusterLink {
                         None => return Ok(reply),
                         // Not run: the cluster connection follows the redirection.
                         Some(Misrouted::Moved(detail)) => self.moved(&detail),
-                        Some(Misrouted::InTransition) => {}
+                        Some(Misrouted::Ask(_) | Misrouted::InTransition) => {}
                     },
                     Err(err) => {
                         self.forget(&node);
@@ -363,7 +700,28 @@ impl ConnectionLike for ClusterLink {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.fallback.req_packed_commands(pipeline, offset, count)
+        Box::pin(async move {
+            match pipeline.cmd_iter().next().and_then(direct_slot) {
+                // Only a pipeline whose first reply is kept can be checked for a
+                // redirection.
+                Some(slot) if offset == 0 => {
+                    let timeout = self.shared.response_timeout;
+                    tokio::time::timeout(timeout, self.pipeline_to_slot(slot, pipeline, count))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(redis::RedisError::from(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "a cluster pipeline and its redirections outlasted the response timeout",
+                            )))
+                        })
+                }
+                _ => {
+                    self.fallback
+                        .req_packed_commands(pipeline, offset, count)
+                        .await
+                }
+            }
+        })
     }
 
     fn get_db(&self) -> i64 {
@@ -393,5 +751,34 @@ mod tests {
         assert_eq!(direct_slot(&two_slots), None);
         assert_eq!(direct_slot(&redis::cmd("UNLINK")), None);
         assert_eq!(direct_slot(redis::cmd("GET").arg("{a}:x")), None);
+    }
+
+    #[test]
+    fn counts_replicas_failing_ones_included() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b1 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+c1 127.0.0.1:7002@17002 master,fail - 0 0 3 disconnected
+c2 127.0.0.1:7005@17005 master - 0 0 7 connected 10923-16383
+a2 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+b2 127.0.0.1:7004@17004 slave,fail b1 0 0 2 disconnected
+x9 127.0.0.1:7009@17009 handshake,slave a1 0 0 0 disconnected
+";
+        let counts = replicas_by_master(nodes);
+        assert_eq!(counts.get("a1"), Some(&1));
+        // A failing replica may come back and be promoted: it counts.
+        assert_eq!(counts.get("b1"), Some(&1));
+        // A master promoted after a kill has no replica until the old one returns.
+        assert_eq!(counts.get("c2"), None);
+    }
+
+    #[test]
+    fn reads_redirections() {
+        let (slot, node) = redirection("3999 127.0.0.1:6381").expect("parses");
+        assert_eq!(slot, Slot::new(3999).expect("a slot"));
+        assert_eq!(*node, ("127.0.0.1".to_owned(), 6381));
+        assert!(redirection("3999").is_none());
+        assert!(redirection("99999 h:1").is_none());
+        assert!(redirection("1 h:port").is_none());
     }
 }

@@ -155,6 +155,15 @@ impl Connection {
         matches!(self.route(), Route::Home)
     }
 
+    /// On a cluster, how many replicas the cluster lists for the master of `cmd`'s slot
+    /// (see [`ClusterLink::replicas_serving`]); `None` elsewhere, or when not known.
+    pub(crate) async fn replicas_serving(&self, cmd: &Cmd) -> Option<u32> {
+        match &self.background {
+            Link::Cluster(link) => link.replicas_serving(cmd).await,
+            _ => None,
+        }
+    }
+
     /// The home link (present whenever `route` says `Home`), or else the background one.
     fn home_link(&mut self) -> &mut Link {
         match &mut self.home {

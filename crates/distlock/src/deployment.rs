@@ -26,11 +26,11 @@ use crate::sentinel::SentinelMaster;
 /// How often one cluster command is sent again after a redirection it cannot follow at
 /// once (TRYAGAIN while a slot migrates, CLUSTERDOWN during a failover) or a lost node.
 /// Every retry still ends within the response timeout, which bounds the whole command.
-const CLUSTER_RETRIES: u32 = 12;
+pub(crate) const CLUSTER_RETRIES: u32 = 12;
 /// Pauses between those retries, in milliseconds: short, because a migration moves a
 /// slot's few lock keys in a few milliseconds, and growing up to a quarter second.
-const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
-const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 250;
+pub(crate) const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
+pub(crate) const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 250;
 
 /// A cluster client on `seeds` with the client's timeouts. With `pushes`, it speaks RESP3
 /// and sends every push (pub/sub messages, subscription confirmations, disconnections)
@@ -278,9 +278,11 @@ pub(crate) enum Servers {
     Standalone(redis::Client),
     /// The master a set of sentinels names, as the client's connections last found it.
     Sentinel(SentinelMaster),
-    /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`.
+    /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`. Every
+    /// command link opened on it shares `topology`.
     Cluster {
         seeds: Vec<ConnectionInfo>,
+        topology: std::sync::Arc<crate::cluster_link::Topology>,
         sharded: bool,
         config: Config,
     },

@@ -301,16 +301,14 @@ impl Acquire for LockAttempt {
             let reply = match core.synced() {
                 None => call.invoke::<i64>(&mut connection).await,
                 Some(synced) => match call.invoke_synced::<i64>(synced).await {
-                    Ok((token, acknowledged))
-                        if token >= 1 && acknowledged < synced.policy().replicas =>
-                    {
+                    Ok((token, acks)) if token >= 1 && !acks.enough() => {
                         // No replica has it: a failover now would hand the lock to
                         // someone else while this owner trusts it. Give it back.
                         abandon(&core, &name, &channel, &owner);
                         return Err(Error::NotReplicated {
                             name: name.to_string(),
-                            acknowledged,
-                            required: synced.policy().replicas,
+                            acknowledged: acks.acknowledged,
+                            required: acks.required,
                             timeout: synced.policy().timeout,
                         });
                     }
@@ -476,12 +474,12 @@ impl Holding {
                         .reply_unless_stalled(sent_on_home, call.invoke::<i64>(&mut connection))
                         .await
                 }
-                Some(synced) => call.invoke_synced::<i64>(synced).await.map(|(reply, acknowledged)| {
-                    if acknowledged < synced.policy().replicas {
+                Some(synced) => call.invoke_synced::<i64>(synced).await.map(|(reply, acks)| {
+                    if !acks.enough() {
                         // Done on the master. A failover before a replica gets it brings
                         // the lock back until its lease runs out: the next holder waits
                         // longer, but no two hold it.
-                        tracing::warn!(lock = %self.name, acknowledged, "no replica acknowledged a release in time");
+                        tracing::warn!(lock = %self.name, acknowledged = acks.acknowledged, "no replica acknowledged a release in time");
                     }
                     reply
                 }),

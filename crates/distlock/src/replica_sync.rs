@@ -18,13 +18,22 @@
 //! When the server has WAITAOF (Redis 7.2) and its AOF is on, the write also waits until
 //! the master's own AOF has it (`WAITAOF 1 <replicas> <timeout>`), so a master restarted
 //! from its AOF remembers the lock too.
+//!
+//! On a Redis Cluster, each shard has its own master and replicas, and WAIT counts the
+//! replicas of the master that took the write. Under [`ReplicaSync::Auto`] a write waits
+//! for one replica when the cluster lists one for its shard's master, and for none when it
+//! lists none: a master without a replica (one whose replica was promoted in a failover
+//! and has not been replaced yet) has nobody to fail over to, so there is no failover that
+//! could lose its locks, and refusing them would only take the shard's locks away. The
+//! cluster lists a replica whose replication link is cut, so a write it cannot
+//! acknowledge is still refused.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Value};
+use redis::{Cmd, FromRedisValue, Value};
 
 use crate::connection::Connection;
 use crate::duration::to_millis;
@@ -39,6 +48,10 @@ pub enum ReplicaSync {
     /// On (1 replica, within 1 s) whenever the master has a replica connected, as
     /// Redisson's `checkLockSyncedSlaves`. The default.
     ///
+    /// On a cluster, decided per shard: a write waits for one replica when the cluster
+    /// lists one for its shard's master (read again every 5 seconds), and for none when
+    /// it lists none.
+    ///
     /// A master with no replica at connect is asked again every 5 seconds, so a replica
     /// that attaches after the client started (a deployment whose services start before
     /// their replicas) turns sync on within that time. Once on, it stays on: while no
@@ -49,7 +62,8 @@ pub enum ReplicaSync {
     /// Never wait: a failover can lose a lock that a replica had not received yet.
     Off,
     /// Wait after each acquisition, renewal and release until `count` replicas have the
-    /// write, at most `timeout`. An acquisition with fewer acknowledgements is given back;
+    /// write, at most `timeout`. On a cluster, `count` replicas of the master of the
+    /// lock's shard, whatever the cluster lists. An acquisition with fewer acknowledgements is given back;
     /// `try_lock` then fails with [`Error::NotReplicated`], and a call willing to wait
     /// tries again with backoff until replicas acknowledge or its patience ends.
     Replicas {
@@ -96,11 +110,31 @@ pub(crate) struct SyncPolicy {
     timeout_ms: u64,
     /// Wait for the master's AOF too (WAITAOF): the server has it and AOF is on.
     aof: bool,
+    /// On a cluster under [`ReplicaSync::Auto`]: wait for no more replicas than the
+    /// cluster lists for the write's shard.
+    per_shard: bool,
+}
+
+/// What the WAIT behind a synced write reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Acks {
+    /// How many replicas acknowledged.
+    pub(crate) acknowledged: u32,
+    /// How many had to: the policy's count, or fewer on a cluster shard that lists fewer
+    /// replicas under [`ReplicaSync::Auto`].
+    pub(crate) required: u32,
+}
+
+impl Acks {
+    /// True if enough replicas have the write.
+    pub(crate) fn enough(self) -> bool {
+        self.acknowledged >= self.required
+    }
 }
 
 impl SyncPolicy {
-    /// The command that follows a lock write.
-    fn wait_command(&self) -> Cmd {
+    /// The command that follows a lock write, waiting for `replicas`.
+    fn wait_command(&self, replicas: u32) -> Cmd {
         let mut cmd = if self.aof {
             let mut cmd = redis::cmd("WAITAOF");
             cmd.arg(1);
@@ -108,7 +142,7 @@ impl SyncPolicy {
         } else {
             redis::cmd("WAIT")
         };
-        cmd.arg(self.replicas).arg(self.timeout_ms);
+        cmd.arg(replicas).arg(self.timeout_ms);
         cmd
     }
 
@@ -134,8 +168,7 @@ impl SyncPolicy {
 }
 
 /// Resolves the setting against what the server says, on `connection` (the client's
-/// ordinary command connection, to its master). `cluster`: replica sync is not offered on
-/// a cluster yet, and asking for it there is an error rather than a silent no.
+/// ordinary command connection: to its master, or to every master of a `cluster`).
 pub(crate) async fn resolve(
     setting: ReplicaSync,
     connection: &Connection,
@@ -144,12 +177,6 @@ pub(crate) async fn resolve(
     let (replicas, timeout) = match setting {
         ReplicaSync::Off => return Ok(Resolved::Off),
         ReplicaSync::Replicas { count, timeout } => {
-            if cluster {
-                return Err(Error::InvalidConfig {
-                    what: "replica sync",
-                    reason: "not supported on a Redis Cluster yet; see docs/deployment.md".into(),
-                });
-            }
             if count == 0 {
                 return Err(Error::InvalidConfig {
                     what: "replica sync",
@@ -158,12 +185,14 @@ pub(crate) async fn resolve(
             }
             (count, timeout)
         }
+        // Per shard, as each write goes: see `SyncPolicy::per_shard`.
+        ReplicaSync::Auto if cluster => (1, AUTO_TIMEOUT),
         ReplicaSync::Auto => {
-            if cluster {
-                return Ok(Resolved::Off);
-            }
             let replication = info(connection, "replication").await;
-            match field(&replication, "connected_slaves").and_then(|n| n.parse::<u32>().ok()) {
+            let connected = replication.first().and_then(|replication| {
+                field(replication, "connected_slaves").and_then(|n| n.parse::<u32>().ok())
+            });
+            match connected {
                 Some(connected) if connected >= 1 => (1, AUTO_TIMEOUT),
                 _ => return Ok(Resolved::NoReplicaYet),
             }
@@ -184,29 +213,55 @@ pub(crate) async fn resolve(
         );
         return Ok(Resolved::Off);
     }
+    // A cluster connection asks every master and hands back each one's answer, refusals
+    // included, as a map: every master must take WAITAOF and have its AOF on.
     let has_waitaof = redis::cmd("WAITAOF")
         .arg(0)
         .arg(0)
         .arg(0)
         .query_async::<Value>(&mut probe)
         .await
-        .is_ok();
-    let aof_on = field(&info(connection, "persistence").await, "aof_enabled") == Some("1".into());
+        .is_ok_and(|reply| !holds_an_error(&reply));
+    let persistence = info(connection, "persistence").await;
+    let aof_on = !persistence.is_empty()
+        && persistence
+            .iter()
+            .all(|section| field(section, "aof_enabled").as_deref() == Some("1"));
     Ok(Resolved::On(SyncPolicy {
         replicas,
         timeout,
         timeout_ms,
         aof: has_waitaof && aof_on,
+        per_shard: cluster && setting == ReplicaSync::Auto,
     }))
 }
 
-async fn info(connection: &Connection, section: &str) -> String {
+/// One INFO section from each server that answered: the one server, or every master of
+/// a cluster (whose connection answers with a map of node to reply).
+async fn info(connection: &Connection, section: &str) -> Vec<String> {
     let mut connection = connection.clone();
-    redis::cmd("INFO")
+    let reply = redis::cmd("INFO")
         .arg(section)
-        .query_async::<String>(&mut connection)
-        .await
-        .unwrap_or_default()
+        .query_async::<Value>(&mut connection)
+        .await;
+    let text = |value: &Value| String::from_redis_value(value.clone()).ok();
+    match reply {
+        Ok(Value::Map(replies)) => replies
+            .iter()
+            .filter_map(|(_, reply)| text(reply))
+            .collect(),
+        Ok(reply) => text(&reply).into_iter().collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// True if `reply`, or any reply a cluster gathered into it, is an error.
+fn holds_an_error(reply: &Value) -> bool {
+    match reply {
+        Value::ServerError(_) => true,
+        Value::Map(replies) => replies.iter().any(|(_, reply)| holds_an_error(reply)),
+        _ => false,
+    }
 }
 
 fn field(info: &str, name: &str) -> Option<String> {
@@ -264,20 +319,35 @@ impl SyncedWrites {
         &self.policy
     }
 
-    /// One of the synced connections, for a command that needs no WAIT (loading a script).
-    pub(crate) fn connection(&self) -> Connection {
-        let at = self.next.load(Ordering::Relaxed) % self.connections.len();
-        self.connections[at].connection.clone()
-    }
-
     /// Sends `write` and the WAIT behind it, in one pipeline on one of the synced
-    /// connections. Returns the write's reply and how many replicas acknowledged.
+    /// connections. Returns the write's reply and what the WAIT reported. A write to a
+    /// cluster shard whose master has no replica to wait for (see
+    /// [`SyncPolicy::per_shard`]) is sent alone.
     pub(crate) async fn send<T: redis::FromRedisValue>(
         &self,
         write: &Cmd,
-    ) -> redis::RedisResult<(T, u32)> {
+    ) -> redis::RedisResult<(T, Acks)> {
         let count = self.connections.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        let required = match self.policy.per_shard {
+            true => self.connections[start]
+                .connection
+                .replicas_serving(write)
+                .await
+                .map_or(self.policy.replicas, |listed| {
+                    listed.min(self.policy.replicas)
+                }),
+            false => self.policy.replicas,
+        };
+        if required == 0 {
+            let mut connection = self.connections[start].connection.clone();
+            let value = write.query_async(&mut connection).await?;
+            let acks = Acks {
+                acknowledged: 0,
+                required,
+            };
+            return Ok((value, acks));
+        }
         // The first free connection from a rotating start; if all are busy, queue on one.
         let free = (0..count).find_map(|offset| {
             let link = &self.connections[(start + offset) % count];
@@ -293,7 +363,7 @@ impl SyncedWrites {
         let mut connection = link.connection.clone();
         let mut pipeline = redis::pipe();
         pipeline.add_command(write.clone());
-        pipeline.add_command(self.policy.wait_command());
+        pipeline.add_command(self.policy.wait_command(required));
         let mut replies = connection.req_packed_commands(&pipeline, 0, 2).await?;
         let waited = replies.pop();
         let written = replies.pop();
@@ -311,7 +381,13 @@ impl SyncedWrites {
             Value::ServerError(err) => return Err(err.into()),
             waited => self.policy.acknowledged(&waited).unwrap_or(0),
         };
-        Ok((value, acknowledged))
+        Ok((
+            value,
+            Acks {
+                acknowledged,
+                required,
+            },
+        ))
     }
 }
 
@@ -325,6 +401,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             timeout_ms: 1000,
             aof,
+            per_shard: false,
         }
     }
 

@@ -1,20 +1,31 @@
 //! The Lua scripts, compiled into the crate from `src/scripts/*.lua`.
 //!
-//! Each is run with EVALSHA through [`ScriptCall`], which reloads it and retries once when
-//! the server answers NOSCRIPT, so a Redis restart or `SCRIPT FLUSH` costs one extra round
-//! trip instead of an error.
+//! Each is run with EVALSHA through [`ScriptCall`], which sends it once more as EVAL, with
+//! its source, when the server answers NOSCRIPT: a Redis restart, `SCRIPT FLUSH`, or a
+//! cluster replica promoted in a failover (scripts loaded at connect reach the masters
+//! only) then costs one extra round trip instead of an error. EVAL is routed by its keys
+//! like the EVALSHA it replaces, so it reaches the very server that lacked the script, and
+//! caches the script there.
 
 use std::sync::LazyLock;
 
-use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{Arg, Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
 use crate::connection::Connection;
-use crate::replica_sync::SyncedWrites;
+use crate::replica_sync::{Acks, SyncedWrites};
+
+/// One of distlock's scripts: its source, and the hash EVALSHA calls it by.
+pub(crate) struct LuaScript {
+    source: &'static str,
+    script: LazyLock<Script>,
+}
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
-        pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(include_str!(concat!("scripts/", $file))));
+        pub(crate) static $name: LuaScript = LuaScript {
+            source: include_str!(concat!("scripts/", $file)),
+            script: LazyLock::new(|| Script::new(include_str!(concat!("scripts/", $file)))),
+        };
     };
 }
 
@@ -39,7 +50,13 @@ pub(crate) async fn preload(connection: &Connection) -> redis::RedisResult<()> {
     ];
     let loads = all.map(|script| {
         let mut connection = connection.clone();
-        async move { script.prepare_invoke().load_async(&mut connection).await }
+        async move {
+            script
+                .script
+                .prepare_invoke()
+                .load_async(&mut connection)
+                .await
+        }
     });
     for loaded in futures_util::future::join_all(loads).await {
         loaded?;
@@ -56,16 +73,18 @@ const BYTES_PER_ARGUMENT: usize = 48;
 /// command on every send: a dozen allocations per lock operation, measured with the
 /// bench's counting allocator.)
 pub(crate) struct ScriptCall {
-    script: &'static Script,
+    script: &'static LuaScript,
     cmd: Cmd,
 }
 
 impl ScriptCall {
     /// A call of `script` on `keys`, with room for `args` more arguments.
-    pub(crate) fn new(script: &'static Script, keys: &[&str], args: usize) -> Self {
+    pub(crate) fn new(script: &'static LuaScript, keys: &[&str], args: usize) -> Self {
         let count = 3 + keys.len() + args;
         let mut cmd = Cmd::with_capacity(count, count * BYTES_PER_ARGUMENT);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        cmd.arg("EVALSHA")
+            .arg(script.script.get_hash())
+            .arg(keys.len());
         for key in keys {
             cmd.arg(*key);
         }
@@ -78,41 +97,74 @@ impl ScriptCall {
         self
     }
 
-    /// Sends the call. A server that lost the script (restarted, or flushed its cache)
-    /// gets it again and the call is sent once more.
+    /// The same call as `EVAL` with the script's source, for a server that answered
+    /// NOSCRIPT.
+    fn as_eval(&self) -> Cmd {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(self.script.source);
+        // After EVALSHA and the hash: the key count, the keys and the arguments.
+        for arg in self.cmd.args_iter().skip(2) {
+            if let Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
+    }
+
+    /// Sends the call. A server that lost the script (restarted, flushed its cache, or
+    /// promoted from a replica) gets the call again as EVAL.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         connection: &mut Connection,
     ) -> RedisResult<T> {
         match self.cmd.query_async(connection).await {
-            Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                self.script.prepare_invoke().load_async(connection).await?;
-                self.cmd.query_async(connection).await
-            }
+            Err(err) if is_no_script(&err) => self.as_eval().query_async(connection).await,
             other => other,
         }
     }
 
     /// Sends the call followed by a WAIT for replicas, on a connection of `synced`.
-    /// Returns the script's reply and how many replicas acknowledged the write.
+    /// Returns the script's reply and what the WAIT reported.
     pub(crate) async fn invoke_synced<T: FromRedisValue>(
         &self,
         synced: &SyncedWrites,
-    ) -> RedisResult<(T, u32)> {
+    ) -> RedisResult<(T, Acks)> {
         match synced.send(&self.cmd).await {
-            Err(err)
-                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                let mut connection = synced.connection();
-                self.script
-                    .prepare_invoke()
-                    .load_async(&mut connection)
-                    .await?;
-                synced.send(&self.cmd).await
-            }
+            Err(err) if is_no_script(&err) => synced.send(&self.as_eval()).await,
             other => other,
         }
+    }
+}
+
+fn is_no_script(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_as_eval_carries_the_source_keys_and_arguments() {
+        let mut call = ScriptCall::new(&LOCK_RENEW, &["a", "b"], 2);
+        call.arg(30_000).arg("owner");
+        let eval = call.as_eval();
+        let args: Vec<Vec<u8>> = eval
+            .args_iter()
+            .map(|arg| match arg {
+                Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"EVAL",
+            LOCK_RENEW.source.as_bytes(),
+            b"2",
+            b"a",
+            b"b",
+            b"30000",
+            b"owner",
+        ];
+        assert_eq!(args, expected);
     }
 }

@@ -1,16 +1,19 @@
 //! On a real Redis Cluster (3 masters, 3 replicas on loopback): exclusion on names spread
-//! over every master, a slot migrating under held and awaited locks, and failovers of the
-//! shard that holds a lock.
+//! over every master, a slot migrating under held and awaited locks, failovers of the
+//! shard that holds a lock, and replica sync per shard through a lossy failover.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use distlock::Client;
+use common::bounded;
+use distlock::{Client, Error, ReplicaSync};
 use distlock_testkit::{ExclusionChecker, RedisCluster};
 
 const LIMIT: Duration = Duration::from_secs(60);
+/// Locks taken through each lossy failover.
+const TRIALS: usize = 20;
 
 async fn cluster_client(cluster: &RedisCluster, watchdog: Duration) -> Client {
     Client::builder()
@@ -30,21 +33,37 @@ async fn info(cluster: &RedisCluster, node: usize, section: &str) -> String {
         .unwrap()
 }
 
+/// Calls of `command` on node `node`, from INFO commandstats.
+async fn calls_on(cluster: &RedisCluster, node: usize, command: &str) -> u64 {
+    info(cluster, node, "commandstats")
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// Calls of `command` on every master, from INFO commandstats.
 async fn calls_on_masters(cluster: &RedisCluster, command: &str) -> u64 {
     let mut total = 0;
     for node in cluster.nodes().await.unwrap() {
-        if node.role != distlock_testkit::ClusterRole::Master {
-            continue;
+        if node.role == distlock_testkit::ClusterRole::Master {
+            total += calls_on(cluster, node.index, command).await;
         }
-        let stats = info(cluster, node.index, "commandstats").await;
-        total += stats
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0);
     }
     total
+}
+
+/// A hash tag whose slot master `master` serves.
+async fn tag_served_by(cluster: &RedisCluster, master: usize) -> String {
+    for n in 0..1_000 {
+        let tag = format!("shard{n}");
+        let slot = cluster.key_slot(&tag).await.unwrap();
+        if cluster.master_for_slot(slot).await.unwrap() == master {
+            return tag;
+        }
+    }
+    panic!("no tag of the first thousand lands on master {master}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,8 +243,10 @@ async fn a_slot_migrating_under_held_and_awaited_locks_loses_and_doubles_nothing
 /// What a failover of the shard holding a lock does. An orderly `CLUSTER FAILOVER` lets
 /// the replica catch up first, and a kill after the replica has the lock's write loses
 /// nothing either: the holder keeps its lock, renews it on the new master, and nobody
-/// else gets it. (A kill *before* the replica has the write loses the lock: replica sync
-/// is not offered on a cluster yet; see docs/deployment.md.)
+/// else gets it. With replica sync (the default here), a kill leaves the promoted master
+/// without a replica, and the holder's renewals go on there without a WAIT. (A kill
+/// *before* the replica has the write: see
+/// `a_lossy_failover_double_grants_without_replica_sync_and_never_with_it`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shard_holding_a_lock_fails_over_and_the_holder_keeps_it() {
     let mut cluster = RedisCluster::start().await.expect("start cluster");
@@ -316,5 +337,159 @@ async fn replica_has_key(cluster: &RedisCluster, replica: usize, key: &str) {
                 == 1
         }
     })
+    .await;
+}
+
+/// Client A (with `sync`) takes `TRIALS` locks of master `master`'s shard while the
+/// master's replica cannot receive them; the master is killed and the replica promoted;
+/// client B, without sync, asks for the same locks on the new master. A double grant is a
+/// lock B gets while A still holds and trusts it. Returns (locks A held, granted twice).
+async fn double_grants_after_a_lossy_failover(
+    cluster: &mut RedisCluster,
+    master: usize,
+    sync: ReplicaSync,
+) -> (usize, usize) {
+    let tag = tag_served_by(cluster, master).await;
+    let a = Client::builder()
+        .replica_sync(sync)
+        .connect(&cluster.url())
+        .await
+        .expect("connect");
+    let names: Vec<String> = (0..TRIALS)
+        .map(|n| format!("{{{tag}}}:trial:{n}"))
+        .collect();
+    let replica = cluster.cut_replica_link(master).await.unwrap();
+    let attempts = names.iter().map(|name| {
+        let lock = a.lock(name.clone()).unwrap();
+        async move { lock.try_lock().await }
+    });
+    let outcomes = bounded(LIMIT, futures_util::future::join_all(attempts)).await;
+    let mut held = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(Some(guard)) => held.push(guard),
+            Ok(None) => panic!("a trial lock was busy"),
+            Err(Error::NotReplicated { acknowledged, .. }) => assert_eq!(acknowledged, 0),
+            Err(err) => panic!("unexpected: {err}"),
+        }
+    }
+    cluster
+        .failover_by_kill_after_cut(master, replica)
+        .await
+        .unwrap();
+
+    let b = Client::builder()
+        .replica_sync(ReplicaSync::Off)
+        .connect(&cluster.url())
+        .await
+        .expect("connect");
+    let mut double = 0;
+    for name in &names {
+        let got = bounded(
+            LIMIT,
+            b.lock(name.clone())
+                .unwrap()
+                .try_lock_for(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        if got.is_some()
+            && held
+                .iter()
+                .any(|guard| guard.name() == name && !guard.is_lost())
+        {
+            double += 1;
+        }
+    }
+    (held.len(), double)
+}
+
+/// The known unsafe case on a cluster, once per shard: without sync, every lock taken
+/// after the replica link was cut is granted again after the failover (the control); with
+/// sync, explicit or the default `Auto`, the acquisitions failed instead, so nothing is.
+/// Under `Auto` the frozen replica is flagged as failing while A waits, and still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lossy_failover_double_grants_without_replica_sync_and_never_with_it() {
+    let mut cluster = RedisCluster::start().await.expect("start cluster");
+    let unsynced = double_grants_after_a_lossy_failover(&mut cluster, 0, ReplicaSync::Off).await;
+    let fast_sync = ReplicaSync::Replicas {
+        count: 1,
+        timeout: Duration::from_millis(100),
+    };
+    let synced = double_grants_after_a_lossy_failover(&mut cluster, 1, fast_sync).await;
+    let auto = double_grants_after_a_lossy_failover(&mut cluster, 2, ReplicaSync::Auto).await;
+    eprintln!(
+        "lossy cluster failover, {TRIALS} trials each (held by A, granted twice): \
+         without sync {unsynced:?}, with sync {synced:?}, with Auto {auto:?}"
+    );
+    assert_eq!(
+        unsynced,
+        (TRIALS, TRIALS),
+        "the control did not double-grant"
+    );
+    assert_eq!(synced, (0, 0));
+    assert_eq!(auto, (0, 0));
+}
+
+/// Under `ReplicaSync::Auto`, each shard is decided by itself. A lock write waits for a
+/// replica where the cluster lists one. A master promoted after a kill has none until its
+/// predecessor rejoins: its locks are granted without a WAIT (no failover could lose
+/// them) rather than refused, and once the old master is back as its replica, its writes
+/// wait again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_sync_waits_per_shard_for_the_replicas_the_cluster_lists() {
+    let mut cluster = RedisCluster::start().await.expect("start cluster");
+    let client = cluster_client(&cluster, Duration::from_secs(10)).await;
+    let tag = tag_served_by(&cluster, 0).await;
+    let name = format!("{{{tag}}}:per-shard");
+    let cycle = || async {
+        let guard = client.lock(name.as_str()).unwrap().try_lock().await?;
+        guard.expect("free").release().await
+    };
+
+    let before = calls_on(&cluster, 0, "wait").await;
+    cycle().await.unwrap();
+    assert_eq!(
+        calls_on(&cluster, 0, "wait").await,
+        before + 2,
+        "the acquisition and the release each wait for the replica"
+    );
+
+    let promoted = cluster.failover_by_kill(0).await.unwrap();
+    let started = Instant::now();
+    loop {
+        match cycle().await {
+            Ok(()) => break,
+            Err(err) if err.is_connection_error() && started.elapsed() < LIMIT => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(err) => panic!("no lock cycle on the promoted master: {err}"),
+        }
+    }
+    let before = calls_on(&cluster, promoted, "wait").await;
+    for _ in 0..5 {
+        let started = Instant::now();
+        cycle().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "a cycle on a master without replicas waited: {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        calls_on(&cluster, promoted, "wait").await,
+        before,
+        "a master without replicas was sent WAIT"
+    );
+
+    // The old master rejoins as the promoted one's replica: within the client's 5 s
+    // recheck of the slot map, its writes wait for it again.
+    cluster.restart(0).await.unwrap();
+    let before = calls_on(&cluster, promoted, "wait").await;
+    common::eventually(
+        Duration::from_secs(20),
+        "lock writes wait for the rejoined replica",
+        || async { cycle().await.is_ok() && calls_on(&cluster, promoted, "wait").await > before },
+    )
     .await;
 }

@@ -15,6 +15,10 @@
 //! a single-shard cluster (one master with every slot, one replica: the same processes as
 //! the baseline) runs the same loads; its ratio is the cost of cluster mode and routing
 //! alone.
+//!
+//! Both sides run without replica sync, so that the ratio is routing alone; the cost of
+//! replica sync on the cluster (`Auto`: one WAIT per lock write) is reported beside it,
+//! as a ratio to the same cluster without it.
 
 use std::time::Duration;
 
@@ -32,29 +36,29 @@ pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
     let replica_of = master.port().to_string();
     let _replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &replica_of]).await?;
     wait_for_replica(&master).await?;
-    // Without sync, as on the cluster (where it is not offered): the same commands.
-    let single = &Client::builder()
-        .replica_sync(ReplicaSync::Off)
-        .connect(&master.url())
-        .await?;
+    // Without sync on both sides: the same commands.
+    let unsynced = || Client::builder().replica_sync(ReplicaSync::Off);
+    let single = &unsynced().connect(&master.url()).await?;
     let cluster = RedisCluster::start().await?;
-    let clustered = Client::connect(&cluster.url()).await?;
+    let clustered = unsynced().connect(&cluster.url()).await?;
+    let synced = Client::connect(&cluster.url()).await?;
     let shard = RedisCluster::start_single_shard().await?;
-    let one_shard = Client::connect(&shard.url()).await?;
+    let one_shard = unsynced().connect(&shard.url()).await?;
     let one = vec!["bench:cluster:one".to_owned()];
     let many: Vec<String> = (0..TASKS).map(|n| format!("bench:cluster:{n}")).collect();
-    let measured = interleaved(plan, 7, async |load, length| match load {
+    let measured = interleaved(plan, 8, async |load, length| match load {
         0 => lock_cycles(single, &one, length).await,
         1 => lock_cycles(&clustered, &one, length).await,
         2 => lock_cycles(single, &many, length).await,
         3 => lock_cycles(&clustered, &many, length).await,
         4 => lock_cycles(&one_shard, &one, length).await,
         5 => lock_cycles(&one_shard, &many, length).await,
+        6 => lock_cycles(&synced, &one, length).await,
         _ => lock_cycles(unreplicated, &one, length).await,
     })
     .await?;
-    let [single_one, cluster_one, single_many, cluster_many, shard_one, shard_many, bare_one] =
-        <[_; 7]>::try_from(measured)
+    let [single_one, cluster_one, single_many, cluster_many, shard_one, shard_many, synced_one, bare_one] =
+        <[_; 8]>::try_from(measured)
             .map_err(|_| "interleaved returned the wrong number of loads")?;
     // Each load's median ratio to the first; the parallel pairs are compared by their ratios.
     let uncontended = cluster_one.ratio_to_first;
@@ -110,6 +114,16 @@ pub async fn run(unreplicated: &Client, plan: Plan) -> BenchResult<Report> {
                 "cluster lock+release p99 (64 tasks)",
                 cluster_many.latency.micros(0.99),
                 "µs",
+            ),
+            figure(
+                "cluster with replica sync (Auto) cycles/s (1 task)",
+                synced_one.rate,
+                "cycles/s",
+            ),
+            figure(
+                "cluster with replica sync vs without (1 task)",
+                synced_one.ratio_to_first / cluster_one.ratio_to_first,
+                "×",
             ),
             figure(
                 "server without a replica cycles/s (1 task)",

@@ -367,6 +367,7 @@ async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
             seeds,
             sharded,
             config,
+            ..
         } => {
             let (pushes, events) = mpsc::unbounded_channel();
             let client = cluster_client(seeds, config, Some(pushes))?;

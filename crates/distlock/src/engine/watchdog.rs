@@ -496,13 +496,15 @@ async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
             invocation.invoke(&mut connection).await?
         }
         Some(synced) => {
-            let (renewed, acknowledged) = invocation.invoke_synced(synced).await?;
-            let required = synced.policy().replicas;
-            if acknowledged < required {
+            let (renewed, acks) = invocation.invoke_synced(synced).await?;
+            if !acks.enough() {
                 // Not extended as far as a failover is concerned: keep the old deadline.
                 return Err(redis::RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("{acknowledged} of {required} replica(s) acknowledged the renewal"),
+                    format!(
+                        "{} of {} replica(s) acknowledged the renewal",
+                        acks.acknowledged, acks.required
+                    ),
                 )));
             }
             renewed
