@@ -70,6 +70,21 @@ pub fn assert_clean(report: &StrategyReport) {
     assert_eq!(report.orders_stored, report.sold);
 }
 
+/// True if `err` says the connection was cut while the request was still being written.
+fn is_cut_while_writing(err: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            );
+        }
+        source = error.source();
+    }
+    false
+}
+
 /// A response's status and JSON body (`Value::Null` when the body is not JSON).
 pub struct Answer {
     pub status: u16,
@@ -77,8 +92,21 @@ pub struct Answer {
 }
 
 /// Sends a request and reads the answer.
+///
+/// A server that refuses a large body answers before it has read it all and closes the
+/// connection; the client, still writing, can then see its write cut (EPIPE) and lose the
+/// answer, depending on timing. Such a request is sent again, a few times, until its
+/// answer is read: the answer is what the caller checks.
 pub async fn send(request: reqwest::RequestBuilder) -> Answer {
-    let response = request.send().await.expect("HTTP request");
+    let mut tries_left = 5;
+    let response = loop {
+        let attempt = request.try_clone().expect("a request that can be sent again");
+        match attempt.send().await {
+            Ok(response) => break response,
+            Err(err) if tries_left > 1 && is_cut_while_writing(&err) => tries_left -= 1,
+            Err(err) => panic!("HTTP request: {err:?}"),
+        }
+    };
     let status = response.status().as_u16();
     let text = response.text().await.expect("HTTP body");
     Answer {
