@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{
     Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue, Pipeline,
     RedisFuture, RedisResult, Value,
@@ -71,8 +71,11 @@ struct Owner {
 pub(crate) struct Topology {
     /// The master of each slot, when known.
     slots: RwLock<HashMap<Slot, Owner>>,
-    /// When `slots` was last read whole.
+    /// When `slots` was last read whole, and when a read was last tried.
     read_at: Mutex<Instant>,
+    tried_at: Mutex<Instant>,
+    /// One read of the map at a time; callers that queued behind a read use its map.
+    reading: tokio::sync::Mutex<()>,
     refreshing: AtomicBool,
     /// Counts failures of masters' connections; a link's connection opened before its
     /// master's latest failure is not used again.
@@ -85,10 +88,19 @@ impl Topology {
         Arc::new(Self {
             slots: RwLock::new(HashMap::new()),
             read_at: Mutex::new(Instant::now()),
+            tried_at: Mutex::new(Instant::now()),
+            reading: tokio::sync::Mutex::new(()),
             refreshing: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             broken_at: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn read_at(&self) -> Instant {
+        *self
+            .read_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn broken_at(&self) -> MutexGuard<'_, HashMap<Node, u64>> {
@@ -109,6 +121,19 @@ impl Topology {
     }
 }
 
+/// Gives the WAIT to send behind a synced write, and the count it asks for, from the
+/// replica count listed for the master the write goes to (`None`: not known); `None` for
+/// no WAIT.
+pub(crate) type WaitFor = dyn Fn(Option<u32>) -> Option<(Cmd, u32)> + Send + Sync;
+
+/// What to send to one master, as [`ClusterLink::pipeline_to_slot`]'s caller composes
+/// it for that master.
+struct Composed {
+    pipeline: Pipeline,
+    /// Holds the link's turn for the master while in flight (it carries a WAIT).
+    exclusive: bool,
+}
+
 /// A cluster connection with a direct path for slot-routed scripts. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct ClusterLink {
@@ -122,6 +147,11 @@ struct Shared {
     /// opened; a master missing here is being connected to, or its connection failed.
     nodes: Mutex<HashMap<Node, (MultiplexedConnection, u64)>>,
     connecting: Mutex<Vec<Node>>,
+    /// One write-and-WAIT at a time per master on this link: WAIT holds the connection
+    /// on the server until the replicas answer, and a write queued behind it would spend
+    /// its own response time waiting. Per master, so that one shard's slow replica does
+    /// not hold up the writes of the others.
+    turns: Mutex<HashMap<Node, Arc<tokio::sync::Mutex<()>>>>,
     /// Credentials, database and TLS of the seeds, for connections to any master.
     template: ConnectionInfo,
     config: AsyncConnectionConfig,
@@ -149,6 +179,7 @@ impl ClusterLink {
             shared: Arc::new(Shared {
                 nodes: Mutex::new(HashMap::new()),
                 connecting: Mutex::new(Vec::new()),
+                turns: Mutex::new(HashMap::new()),
                 template,
                 config,
                 response_timeout,
@@ -156,6 +187,7 @@ impl ClusterLink {
             }),
         };
         // Without a map every command takes the cluster connection: slower, still right.
+        // (A synced write then goes there too, waiting for the policy's full count.)
         if let Err(err) = link.refresh().await {
             tracing::debug!(error = %err, "could not read the cluster's slot map yet");
         }
@@ -188,6 +220,22 @@ impl ClusterLink {
     /// Reads CLUSTER SLOTS (who serves each slot) and CLUSTER NODES (each master's
     /// replicas) from one node, through the cluster connection, and replaces the map.
     async fn refresh(&self) -> RedisResult<()> {
+        let asked_at = Instant::now();
+        let _reading = self.topology.reading.lock().await;
+        let tried_at = *self
+            .topology
+            .tried_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if tried_at > asked_at {
+            // A read began and ended while this one waited for its turn.
+            return Ok(());
+        }
+        *self
+            .topology
+            .tried_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
         let mut fallback = self.fallback.clone();
         let mut both = redis::pipe();
         both.cmd("CLUSTER").arg("SLOTS").cmd("CLUSTER").arg("NODES");
@@ -228,11 +276,17 @@ impl ClusterLink {
                 let replicas = replicas_by_master
                     .as_ref()
                     .map(|counts| counts.get(&master_id).copied().unwrap_or(0));
+                // An empty or unknown endpoint (`cluster-preferred-endpoint-type
+                // unknown-endpoint`, a node without a hostname: "?") cannot be dialled:
+                // those slots stay off the map and go through the cluster connection.
                 let host = match host {
                     Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                     Value::SimpleString(text) => text.clone(),
                     _ => continue,
                 };
+                if host.is_empty() || host == "?" {
+                    continue;
+                }
                 let (Ok(port), Ok(first), Ok(last)) = (
                     u16::try_from(*port),
                     u16::try_from(*first),
@@ -262,39 +316,98 @@ impl ClusterLink {
         Ok(())
     }
 
-    /// How many replicas the cluster lists for the master of `cmd`'s slot, if `cmd` is
-    /// one the direct path routes. A map older than [`REPLICAS_RECHECK`] is read again in
-    /// the background; a slot whose master or count the map does not know (after a failed
-    /// connection or a MOVED: a failover, a migration) is read now, so that the first
-    /// write after a failover waits for the new master's replicas, not the old one's.
-    /// `None` if the map cannot be read.
-    pub(crate) async fn replicas_serving(&self, cmd: &Cmd) -> Option<u32> {
-        let slot = direct_slot(cmd)?;
-        if let Some(Owner {
-            node,
-            replicas: Some(replicas),
-        }) = self.owner(slot)
-        {
-            // A master the map names but that cannot be reached (killed, and not yet
-            // replaced in the map) is not the one the write will reach.
-            if self.connection_to(&node).await.is_ok() {
-                let read_at = *self
-                    .topology
-                    .read_at
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                if read_at.elapsed() > REPLICAS_RECHECK {
-                    self.refresh_soon();
-                }
-                return Some(replicas);
+    /// Sends `write` (a script call) to the master of its slot and, on the same
+    /// connection right behind it, the WAIT that `wait` gives for that master's replica
+    /// count as the cluster lists it (`None`: not known); no WAIT when it gives none. The
+    /// count is the one of the master the write is actually sent to: a redirection (MOVED,
+    /// ASK) builds the WAIT again for the master it names. A map older than
+    /// [`REPLICAS_RECHECK`] is read again first, so a replica that joined a shard is
+    /// waited for from then on. Returns the write's reply and, if a WAIT was sent, its
+    /// reply and the count it asked for.
+    pub(crate) async fn write_then_wait(
+        &self,
+        write: &Cmd,
+        wait: &WaitFor,
+    ) -> RedisResult<(Value, Option<(Value, u32)>)> {
+        let slot = direct_slot(write).ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a synced write must be a script call with a key",
+            ))
+        })?;
+        if self.topology.read_at().elapsed() > REPLICAS_RECHECK {
+            if let Err(err) = self.refresh().await {
+                tracing::debug!(error = %err, "could not read the cluster's slot map");
             }
-            self.forget_now(&node);
         }
-        if let Err(err) = self.refresh().await {
-            tracing::debug!(error = %err, "could not read the cluster's slot map");
-            return None;
+        let compose = |listed: Option<u32>| {
+            let mut pipeline = redis::pipe();
+            pipeline.add_command(write.clone());
+            let waits = wait(listed);
+            if let Some((command, _)) = &waits {
+                pipeline.add_command(command.clone());
+            }
+            Composed {
+                pipeline,
+                exclusive: waits.is_some(),
+            }
+        };
+        // Not cut off as a whole: a write may first wait for its turn at the master, on
+        // the client, where no timeout runs (as a standalone synced write waits for a free
+        // connection). Each send is bounded by the connection's response timeout, and the
+        // redirections by their count.
+        let (mut replies, listed) = self.pipeline_to_slot(slot, &compose).await?;
+        let unexpected = || {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "a synced write did not get its replies",
+            ))
+        };
+        match wait(listed) {
+            Some((_, required)) => {
+                let waited = replies.pop().ok_or_else(unexpected)?;
+                let written = replies.pop().ok_or_else(unexpected)?;
+                Ok((written, Some((waited, required))))
+            }
+            None => Ok((replies.pop().ok_or_else(unexpected)?, None)),
         }
-        self.owner(slot)?.replicas
+    }
+
+    /// `work`, cut off at the response timeout.
+    async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = RedisResult<T>>,
+    ) -> RedisResult<T> {
+        tokio::time::timeout(self.shared.response_timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a cluster pipeline and its redirections outlasted the response timeout",
+                )))
+            })
+    }
+
+    /// This link's turn for synced writes to `node`.
+    fn turn(&self, node: &Node) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self
+            .shared
+            .turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(turns.entry(Arc::clone(node)).or_default())
+    }
+
+    /// The replica count the map lists for `node` (for the master an ASK names; a slot's
+    /// own owner carries its count).
+    fn replicas_of(&self, node: &Node) -> Option<u32> {
+        self.topology
+            .slots
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .find(|owner| owner.node == *node)
+            .and_then(|owner| owner.replicas)
     }
 
     fn owner(&self, slot: Slot) -> Option<Owner> {
@@ -472,72 +585,91 @@ impl ClusterLink {
         self.refresh_soon();
     }
 
-    /// Sends `pipeline`, whose first command goes to `slot`, to that slot's master on a
-    /// direct connection, and sends it again wherever a reply to that first command says
-    /// it should have gone (MOVED: the new master; ASK: the importing master, after
-    /// ASKING) or after a pause (TRYAGAIN, CLUSTERDOWN). Each of those replies means the
-    /// first command did not run. At most [`CLUSTER_RETRIES`] times, all within the
-    /// response timeout; the last reply is returned as it is. A broken connection is not
-    /// retried, as for a single command.
+    /// Sends what `compose` builds to `slot`'s master on a direct connection, and sends
+    /// it again wherever a reply to its first command says it should have gone (MOVED:
+    /// the new master; ASK: the importing master, after ASKING) or after a pause
+    /// (TRYAGAIN, CLUSTERDOWN). Each of those replies means the first command did not
+    /// run. `compose` is given the replica count listed for the master it is sent to, and
+    /// is asked again for every master. At most [`CLUSTER_RETRIES`] times; the last reply
+    /// is returned as it is, with the count it was composed for. A broken connection is
+    /// not retried, as for a single command. With no usable map, redis-rs's cluster
+    /// connection takes it to the slot's master, on one connection.
     async fn pipeline_to_slot(
         &self,
         slot: Slot,
-        pipeline: &Pipeline,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
+        compose: &(dyn Fn(Option<u32>) -> Composed + Send + Sync),
+    ) -> RedisResult<(Vec<Value>, Option<u32>)> {
         let mut asked: Option<Node> = None;
         let mut attempt = 0;
         loop {
-            let (node, replies) = match asked.take() {
-                Some(node) => {
-                    let mut with_asking = redis::pipe();
-                    with_asking.cmd("ASKING");
-                    for cmd in pipeline.cmd_iter() {
-                        with_asking.add_command(cmd.clone());
-                    }
-                    let Some(mut connection) = self.reach(&node, attempt).await? else {
-                        attempt += 1;
-                        continue;
-                    };
-                    let replies = connection.req_packed_commands(&with_asking, 1, count).await;
-                    (node, replies)
-                }
+            let asking = asked.take();
+            let target = match &asking {
+                Some(node) => Some((Arc::clone(node), self.replicas_of(node))),
                 None => {
-                    let owner = match self.owner(slot) {
-                        Some(owner) => owner,
-                        None => {
-                            // No map yet, or the owner's connection failed: read it now.
-                            self.refresh().await?;
-                            self.owner(slot).ok_or_else(|| {
-                                redis::RedisError::from((
-                                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
-                                    "no master serves the slot",
-                                ))
-                            })?
+                    if self.owner(slot).is_none() {
+                        // No map yet, or the owner's connection failed: read it now.
+                        if let Err(err) = self.refresh().await {
+                            tracing::debug!(error = %err, "could not read the cluster's slot map");
                         }
-                    };
-                    let Some(mut connection) = self.reach(&owner.node, attempt).await? else {
-                        attempt += 1;
-                        continue;
-                    };
-                    let replies = connection.req_packed_commands(pipeline, 0, count).await;
-                    (owner.node, replies)
+                    }
+                    self.owner(slot).map(|owner| (owner.node, owner.replicas))
                 }
             };
+            let Some((node, listed)) = target else {
+                let composed = compose(None);
+                let count = composed.pipeline.cmd_iter().count();
+                let route =
+                    SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
+                let replies = self
+                    .fallback
+                    .clone()
+                    .route_pipeline(composed.pipeline, 0, count, route)
+                    .await?;
+                return Ok((replies, None));
+            };
+            let composed = compose(listed);
+            let count = composed.pipeline.cmd_iter().count();
+            let Some(mut connection) = self.reach(&node, attempt).await? else {
+                attempt += 1;
+                continue;
+            };
+            let turn = match composed.exclusive {
+                true => Some(self.turn(&node).lock_owned().await),
+                false => None,
+            };
+            let replies = match &asking {
+                Some(_) => {
+                    let mut with_asking = redis::pipe();
+                    with_asking.cmd("ASKING");
+                    for cmd in composed.pipeline.cmd_iter() {
+                        with_asking.add_command(cmd.clone());
+                    }
+                    connection.req_packed_commands(&with_asking, 1, count).await
+                }
+                None => {
+                    connection
+                        .req_packed_commands(&composed.pipeline, 0, count)
+                        .await
+                }
+            };
+            drop(turn);
             let replies = match replies {
                 Ok(replies) => replies,
                 Err(err) => {
-                    self.forget(&node);
+                    // A timeout says the master is slow, not gone: keep its connections.
+                    if !err.is_timeout() {
+                        self.forget(&node);
+                    }
                     return Err(err);
                 }
             };
             attempt += 1;
             let redirected = replies.first().and_then(misrouted);
             if attempt > CLUSTER_RETRIES {
-                return Ok(replies);
+                return Ok((replies, listed));
             }
             match redirected {
-                None => return Ok(replies),
+                None => return Ok((replies, listed)),
                 Some(Misrouted::Moved(detail)) => self.moved(&detail),
                 Some(Misrouted::Ask(detail)) => asked = redirection(&detail).map(|(_, node)| node),
                 Some(Misrouted::InTransition) => retry_pause(attempt).await,
@@ -705,15 +837,13 @@ impl ConnectionLike for ClusterLink {
                 // Only a pipeline whose first reply is kept can be checked for a
                 // redirection.
                 Some(slot) if offset == 0 => {
-                    let timeout = self.shared.response_timeout;
-                    tokio::time::timeout(timeout, self.pipeline_to_slot(slot, pipeline, count))
+                    let compose = |_: Option<u32>| Composed {
+                        pipeline: pipeline.clone(),
+                        exclusive: false,
+                    };
+                    self.bounded(self.pipeline_to_slot(slot, &compose))
                         .await
-                        .unwrap_or_else(|_| {
-                            Err(redis::RedisError::from(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                "a cluster pipeline and its redirections outlasted the response timeout",
-                            )))
-                        })
+                        .map(|(replies, _)| replies)
                 }
                 _ => {
                     self.fallback

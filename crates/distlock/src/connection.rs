@@ -21,9 +21,10 @@
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
-use crate::cluster_link::ClusterLink;
+use crate::cluster_link::{ClusterLink, WaitFor};
 use crate::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use std::sync::Arc;
 use tokio::runtime::{Handle, Id};
 use tokio_util::sync::CancellationToken;
 
@@ -155,13 +156,26 @@ impl Connection {
         matches!(self.route(), Route::Home)
     }
 
-    /// On a cluster, how many replicas the cluster lists for the master of `cmd`'s slot
-    /// (see [`ClusterLink::replicas_serving`]); `None` elsewhere, or when not known.
-    pub(crate) async fn replicas_serving(&self, cmd: &Cmd) -> Option<u32> {
-        match &self.background {
-            Link::Cluster(link) => link.replicas_serving(cmd).await,
-            _ => None,
+    /// On a cluster: `write`, then the WAIT `wait` gives for the replicas of the master
+    /// it reaches, on one connection (see [`ClusterLink::write_then_wait`]), sent from the
+    /// client's runtime like every call from elsewhere. `None` if this is not a cluster.
+    pub(crate) async fn write_then_wait(
+        &self,
+        write: &Cmd,
+        wait: Arc<WaitFor>,
+    ) -> Option<redis::RedisResult<(Value, Option<(Value, u32)>)>> {
+        let Link::Cluster(link) = &self.background else {
+            return None;
+        };
+        if matches!(self.route(), Route::Background) {
+            return Some(link.write_then_wait(write, &*wait).await);
         }
+        let (link, write) = (link.clone(), write.clone());
+        let sent = self
+            .background_runtime
+            .spawn(async move { link.write_then_wait(&write, &*wait).await })
+            .await;
+        Some(sent.map_err(handed_over_failed).and_then(|sent| sent))
     }
 
     /// The home link (present whenever `route` says `Home`), or else the background one.

@@ -320,33 +320,31 @@ impl SyncedWrites {
     }
 
     /// Sends `write` and the WAIT behind it, in one pipeline on one of the synced
-    /// connections. Returns the write's reply and what the WAIT reported. A write to a
-    /// cluster shard whose master has no replica to wait for (see
-    /// [`SyncPolicy::per_shard`]) is sent alone.
+    /// connections. Returns the write's reply and what the WAIT reported. On a cluster
+    /// the WAIT is composed for the master the write reaches (per shard under
+    /// [`ReplicaSync::Auto`]: none for a master with no replica listed), and the link
+    /// takes turns per master; elsewhere writes take turns per connection here.
     pub(crate) async fn send<T: redis::FromRedisValue>(
         &self,
         write: &Cmd,
     ) -> redis::RedisResult<(T, Acks)> {
         let count = self.connections.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        let required = match self.policy.per_shard {
-            true => self.connections[start]
-                .connection
-                .replicas_serving(write)
-                .await
-                .map_or(self.policy.replicas, |listed| {
-                    listed.min(self.policy.replicas)
-                }),
-            false => self.policy.replicas,
-        };
-        if required == 0 {
-            let mut connection = self.connections[start].connection.clone();
-            let value = write.query_async(&mut connection).await?;
-            let acks = Acks {
-                acknowledged: 0,
-                required,
+        let policy = self.policy;
+        let wait = Arc::new(move |listed: Option<u32>| {
+            let replicas = match (policy.per_shard, listed) {
+                (true, Some(listed)) => listed.min(policy.replicas),
+                _ => policy.replicas,
             };
-            return Ok((value, acks));
+            (replicas > 0).then(|| (policy.wait_command(replicas), replicas))
+        });
+        if let Some(sent) = self.connections[start]
+            .connection
+            .write_then_wait(write, wait)
+            .await
+        {
+            let (written, waited) = sent?;
+            return self.read_replies(written, waited);
         }
         // The first free connection from a rotating start; if all are busy, queue on one.
         let free = (0..count).find_map(|offset| {
@@ -363,7 +361,7 @@ impl SyncedWrites {
         let mut connection = link.connection.clone();
         let mut pipeline = redis::pipe();
         pipeline.add_command(write.clone());
-        pipeline.add_command(self.policy.wait_command(required));
+        pipeline.add_command(self.policy.wait_command(self.policy.replicas));
         let mut replies = connection.req_packed_commands(&pipeline, 0, 2).await?;
         let waited = replies.pop();
         let written = replies.pop();
@@ -373,21 +371,42 @@ impl SyncedWrites {
                 "a synced write did not get two replies",
             )));
         };
+        self.read_replies(written, Some((waited, self.policy.replicas)))
+    }
+
+    /// The write's reply, and the acknowledgements of the WAIT sent for `required`
+    /// replicas behind it (none sent: none required). A WAIT the server refused (a
+    /// WAITAOF on a master promoted without AOF, say) counts as no acknowledgement, so an
+    /// acquisition is given back rather than left granted and unreported.
+    fn read_replies<T: redis::FromRedisValue>(
+        &self,
+        written: Value,
+        waited: Option<(Value, u32)>,
+    ) -> redis::RedisResult<(T, Acks)> {
         let value = match written {
             Value::ServerError(err) => return Err(err.into()),
             written => T::from_redis_value(written)?,
         };
-        let acknowledged = match waited {
-            Value::ServerError(err) => return Err(err.into()),
-            waited => self.policy.acknowledged(&waited).unwrap_or(0),
-        };
-        Ok((
-            value,
-            Acks {
-                acknowledged,
-                required,
+        let acks = match waited {
+            None => Acks {
+                acknowledged: 0,
+                required: 0,
             },
-        ))
+            Some((waited, required)) => {
+                let acknowledged = match waited {
+                    Value::ServerError(err) => {
+                        tracing::warn!(error = ?err, "the server refused the WAIT behind a lock write; counted as no acknowledgement");
+                        0
+                    }
+                    waited => self.policy.acknowledged(&waited).unwrap_or(0),
+                };
+                Acks {
+                    acknowledged,
+                    required,
+                }
+            }
+        };
+        Ok((value, acks))
     }
 }
 

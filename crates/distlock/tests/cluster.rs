@@ -493,3 +493,61 @@ async fn auto_sync_waits_per_shard_for_the_replicas_the_cluster_lists() {
     )
     .await;
 }
+
+/// Under `ReplicaSync::Auto`, the WAIT follows the master a write reaches, not the one
+/// the client's map named. Master 0's replica is moved to master 1, so master 0 has none;
+/// then a slot moves from master 0 to master 1. The client's next write there, sent to
+/// the old owner and redirected, waits for the new owner's replica. (Review: the count was
+/// decided before the send, and a write judged to need no WAIT followed its redirection
+/// without one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_redirected_to_a_master_with_a_replica_waits_for_it() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let (bare, with_replicas) = (0, 1);
+    let moved_replica = cluster.replica_of(bare).await.unwrap();
+    let target_id = cluster.node_id(with_replicas).unwrap().to_owned();
+    let mut conn = cluster.node_connection(moved_replica).await.unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("REPLICATE")
+        .arg(&target_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    common::eventually(
+        Duration::from_secs(20),
+        "the replica follows its new master",
+        || async {
+            cluster.nodes().await.is_ok_and(|nodes| {
+                nodes.iter().any(|node| {
+                    node.index == moved_replica && node.master_id.as_deref() == Some(&target_id)
+                })
+            })
+        },
+    )
+    .await;
+
+    let tag = tag_served_by(&cluster, bare).await;
+    let name = format!("{{{tag}}}:moving");
+    let slot = cluster.key_slot(&name).await.unwrap();
+    let client = cluster_client(&cluster, Duration::from_secs(10)).await;
+    let cycle = || async {
+        let guard = client.lock(name.as_str()).unwrap().try_lock().await?;
+        guard.expect("free").release().await
+    };
+    let before = calls_on(&cluster, bare, "wait").await;
+    cycle().await.unwrap();
+    assert_eq!(
+        calls_on(&cluster, bare, "wait").await,
+        before,
+        "a master without replicas was sent WAIT"
+    );
+
+    cluster.migrate_slot(slot, with_replicas).await.unwrap();
+    let before = calls_on(&cluster, with_replicas, "wait").await;
+    cycle().await.unwrap();
+    assert_eq!(
+        calls_on(&cluster, with_replicas, "wait").await,
+        before + 2,
+        "the acquisition and the release on the new owner each wait for its replicas"
+    );
+}

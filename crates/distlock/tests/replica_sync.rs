@@ -231,6 +231,46 @@ async fn a_server_that_refuses_wait_turns_sync_off() {
         .unwrap();
 }
 
+/// A WAIT refused after connect (here an ACL change; a WAITAOF on a master promoted
+/// without AOF is another way) counts as no acknowledgement: the acquisition fails with
+/// `NotReplicated` and is given back. (It used to fail with the server's error and leave
+/// the lock granted on the master until its lease ran out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_refused_after_connect_gives_the_lock_back() {
+    let (master, _replica) = replicated().await;
+    let mut admin = master.connection().await.unwrap();
+    let setuser = |rules: &'static [&'static str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("app").arg(rules);
+        cmd
+    };
+    let _: () = setuser(&["on", ">pw", "~*", "&*", "+@all"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://app:pw@127.0.0.1:{}/", master.port());
+    let client = connect(&url, FAST_SYNC).await;
+    let _: () = setuser(&["-wait"]).query_async(&mut admin).await.unwrap();
+    let outcome = bounded(LIMIT, client.lock("refused-wait").unwrap().try_lock()).await;
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::NotReplicated {
+                acknowledged: 0,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    let lock = client.lock("refused-wait").unwrap();
+    common::eventually(
+        Duration::from_secs(5),
+        "the grant is given back",
+        || async { !lock.is_locked().await.unwrap_or(true) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_sync_is_refused_when_it_cannot_be_met_or_is_nonsense() {
     let master = RedisServer::start().await.expect("master");

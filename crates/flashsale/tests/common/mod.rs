@@ -100,7 +100,9 @@ pub struct Answer {
 pub async fn send(request: reqwest::RequestBuilder) -> Answer {
     let mut tries_left = 5;
     let response = loop {
-        let attempt = request.try_clone().expect("a request that can be sent again");
+        let attempt = request
+            .try_clone()
+            .expect("a request that can be sent again");
         match attempt.send().await {
             Ok(response) => break response,
             Err(err) if tries_left > 1 && is_cut_while_writing(&err) => tries_left -= 1,
