@@ -96,9 +96,9 @@ impl Topology {
         })
     }
 
-    fn read_at(&self) -> Instant {
+    fn tried_at(&self) -> Instant {
         *self
-            .read_at
+            .tried_at
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -276,17 +276,11 @@ impl ClusterLink {
                 let replicas = replicas_by_master
                     .as_ref()
                     .map(|counts| counts.get(&master_id).copied().unwrap_or(0));
-                // An empty or unknown endpoint (`cluster-preferred-endpoint-type
-                // unknown-endpoint`, a node without a hostname: "?") cannot be dialled:
-                // those slots stay off the map and go through the cluster connection.
                 let host = match host {
                     Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                     Value::SimpleString(text) => text.clone(),
                     _ => continue,
                 };
-                if host.is_empty() || host == "?" {
-                    continue;
-                }
                 let (Ok(port), Ok(first), Ok(last)) = (
                     u16::try_from(*port),
                     u16::try_from(*first),
@@ -335,7 +329,9 @@ impl ClusterLink {
                 "a synced write must be a script call with a key",
             ))
         })?;
-        if self.topology.read_at().elapsed() > REPLICAS_RECHECK {
+        // Tried, not read: a map that cannot be read (CLUSTER SLOTS refused) is asked for
+        // once per period, not before every write.
+        if self.topology.tried_at().elapsed() > REPLICAS_RECHECK {
             if let Err(err) = self.refresh().await {
                 tracing::debug!(error = %err, "could not read the cluster's slot map");
             }
@@ -452,6 +448,9 @@ impl ClusterLink {
     /// master is known, and a connection to it is open (one is opened for next time if not).
     fn direct(&self, cmd: &Cmd) -> Option<(Node, MultiplexedConnection)> {
         let node = self.owner(direct_slot(cmd)?)?.node;
+        if !dialable(&node) {
+            return None;
+        }
         if let Some(connection) = self.open_connection(&node) {
             return Some((node, connection));
         }
@@ -615,17 +614,26 @@ impl ClusterLink {
                     self.owner(slot).map(|owner| (owner.node, owner.replicas))
                 }
             };
-            let Some((node, listed)) = target else {
-                let composed = compose(None);
-                let count = composed.pipeline.cmd_iter().count();
-                let route =
-                    SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
-                let replies = self
-                    .fallback
-                    .clone()
-                    .route_pipeline(composed.pipeline, 0, count, route)
-                    .await?;
-                return Ok((replies, None));
+            let (node, listed) = match target {
+                Some((node, listed)) if dialable(&node) => (node, listed),
+                // No map, or a master it names by an endpoint that cannot be dialled:
+                // redis-rs's cluster connection, which fills such endpoints in, takes it
+                // to the slot's master, on one connection.
+                target => {
+                    let listed = target.and_then(|(_, listed)| listed);
+                    let composed = compose(listed);
+                    let count = composed.pipeline.cmd_iter().count();
+                    let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                        slot,
+                        SlotAddr::Master,
+                    ));
+                    let replies = self
+                        .fallback
+                        .clone()
+                        .route_pipeline(composed.pipeline, 0, count, route)
+                        .await?;
+                    return Ok((replies, listed));
+                }
             };
             let composed = compose(listed);
             let count = composed.pipeline.cmd_iter().count();
@@ -719,6 +727,13 @@ fn replicas_by_master(nodes: &str) -> HashMap<String, u32> {
         }
     }
     counts
+}
+
+/// False for an endpoint CLUSTER SLOTS gives when it has none to give: empty (a node that
+/// does not know its own address, `cluster-preferred-endpoint-type unknown-endpoint`) or
+/// "?" (a node without a hostname, in hostname mode).
+fn dialable(node: &Node) -> bool {
+    !node.0.is_empty() && node.0 != "?"
 }
 
 /// The pause before attempt `attempt + 1` of a command the cluster could not take yet:
