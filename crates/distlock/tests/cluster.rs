@@ -7,8 +7,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::bounded;
-use distlock::{Client, Error, ReplicaSync};
+use distlock::{Client, ReplicaSync};
 use distlock_testkit::{ExclusionChecker, RedisCluster};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -359,20 +358,7 @@ async fn double_grants_after_a_lossy_failover(
         .map(|n| format!("{{{tag}}}:trial:{n}"))
         .collect();
     let replica = cluster.cut_replica_link(master).await.unwrap();
-    let attempts = names.iter().map(|name| {
-        let lock = a.lock(name.clone()).unwrap();
-        async move { lock.try_lock().await }
-    });
-    let outcomes = bounded(LIMIT, futures_util::future::join_all(attempts)).await;
-    let mut held = Vec::new();
-    for outcome in outcomes {
-        match outcome {
-            Ok(Some(guard)) => held.push(guard),
-            Ok(None) => panic!("a trial lock was busy"),
-            Err(Error::NotReplicated { acknowledged, .. }) => assert_eq!(acknowledged, 0),
-            Err(err) => panic!("unexpected: {err}"),
-        }
-    }
+    let held = common::take_while_unreplicated(&a, &names).await;
     cluster
         .failover_by_kill_after_cut(master, replica)
         .await
@@ -383,24 +369,7 @@ async fn double_grants_after_a_lossy_failover(
         .connect(&cluster.url())
         .await
         .expect("connect");
-    let mut double = 0;
-    for name in &names {
-        let got = bounded(
-            LIMIT,
-            b.lock(name.clone())
-                .unwrap()
-                .try_lock_for(Duration::from_secs(2)),
-        )
-        .await
-        .unwrap();
-        if got.is_some()
-            && held
-                .iter()
-                .any(|guard| guard.name() == name && !guard.is_lost())
-        {
-            double += 1;
-        }
-    }
+    let double = common::double_grants(&b, &names, &held).await;
     (held.len(), double)
 }
 

@@ -91,46 +91,13 @@ async fn double_grants_after_a_lossy_failover(sync: ReplicaSync) -> (usize, usiz
     let a = sentinel_client(&group, sync).await;
     group.cut_replica_links().await.unwrap();
     let names: Vec<String> = (0..TRIALS).map(|n| format!("trial:{n}")).collect();
-    let attempts = names.iter().map(|name| {
-        let lock = a.lock(name.clone()).unwrap();
-        async move { lock.try_lock().await }
-    });
-    let outcomes = futures_util::future::join_all(attempts).await;
-    let mut held = Vec::new();
-    for outcome in outcomes {
-        match outcome {
-            Ok(Some(guard)) => held.push(guard),
-            Ok(None) => panic!("a trial lock was busy"),
-            Err(Error::NotReplicated { acknowledged, .. }) => assert_eq!(acknowledged, 0),
-            Err(err) => panic!("unexpected: {err}"),
-        }
-    }
+    let held = common::take_while_unreplicated(&a, &names).await;
     let old = group.kill_master().await.unwrap();
     group.heal_replica_links().unwrap();
     group.wait_for_new_master(old, LIMIT).await.unwrap();
 
     let b = sentinel_client(&group, sync).await;
-    let mut double = 0;
-    for (name, guard) in names.iter().zip(&held) {
-        assert_eq!(guard.name(), name);
-    }
-    for name in &names {
-        let got = bounded(
-            LIMIT,
-            b.lock(name.clone())
-                .unwrap()
-                .try_lock_for(Duration::from_secs(2)),
-        )
-        .await
-        .unwrap();
-        if got.is_some()
-            && held
-                .iter()
-                .any(|guard| guard.name() == name && !guard.is_lost())
-        {
-            double += 1;
-        }
-    }
+    let double = common::double_grants(&b, &names, &held).await;
     (held.len(), double)
 }
 

@@ -221,3 +221,61 @@ pub async fn key_exists(server: &RedisServer, key: &str) -> bool {
         .expect("EXISTS")
         == 1
 }
+
+/// The first half of a lossy failover: `client` tries each of `names` once, while no
+/// replica can receive the writes. Returns the guards it got; every refusal must be
+/// `NotReplicated` with no acknowledgement (replica sync refusing the grant).
+pub async fn take_while_unreplicated(
+    client: &Client,
+    names: &[String],
+) -> Vec<distlock::LockGuard> {
+    let attempts = names.iter().map(|name| {
+        let lock = client.lock(name.clone()).unwrap();
+        async move { lock.try_lock().await }
+    });
+    let outcomes = bounded(
+        Duration::from_secs(60),
+        futures_util::future::join_all(attempts),
+    )
+    .await;
+    let mut held = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(Some(guard)) => held.push(guard),
+            Ok(None) => panic!("a trial lock was busy"),
+            Err(distlock::Error::NotReplicated { acknowledged, .. }) => assert_eq!(acknowledged, 0),
+            Err(err) => panic!("unexpected: {err}"),
+        }
+    }
+    held
+}
+
+/// The second half: after the failover, `other` asks for each of `names` (for up to 2 s
+/// each). Returns how many it got while a guard of `held` still trusted the same lock:
+/// the double grants.
+pub async fn double_grants(
+    other: &Client,
+    names: &[String],
+    held: &[distlock::LockGuard],
+) -> usize {
+    let mut double = 0;
+    for name in names {
+        let got = bounded(
+            Duration::from_secs(60),
+            other
+                .lock(name.clone())
+                .unwrap()
+                .try_lock_for(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        if got.is_some()
+            && held
+                .iter()
+                .any(|guard| guard.name() == name && !guard.is_lost())
+        {
+            double += 1;
+        }
+    }
+    double
+}
