@@ -24,13 +24,15 @@
 //! Pipelines whose first command is such a script (a synced write: the script, then WAIT)
 //! take the direct path too, and follow redirections here: WAIT counts the writes of the
 //! connection it is sent on, so the script and its WAIT must reach the slot's master
-//! together, on one connection, whichever master that turns out to be. redis-rs sends a
-//! pipeline to one node and hands back a MOVED or ASK inside it as a value, without
-//! following it.
+//! together, on one connection, and how many replicas the WAIT asks for depends on which
+//! master that turns out to be. Each redirection composes the pipeline again for the
+//! master it names. (redis-rs follows a redirection inside a pipeline by sending the same
+//! pipeline on: right for the connection, wrong for the count. Where only redis-rs can
+//! reach a master, a CLUSTER MYID behind the pipeline says which master ran it.)
 //!
-//! The map also says how many replicas the cluster lists for each slot's master (CLUSTER
-//! SLOTS leaves out replicas flagged as failed), which replica sync uses to decide per
-//! shard whether a write has a replica to wait for.
+//! The map also says how many replicas the cluster lists for each master (CLUSTER NODES,
+//! failing replicas included), which replica sync uses to decide per shard whether a
+//! write has a replica to wait for. All of a client's links share one map ([`Topology`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,11 +58,12 @@ const REPLICAS_RECHECK: Duration = Duration::from_secs(5);
 /// A master's address, as CLUSTER SLOTS and MOVED give it.
 type Node = Arc<(String, u16)>;
 
-/// A slot's master, and how many replicas that are not flagged as failed the cluster
-/// lists for it (`None` when not known: the slot was learnt from a MOVED).
+/// A slot's master: its address, its node id (empty when not known: learnt from a
+/// MOVED), and how many replicas the cluster lists for it (`None` when not known).
 #[derive(Clone)]
 struct Owner {
     node: Node,
+    id: Arc<str>,
     replicas: Option<u32>,
 }
 
@@ -71,6 +74,9 @@ struct Owner {
 pub(crate) struct Topology {
     /// The master of each slot, when known.
     slots: RwLock<HashMap<Slot, Owner>>,
+    /// How many replicas each master has, by address, whether or not it serves slots
+    /// yet (a master a MOVED or ASK names may be new).
+    replicas_by_node: RwLock<HashMap<Node, u32>>,
     /// When `slots` was last read whole, and when a read was last tried.
     read_at: Mutex<Instant>,
     tried_at: Mutex<Instant>,
@@ -87,6 +93,7 @@ impl Topology {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             slots: RwLock::new(HashMap::new()),
+            replicas_by_node: RwLock::new(HashMap::new()),
             read_at: Mutex::new(Instant::now()),
             tried_at: Mutex::new(Instant::now()),
             reading: tokio::sync::Mutex::new(()),
@@ -132,6 +139,15 @@ struct Composed {
     pipeline: Pipeline,
     /// Holds the link's turn for the master while in flight (it carries a WAIT).
     exclusive: bool,
+}
+
+/// What [`ClusterLink::pipeline_to_slot`] sent: the replies, the replica count the
+/// pipeline was composed for, and whether that count is the one of the master that ran
+/// it (false when redis-rs followed a redirection to another master).
+struct Sent {
+    replies: Vec<Value>,
+    listed: Option<u32>,
+    for_that_master: bool,
 }
 
 /// A cluster connection with a direct path for slot-routed scripts. Cheap to clone.
@@ -251,9 +267,13 @@ impl ClusterLink {
         }
         // Without CLUSTER NODES (an ACL may forbid it), replica counts are unknown, and
         // replica sync waits for a replica everywhere.
-        let replicas_by_master = nodes
+        let members = nodes
             .and_then(|nodes| String::from_redis_value(nodes).ok())
-            .map(|nodes| replicas_by_master(&nodes));
+            .map(|nodes| Members::read(&nodes));
+        let mut replicas_by_node = members
+            .as_ref()
+            .map(|members| members.replicas_by_address.clone())
+            .unwrap_or_default();
         let mut map = HashMap::with_capacity(usize::from(SLOTS));
         if let Value::Array(ranges) = reply {
             for range in ranges {
@@ -273,13 +293,15 @@ impl ClusterLink {
                     Some(Value::SimpleString(id)) => id.clone(),
                     _ => String::new(),
                 };
-                let replicas = replicas_by_master
+                let replicas = members
                     .as_ref()
-                    .map(|counts| counts.get(&master_id).copied().unwrap_or(0));
+                    .and_then(|members| members.replicas_of(&master_id));
+                // NULL, "" or "?": an endpoint the node cannot give. The slots stay on the
+                // map with their replica count, and go through the cluster connection.
                 let host = match host {
                     Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                     Value::SimpleString(text) => text.clone(),
-                    _ => continue,
+                    _ => String::new(),
                 };
                 let (Ok(port), Ok(first), Ok(last)) = (
                     u16::try_from(*port),
@@ -290,8 +312,12 @@ impl ClusterLink {
                 };
                 let owner = Owner {
                     node: Arc::new((host, port)),
+                    id: master_id.into(),
                     replicas,
                 };
+                if let Some(replicas) = replicas {
+                    replicas_by_node.insert(Arc::clone(&owner.node), replicas);
+                }
                 for slot in (first..=last.min(SLOTS - 1)).filter_map(Slot::new) {
                     map.insert(slot, owner.clone());
                 }
@@ -302,6 +328,11 @@ impl ClusterLink {
             .slots
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = map;
+        *self
+            .topology
+            .replicas_by_node
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = replicas_by_node;
         *self
             .topology
             .read_at
@@ -352,21 +383,32 @@ impl ClusterLink {
         // the client, where no timeout runs (as a standalone synced write waits for a free
         // connection). Each send is bounded by the connection's response timeout, and the
         // redirections by their count.
-        let (mut replies, listed) = self.pipeline_to_slot(slot, &compose).await?;
+        let Sent {
+            mut replies,
+            listed,
+            for_that_master,
+        } = self.pipeline_to_slot(slot, &compose).await?;
         let unexpected = || {
             redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
                 "a synced write did not get its replies",
             ))
         };
-        match wait(listed) {
+        let waited = match wait(listed) {
             Some((_, required)) => {
                 let waited = replies.pop().ok_or_else(unexpected)?;
-                let written = replies.pop().ok_or_else(unexpected)?;
-                Ok((written, Some((waited, required))))
+                Some((waited, required))
             }
-            None => Ok((replies.pop().ok_or_else(unexpected)?, None)),
+            None => None,
+        };
+        let written = replies.pop().ok_or_else(unexpected)?;
+        if !for_that_master {
+            // Composed for another master than the one that ran it: not acknowledged as
+            // that master's replicas require, whatever the WAIT said.
+            let required = wait(None).map_or(1, |(_, required)| required);
+            return Ok((written, Some((Value::Int(0), required))));
         }
+        Ok((written, waited))
     }
 
     /// `work`, cut off at the response timeout.
@@ -394,16 +436,15 @@ impl ClusterLink {
         Arc::clone(turns.entry(Arc::clone(node)).or_default())
     }
 
-    /// The replica count the map lists for `node` (for the master an ASK names; a slot's
-    /// own owner carries its count).
+    /// The replica count listed for the master at `node` (one a MOVED or ASK names; a
+    /// slot's own owner carries its count).
     fn replicas_of(&self, node: &Node) -> Option<u32> {
         self.topology
-            .slots
+            .replicas_by_node
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .values()
-            .find(|owner| owner.node == *node)
-            .and_then(|owner| owner.replicas)
+            .get(node)
+            .copied()
     }
 
     fn owner(&self, slot: Slot) -> Option<Owner> {
@@ -577,8 +618,9 @@ impl ClusterLink {
             .insert(
                 slot,
                 Owner {
+                    replicas: self.replicas_of(&node),
+                    id: "".into(),
                     node,
-                    replicas: None,
                 },
             );
         self.refresh_soon();
@@ -597,13 +639,16 @@ impl ClusterLink {
         &self,
         slot: Slot,
         compose: &(dyn Fn(Option<u32>) -> Composed + Send + Sync),
-    ) -> RedisResult<(Vec<Value>, Option<u32>)> {
+    ) -> RedisResult<Sent> {
         let mut asked: Option<Node> = None;
         let mut attempt = 0;
+        // Retries after unreachable masters and slots in transition end here; waiting for
+        // a turn at a master does not count against it.
+        let mut deadline = Instant::now() + self.shared.response_timeout;
         loop {
             let asking = asked.take();
             let target = match &asking {
-                Some(node) => Some((Arc::clone(node), self.replicas_of(node))),
+                Some(node) => Some((Arc::clone(node), self.replicas_of(node), "".into())),
                 None => {
                     if self.owner(slot).is_none() {
                         // No map yet, or the owner's connection failed: read it now.
@@ -611,38 +656,28 @@ impl ClusterLink {
                             tracing::debug!(error = %err, "could not read the cluster's slot map");
                         }
                     }
-                    self.owner(slot).map(|owner| (owner.node, owner.replicas))
+                    self.owner(slot)
+                        .map(|owner| (owner.node, owner.replicas, owner.id))
                 }
             };
             let (node, listed) = match target {
-                Some((node, listed)) if dialable(&node) => (node, listed),
-                // No map, or a master it names by an endpoint that cannot be dialled:
-                // redis-rs's cluster connection, which fills such endpoints in, takes it
-                // to the slot's master, on one connection.
-                target => {
-                    let listed = target.and_then(|(_, listed)| listed);
-                    let composed = compose(listed);
-                    let count = composed.pipeline.cmd_iter().count();
-                    let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
-                        slot,
-                        SlotAddr::Master,
-                    ));
-                    let replies = self
-                        .fallback
-                        .clone()
-                        .route_pipeline(composed.pipeline, 0, count, route)
-                        .await?;
-                    return Ok((replies, listed));
-                }
+                Some((node, listed, _)) if dialable(&node) => (node, listed),
+                // No map, or a master it names by an endpoint that cannot be dialled.
+                target => return self.through_cluster_connection(slot, target, compose).await,
             };
             let composed = compose(listed);
             let count = composed.pipeline.cmd_iter().count();
-            let Some(mut connection) = self.reach(&node, attempt).await? else {
+            let Some(mut connection) = self.reach(&node, attempt, deadline).await? else {
                 attempt += 1;
                 continue;
             };
             let turn = match composed.exclusive {
-                true => Some(self.turn(&node).lock_owned().await),
+                true => {
+                    let waiting = Instant::now();
+                    let turn = self.turn(&node).lock_owned().await;
+                    deadline += waiting.elapsed();
+                    Some(turn)
+                }
                 false => None,
             };
             let replies = match &asking {
@@ -673,11 +708,16 @@ impl ClusterLink {
             };
             attempt += 1;
             let redirected = replies.first().and_then(misrouted);
-            if attempt > CLUSTER_RETRIES {
-                return Ok((replies, listed));
+            let sent = |replies| Sent {
+                replies,
+                listed,
+                for_that_master: true,
+            };
+            if attempt > CLUSTER_RETRIES || Instant::now() > deadline {
+                return Ok(sent(replies));
             }
             match redirected {
-                None => return Ok((replies, listed)),
+                None => return Ok(sent(replies)),
                 Some(Misrouted::Moved(detail)) => self.moved(&detail),
                 Some(Misrouted::Ask(detail)) => asked = redirection(&detail).map(|(_, node)| node),
                 Some(Misrouted::InTransition) => retry_pause(attempt).await,
@@ -685,14 +725,72 @@ impl ClusterLink {
         }
     }
 
+    /// Sends what `compose` builds through redis-rs's cluster connection, which fills in
+    /// endpoints CLUSTER SLOTS cannot give and takes it to the slot's master, on one
+    /// connection. redis-rs follows a MOVED or ASK inside a pipeline itself, to whichever
+    /// master it names, so the count `compose` was given may be another master's: a
+    /// CLUSTER MYID behind it says which master ran it, and if that is not the one the
+    /// count was for, [`Sent::for_that_master`] is false. `target`: the slot's master as
+    /// the map has it (address, replica count, id), if known.
+    async fn through_cluster_connection(
+        &self,
+        slot: Slot,
+        target: Option<(Node, Option<u32>, Arc<str>)>,
+        compose: &(dyn Fn(Option<u32>) -> Composed + Send + Sync),
+    ) -> RedisResult<Sent> {
+        // A count is only trusted for a master known by id; otherwise the caller's own
+        // (the policy's) count is composed, which is right for any master.
+        let (node, listed, expected) = match target {
+            Some((node, listed @ Some(_), id)) if !id.is_empty() => (Some(node), listed, Some(id)),
+            target => (target.map(|(node, ..)| node), None, None),
+        };
+        let composed = compose(listed);
+        let count = composed.pipeline.cmd_iter().count();
+        let mut pipeline = composed.pipeline;
+        if expected.is_some() {
+            pipeline.cmd("CLUSTER").arg("MYID");
+        }
+        let turn = match (&node, composed.exclusive) {
+            (Some(node), true) => Some(self.turn(node).lock_owned().await),
+            _ => None,
+        };
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
+        let sent_count = count + usize::from(expected.is_some());
+        let mut replies = self
+            .fallback
+            .clone()
+            .route_pipeline(pipeline, 0, sent_count, route)
+            .await?;
+        drop(turn);
+        let for_that_master = match expected {
+            None => true,
+            Some(expected) => {
+                let ran_on = replies
+                    .pop()
+                    .and_then(|id| String::from_redis_value(id).ok());
+                ran_on.as_deref() == Some(&*expected)
+            }
+        };
+        Ok(Sent {
+            replies,
+            listed,
+            for_that_master,
+        })
+    }
+
     /// A connection to `node`, for attempt `attempt` of a pipeline. A master that cannot
     /// be connected to was sent nothing, so the pipeline may go elsewhere: its slots are
     /// forgotten, the map is read again after a pause, and `None` says to try again, until
     /// the attempts run out and the failure is returned.
-    async fn reach(&self, node: &Node, attempt: u32) -> RedisResult<Option<MultiplexedConnection>> {
+    async fn reach(
+        &self,
+        node: &Node,
+        attempt: u32,
+        deadline: Instant,
+    ) -> RedisResult<Option<MultiplexedConnection>> {
         match self.connection_to(node).await {
             Ok(connection) => Ok(Some(connection)),
-            Err(err) if attempt >= CLUSTER_RETRIES => Err(err),
+            Err(err) if attempt >= CLUSTER_RETRIES || Instant::now() > deadline => Err(err),
             Err(err) => {
                 tracing::debug!(error = %err, node = %node.0, "cannot reach a cluster master; reading the slot map again");
                 self.forget_now(node);
@@ -706,27 +804,67 @@ impl ClusterLink {
     }
 }
 
-/// How many replicas follow each master (by node id), from CLUSTER NODES. A replica
-/// flagged as failing counts: it may come back and be promoted with whatever it had when
-/// it was cut off, so the writes made meanwhile must still be waited for (and are refused
-/// while it cannot acknowledge them). A node that is not a member yet (handshake) does
-/// not. A master killed and replaced in a failover is listed as a failed master until it
-/// returns, as a replica of its successor, so the successor counts no replica until then.
-fn replicas_by_master(nodes: &str) -> HashMap<String, u32> {
-    let mut counts = HashMap::new();
-    for line in nodes.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (Some(flags), Some(master)) = (fields.get(2), fields.get(3)) else {
-            continue;
-        };
-        let is_replica = flags
-            .split(',')
-            .any(|flag| flag == "slave" || flag == "replica");
-        if is_replica && !flags.contains("handshake") && *master != "-" {
-            *counts.entry((*master).to_owned()).or_insert(0) += 1;
+/// What CLUSTER NODES says of the cluster's members: each node id, and how many replicas
+/// follow each master, by id and by address.
+///
+/// A replica flagged as failing counts: it may come back and be promoted with whatever it
+/// had when it was cut off, so the writes made meanwhile must still be waited for (and
+/// are refused while it cannot acknowledge them). A node that is not a member yet
+/// (handshake) does not. A master killed and replaced in a failover is listed as a failed
+/// master until it returns, as a replica of its successor, so the successor counts no
+/// replica until then.
+#[derive(Default)]
+struct Members {
+    ids: std::collections::HashSet<String>,
+    replicas_by_id: HashMap<String, u32>,
+    replicas_by_address: HashMap<Node, u32>,
+}
+
+impl Members {
+    fn read(nodes: &str) -> Self {
+        let mut members = Members::default();
+        let mut masters: Vec<(String, Node)> = Vec::new();
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(id), Some(address), Some(flags), Some(master)) =
+                (fields.first(), fields.get(1), fields.get(2), fields.get(3))
+            else {
+                continue;
+            };
+            if flags.contains("handshake") {
+                continue;
+            }
+            members.ids.insert((*id).to_owned());
+            let is = |role: &str| flags.split(',').any(|flag| flag == role);
+            if (is("slave") || is("replica")) && *master != "-" {
+                *members
+                    .replicas_by_id
+                    .entry((*master).to_owned())
+                    .or_insert(0) += 1;
+            } else if is("master") {
+                // `ip:port@cport[,hostname]`
+                let endpoint = address.split('@').next().unwrap_or_default();
+                if let Some((host, port)) = endpoint.rsplit_once(':') {
+                    if let Ok(port) = port.parse::<u16>() {
+                        masters.push(((*id).to_owned(), Arc::new((host.to_owned(), port))));
+                    }
+                }
+            }
         }
+        for (id, node) in masters {
+            let replicas = members.replicas_by_id.get(&id).copied().unwrap_or(0);
+            members.replicas_by_address.insert(node, replicas);
+        }
+        members
     }
-    counts
+
+    /// How many replicas follow master `id`; `None` for an id CLUSTER NODES does not list
+    /// (or none given), whose count is then not known.
+    fn replicas_of(&self, id: &str) -> Option<u32> {
+        self.ids
+            .contains(id)
+            .then(|| self.replicas_by_id.get(id).copied().unwrap_or(0))
+    }
 }
 
 /// False for an endpoint CLUSTER SLOTS gives when it has none to give: empty (a node that
@@ -858,7 +996,7 @@ impl ConnectionLike for ClusterLink {
                     };
                     self.bounded(self.pipeline_to_slot(slot, &compose))
                         .await
-                        .map(|(replies, _)| replies)
+                        .map(|sent| sent.replies)
                 }
                 _ => {
                     self.fallback
@@ -909,12 +1047,18 @@ a2 127.0.0.1:7003@17003 slave a1 0 0 1 connected
 b2 127.0.0.1:7004@17004 slave,fail b1 0 0 2 disconnected
 x9 127.0.0.1:7009@17009 handshake,slave a1 0 0 0 disconnected
 ";
-        let counts = replicas_by_master(nodes);
-        assert_eq!(counts.get("a1"), Some(&1));
+        let members = Members::read(nodes);
+        assert_eq!(members.replicas_of("a1"), Some(1));
         // A failing replica may come back and be promoted: it counts.
-        assert_eq!(counts.get("b1"), Some(&1));
+        assert_eq!(members.replicas_of("b1"), Some(1));
         // A master promoted after a kill has no replica until the old one returns.
-        assert_eq!(counts.get("c2"), None);
+        assert_eq!(members.replicas_of("c2"), Some(0));
+        // An id CLUSTER NODES does not list (or none) is not known.
+        assert_eq!(members.replicas_of(""), None);
+        assert_eq!(members.replicas_of("zz"), None);
+        let at = |port: u16| Arc::new(("127.0.0.1".to_owned(), port));
+        assert_eq!(members.replicas_by_address.get(&at(7000)), Some(&1));
+        assert_eq!(members.replicas_by_address.get(&at(7005)), Some(&0));
     }
 
     #[test]

@@ -251,14 +251,14 @@ pub async fn take_while_unreplicated(
 }
 
 /// The second half: after the failover, `other` asks for each of `names` (for up to 2 s
-/// each). Returns how many it got while a guard of `held` still trusted the same lock:
-/// the double grants.
+/// each). Returns how many it got, and how many of those while a guard of `held` still
+/// trusted the same lock: the double grants.
 pub async fn double_grants(
     other: &Client,
     names: &[String],
     held: &[distlock::LockGuard],
-) -> usize {
-    let mut double = 0;
+) -> (usize, usize) {
+    let (mut got_any, mut double) = (0, 0);
     for name in names {
         let got = bounded(
             Duration::from_secs(60),
@@ -269,13 +269,15 @@ pub async fn double_grants(
         )
         .await
         .unwrap();
-        if got.is_some()
-            && held
+        if got.is_some() {
+            got_any += 1;
+            if held
                 .iter()
                 .any(|guard| guard.name() == name && !guard.is_lost())
-        {
-            double += 1;
+            {
+                double += 1;
+            }
         }
     }
-    double
+    (got_any, double)
 }
