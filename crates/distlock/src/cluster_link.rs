@@ -77,8 +77,7 @@ pub(crate) struct Topology {
     /// How many replicas each master has, by address, whether or not it serves slots
     /// yet (a master a MOVED or ASK names may be new).
     replicas_by_node: RwLock<HashMap<Node, u32>>,
-    /// When `slots` was last read whole, and when a read was last tried.
-    read_at: Mutex<Instant>,
+    /// When a read of the map was last tried.
     tried_at: Mutex<Instant>,
     /// One read of the map at a time; callers that queued behind a read use its map.
     reading: tokio::sync::Mutex<()>,
@@ -94,7 +93,6 @@ impl Topology {
         Arc::new(Self {
             slots: RwLock::new(HashMap::new()),
             replicas_by_node: RwLock::new(HashMap::new()),
-            read_at: Mutex::new(Instant::now()),
             tried_at: Mutex::new(Instant::now()),
             reading: tokio::sync::Mutex::new(()),
             refreshing: AtomicBool::new(false),
@@ -333,11 +331,6 @@ impl ClusterLink {
             .replicas_by_node
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = replicas_by_node;
-        *self
-            .topology
-            .read_at
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
         Ok(())
     }
 
