@@ -419,6 +419,20 @@ impl ClusterLink {
             })
     }
 
+    /// True unless this link's turn for the master of `write`'s slot is taken: a hint for
+    /// spreading synced writes over links, not a reservation.
+    pub(crate) fn turn_looks_free(&self, write: &Cmd) -> bool {
+        let Some(owner) = direct_slot(write).and_then(|slot| self.owner(slot)) else {
+            return true;
+        };
+        self.shared
+            .turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&owner.node)
+            .is_none_or(|turn| turn.try_lock().is_ok())
+    }
+
     /// This link's turn for synced writes to `node`.
     fn turn(&self, node: &Node) -> Arc<tokio::sync::Mutex<()>> {
         let mut turns = self

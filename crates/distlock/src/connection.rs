@@ -156,6 +156,15 @@ impl Connection {
         matches!(self.route(), Route::Home)
     }
 
+    /// On a cluster, false if this connection is busy with a synced write to the master
+    /// of `write`'s slot (see [`ClusterLink::turn_looks_free`]); true elsewhere.
+    pub(crate) fn turn_looks_free(&self, write: &Cmd) -> bool {
+        match &self.background {
+            Link::Cluster(link) => link.turn_looks_free(write),
+            _ => true,
+        }
+    }
+
     /// On a cluster: `write`, then the WAIT `wait` gives for the replicas of the master
     /// it reaches, on one connection (see [`ClusterLink::write_then_wait`]), sent from the
     /// client's runtime like every call from elsewhere. `None` if this is not a cluster.

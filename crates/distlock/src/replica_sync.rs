@@ -338,7 +338,12 @@ impl SyncedWrites {
             };
             (replicas > 0).then(|| (policy.wait_command(replicas), replicas))
         });
-        if let Some(sent) = self.connections[start]
+        // On a cluster, the first connection not busy with this write's master.
+        let pick = (0..count)
+            .map(|offset| (start + offset) % count)
+            .find(|&at| self.connections[at].connection.turn_looks_free(write))
+            .unwrap_or(start);
+        if let Some(sent) = self.connections[pick]
             .connection
             .write_then_wait(write, wait)
             .await
