@@ -372,10 +372,9 @@ impl ClusterLink {
                 exclusive: waits.is_some(),
             }
         };
-        // Not cut off as a whole: a write may first wait for its turn at the master, on
-        // the client, where no timeout runs (as a standalone synced write waits for a free
-        // connection). Each send is bounded by the connection's response timeout, and the
-        // redirections by their count.
+        // Not cut off as a whole: the wait for a turn at the master, each send, and the
+        // retries after redirections are bounded each (by the response timeout, and the
+        // redirections also by their count).
         let Sent {
             mut replies,
             listed,
@@ -431,6 +430,20 @@ impl ClusterLink {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .get(&owner.node)
             .is_none_or(|turn| turn.try_lock().is_ok())
+    }
+
+    /// Waits for this link's turn at `node`, at most the response timeout: behind a queue
+    /// of writes each waiting for a replica that does not answer, a write fails (having
+    /// sent nothing) rather than outwait its caller's patience.
+    async fn wait_for_turn(&self, node: &Node) -> RedisResult<tokio::sync::OwnedMutexGuard<()>> {
+        tokio::time::timeout(self.shared.response_timeout, self.turn(node).lock_owned())
+            .await
+            .map_err(|_| {
+                redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "synced lock writes to this master are queued behind replicas that do not answer",
+                ))
+            })
     }
 
     /// This link's turn for synced writes to `node`.
@@ -681,7 +694,7 @@ impl ClusterLink {
             let turn = match composed.exclusive {
                 true => {
                     let waiting = Instant::now();
-                    let turn = self.turn(&node).lock_owned().await;
+                    let turn = self.wait_for_turn(&node).await?;
                     deadline += waiting.elapsed();
                     Some(turn)
                 }
@@ -758,7 +771,7 @@ impl ClusterLink {
             pipeline.cmd("CLUSTER").arg("MYID");
         }
         let turn = match (&node, composed.exclusive) {
-            (Some(node), true) => Some(self.turn(node).lock_owned().await),
+            (Some(node), true) => Some(self.wait_for_turn(node).await?),
             _ => None,
         };
         let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));

@@ -5,9 +5,12 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::{Client, ReplicaSync};
+use common::bounded;
+use distlock::{Client, Error, ReplicaSync};
 use distlock_testkit::{ExclusionChecker, RedisCluster};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -535,4 +538,156 @@ async fn a_write_redirected_to_a_master_with_a_replica_waits_for_it() {
         started.elapsed()
     );
     assert_eq!(calls_on(&cluster, bare, "wait").await, before);
+}
+
+/// Review (runtime attack): with one shard's replica frozen and 24 tasks hammering that
+/// shard, a lock held on another shard was lost: the watchdog's round waited for the
+/// frozen shard's renewal, and skipped every tick meanwhile. Now each lease's renewal is
+/// in flight on its own, so the healthy shard's lock stays held, while the frozen shard's
+/// is lost at its deadline and nothing there is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_of_one_shard_does_not_starve_another_shards_renewals() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let lease = Duration::from_secs(3);
+    let client = cluster_client(&cluster, lease).await;
+    let (frozen_tag, healthy_tag) = (
+        tag_served_by(&cluster, 0).await,
+        tag_served_by(&cluster, 1).await,
+    );
+    let on_frozen = client
+        .lock(format!("{{{frozen_tag}}}:held"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let on_healthy = client
+        .lock(format!("{{{healthy_tag}}}:held"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let replica = cluster.replica_of(0).await.unwrap();
+    cluster.pause(replica).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let hammer: Vec<_> = (0..24)
+        .map(|n| {
+            let lock = client.lock(format!("{{{frozen_tag}}}:hammer:{n}")).unwrap();
+            let (stop, granted) = (Arc::clone(&stop), Arc::clone(&granted));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(Some(guard)) = lock.try_lock().await {
+                        granted.fetch_add(1, Ordering::SeqCst);
+                        let _ = guard.release().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Three leases' worth of time on the healthy shard.
+    let healthy_lost = tokio::time::timeout(lease * 3, on_healthy.lost())
+        .await
+        .is_ok();
+    let frozen_lost = tokio::time::timeout(Duration::from_millis(500), on_frozen.lost())
+        .await
+        .is_ok();
+    stop.store(true, Ordering::Relaxed);
+    common::join_bounded(LIMIT, hammer).await;
+    cluster.resume(replica).unwrap();
+    assert!(!healthy_lost, "the lock on the healthy shard was lost");
+    assert!(
+        frozen_lost,
+        "the frozen shard's lock is still trusted past its lease"
+    );
+    assert_eq!(
+        granted.load(Ordering::SeqCst),
+        0,
+        "granted on the frozen shard"
+    );
+    on_healthy.release().await.unwrap();
+}
+
+/// Review (runtime attack): `try_lock_for(300 ms)` against a frozen replica made its
+/// first synced attempt (1 s of WAIT), then a second one after its deadline had passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patient_call_makes_no_attempt_after_its_deadline() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let client = cluster_client(&cluster, Duration::from_secs(30)).await;
+    let tag = tag_served_by(&cluster, 0).await;
+    let lock = client.lock(format!("{{{tag}}}:deadline")).unwrap();
+    let replica = cluster.replica_of(0).await.unwrap();
+    let before = calls_on(&cluster, 0, "wait").await;
+    cluster.pause(replica).unwrap();
+    let outcome = bounded(LIMIT, lock.try_lock_for(Duration::from_millis(300))).await;
+    cluster.resume(replica).unwrap();
+    assert!(
+        matches!(outcome, Err(Error::NotReplicated { .. })),
+        "{outcome:?}"
+    );
+    // A second attempt would have finished, WAIT and all, before the call returned.
+    assert_eq!(
+        calls_on(&cluster, 0, "wait").await,
+        before + 1,
+        "a second attempt after the deadline"
+    );
+}
+
+/// Review (runtime attack): a waiter whose lock's slot moved to another master was not
+/// woken by the release (Redis drops a slot's sharded subscriptions when the slot moves,
+/// and the hub did not subscribe again); it got the lock only when the lease hint ran
+/// out, 20 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_after_its_slot_moved() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let lease = Duration::from_secs(20);
+    let (a, b) = (
+        cluster_client(&cluster, lease).await,
+        cluster_client(&cluster, lease).await,
+    );
+    let tag = tag_served_by(&cluster, 0).await;
+    let name = format!("{{{tag}}}:wake");
+    let slot = cluster.key_slot(&name).await.unwrap();
+    let holder = a.lock(name.as_str()).unwrap().lock().await.unwrap();
+    let waiting = b.lock(name.as_str()).unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = waiting.lock().await.unwrap();
+        let got_at = Instant::now();
+        guard.release().await.unwrap();
+        got_at
+    });
+    let old_owner = cluster.node_connection(0).await.unwrap();
+    common::eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        let mut conn = old_owner.clone();
+        async move {
+            redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .is_ok_and(|channels| !channels.is_empty())
+        }
+    })
+    .await;
+    cluster.migrate_slot(slot, 1).await.unwrap();
+    let new_owner = cluster.node_connection(1).await.unwrap();
+    common::eventually(
+        Duration::from_secs(5),
+        "subscribed on the new owner",
+        || {
+            let mut conn = new_owner.clone();
+            async move {
+                redis::cmd("PUBSUB")
+                    .arg("SHARDCHANNELS")
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .is_ok_and(|channels| !channels.is_empty())
+            }
+        },
+    )
+    .await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let got_at = bounded(LIMIT, waiter).await.unwrap();
+    let took = got_at.saturating_duration_since(released_at);
+    assert!(took < Duration::from_secs(2), "woken only after {took:?}");
 }

@@ -150,13 +150,18 @@ pub(crate) async fn acquire<A: Acquire>(
             return Ok(None);
         }
     } else {
-        match last_chance(core, primitive).await {
-            Ok(acquired) if acquired.is_some() || !waiting_patiently => return Ok(acquired),
+        let first = last_chance(core, primitive).await;
+        // The first try may have taken all of the caller's patience (a synced write that
+        // waited for replicas): its outcome is then the answer, not a reason to try again.
+        let still_patient =
+            waiting_patiently && deadline.is_none_or(|deadline| deadline > Instant::now());
+        match first {
+            Ok(acquired) if acquired.is_some() || !still_patient => return Ok(acquired),
             Ok(_) => {}
             // The server answered and the lock was free, but no replica acknowledged the
             // grant (given back already): a caller with patience waits for the replicas
             // as it would for a holder, with the backoff of the waiting loop below.
-            Err(Error::NotReplicated { .. }) if waiting_patiently => {}
+            Err(Error::NotReplicated { .. }) if still_patient => {}
             Err(err) => return Err(err),
         }
     }

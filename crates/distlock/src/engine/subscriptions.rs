@@ -269,6 +269,9 @@ enum Event {
     /// The server confirmed a subscription: the first, or one redis-rs renewed after a
     /// node's connection broke or a slot moved.
     Subscribed(String),
+    /// The server ended a subscription (cluster only): the hub's own unsubscribing, or a
+    /// slot that moved to another master, whose sharded channels the old one drops.
+    Unsubscribed(String),
     /// One node's connection broke (cluster only; redis-rs reconnects and resubscribes).
     NodeLost,
     /// Nothing the hub acts on.
@@ -342,6 +345,9 @@ impl Events {
                     }
                     PushKind::Subscribe | PushKind::SSubscribe => {
                         channel().map_or(Event::Other, Event::Subscribed)
+                    }
+                    PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                        channel().map_or(Event::Other, Event::Unsubscribed)
                     }
                     PushKind::Disconnection => Event::NodeLost,
                     _ => Event::Other,
@@ -438,6 +444,19 @@ async fn run_hub(shared: Arc<Shared>, source: Servers, mut nudges: mpsc::Unbound
                         // A renewed subscription follows a gap in which messages were
                         // lost: the channel's waiters look again.
                         Some(Event::Subscribed(channel)) => wake_channel(&shared, &channel),
+                        // A channel still waited on, dropped by the server: its slot moved.
+                        // Subscribe again (redis-rs sends it to the slot's new master) and
+                        // wake its waiters, whose release message may have gone meanwhile.
+                        Some(Event::Unsubscribed(channel)) => {
+                            let wanted = shared.channels().contains_key(&channel);
+                            if wanted && on_server.remove(&channel) {
+                                tracing::debug!(%channel, "the server dropped a subscription (a slot moved?); subscribing again");
+                                if !reconcile(&shared, &mut sink, &mut on_server, &mut denied).await {
+                                    break;
+                                }
+                                wake_channel(&shared, &channel);
+                            }
+                        }
                         Some(Event::NodeLost) => {
                             tracing::debug!("a pub/sub node connection broke; redis-rs resubscribes");
                             wake_everyone(&shared);

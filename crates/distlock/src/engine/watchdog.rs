@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +53,9 @@ struct Entry {
     set_at: Instant,
     /// Renewed by the watchdog: watchdog mode, not lost, release not started.
     renew: bool,
+    /// A renewal of this lease is in flight: the next ticks leave it out until it ends,
+    /// and renew the others.
+    renewing: bool,
     /// The holding's last guard is gone: its release is under way.
     closing: bool,
     /// Set when the holding is known lost; it is never cleared.
@@ -119,16 +121,14 @@ struct Shared {
     /// Shared on its own with the futures of `Lease::watch`, which may outlive everything
     /// else of the client and must not keep its connections open.
     registry: Arc<Mutex<Registry>>,
-    /// Set while a renewal round is in flight: a hung server must not collect a new
-    /// round every tick.
-    renewing_now: AtomicBool,
+
     /// The client is shutting down: nothing is renewed any more, so nothing is trusted.
     closed: AtomicBool,
     /// A refused renewal (ACL) is logged as an error once per client, not every round.
     warned_refused: AtomicBool,
     changed: Notify,
-    /// Notified whenever a renewal round ends (`renewing_now` goes false).
-    round_ended: Notify,
+    /// Notified whenever a renewal batch ends (its leases' `renewing` goes false).
+    batch_ended: Notify,
     connection: Connection,
     lease: Duration,
     lease_ms: u64,
@@ -261,13 +261,13 @@ impl Lease {
     pub(crate) async fn stop_renewing(&self) {
         self.with_entry(|entry| entry.renew = false);
         loop {
-            let round_ended = self.shared.round_ended.notified();
-            tokio::pin!(round_ended);
-            round_ended.as_mut().enable();
-            if !self.shared.renewing_now.load(Ordering::Acquire) {
+            let batch_ended = self.shared.batch_ended.notified();
+            tokio::pin!(batch_ended);
+            batch_ended.as_mut().enable();
+            if !self.with_entry(|entry| entry.renewing).unwrap_or(false) {
                 return;
             }
-            round_ended.await;
+            batch_ended.await;
         }
     }
 
@@ -323,11 +323,10 @@ impl Watchdog {
                 runtime: Some(background.handle().clone()),
                 ..Registry::default()
             })),
-            renewing_now: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             warned_refused: AtomicBool::new(false),
             changed: Notify::new(),
-            round_ended: Notify::new(),
+            batch_ended: Notify::new(),
             connection,
             lease: config.watchdog_timeout,
             lease_ms: config.watchdog_timeout_ms,
@@ -357,6 +356,7 @@ impl Watchdog {
             deadline: sent_at + lease,
             set_at: sent_at,
             renew,
+            renewing: false,
             closing: false,
             lost: false,
             signal: None,
@@ -443,11 +443,7 @@ async fn run(shared: Arc<Shared>) {
                 if next_renewal < now {
                     next_renewal = now + interval;
                 }
-                if !shared.renewing_now.swap(true, Ordering::AcqRel) {
-                    tokio::spawn(renew_all(Arc::clone(&shared)));
-                } else {
-                    tracing::warn!("previous renewal round still in flight; skipping this tick");
-                }
+                renew_all(&shared);
             }
             _ = sleep_until_some(earliest_deadline) => {
                 expire_overdue(&shared);
@@ -519,22 +515,49 @@ async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
     Ok(renewed)
 }
 
-async fn renew_all(shared: Arc<Shared>) {
-    let batches: Vec<Vec<Due>> = {
-        let registry = shared.registry();
-        let due: Vec<_> = registry
-            .entries
-            .iter()
-            .filter(|(_, entry)| entry.renew)
-            .map(|(id, entry)| (*id, Arc::clone(&entry.key), Arc::clone(&entry.owner)))
-            .collect();
-        shared
+/// Starts a renewal of every lease due, in batches, each batch a task of its own. A lease
+/// whose previous renewal is still in flight (a hung server, a shard whose replica does
+/// not answer) is left out of this round, and only it: the other leases, on healthy
+/// servers and shards, are renewed on time whatever one server does.
+fn renew_all(shared: &Arc<Shared>) {
+    let (batches, skipped) = {
+        let mut registry = shared.registry();
+        let mut skipped = 0;
+        let mut due = Vec::new();
+        for (id, entry) in registry.entries.iter_mut().filter(|(_, entry)| entry.renew) {
+            if entry.renewing {
+                skipped += 1;
+                continue;
+            }
+            entry.renewing = true;
+            due.push((*id, Arc::clone(&entry.key), Arc::clone(&entry.owner)));
+        }
+        let batches = shared
             .deployment
-            .batches(due, shared.batch_size, |(_, key, _)| key)
+            .batches(due, shared.batch_size, |(_, key, _)| key);
+        (batches, skipped)
     };
-    join_all(batches.into_iter().map(|batch| renew_batch(&shared, batch))).await;
-    shared.renewing_now.store(false, Ordering::Release);
-    shared.round_ended.notify_waiters();
+    if skipped > 0 {
+        tracing::warn!(
+            locks = skipped,
+            "their previous renewal is still in flight; leaving them out of this round"
+        );
+    }
+    for batch in batches {
+        let shared = Arc::clone(shared);
+        tokio::spawn(async move {
+            let ids: Vec<u64> = batch.iter().map(|(id, _, _)| *id).collect();
+            renew_batch(&shared, batch).await;
+            let mut registry = shared.registry();
+            for id in ids {
+                if let Some(entry) = registry.entries.get_mut(&id) {
+                    entry.renewing = false;
+                }
+            }
+            drop(registry);
+            shared.batch_ended.notify_waiters();
+        });
+    }
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
