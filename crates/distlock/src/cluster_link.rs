@@ -439,10 +439,7 @@ impl ClusterLink {
         tokio::time::timeout(self.shared.response_timeout, self.turn(node).lock_owned())
             .await
             .map_err(|_| {
-                redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "synced lock writes to this master are queued behind replicas that do not answer",
-                ))
+                redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, NO_TURN))
             })
     }
 
@@ -892,6 +889,17 @@ impl Members {
 /// "?" (a node without a hostname, in hostname mode).
 fn dialable(node: &Node) -> bool {
     !node.0.is_empty() && node.0 != "?"
+}
+
+/// The message of the error a synced write fails with when it never had its turn.
+const NO_TURN: &str =
+    "synced lock writes to this master are queued behind replicas that do not answer";
+
+/// True if `err` says a synced write was never sent: it waited for its turn at a master
+/// whose replicas do not answer, as long as it may. For an acquisition that is a refusal
+/// for want of replicas, with nothing to give back.
+pub(crate) fn never_sent(err: &redis::RedisError) -> bool {
+    err.is_timeout() && err.to_string().contains(NO_TURN)
 }
 
 /// The pause before attempt `attempt + 1` of a command the cluster could not take yet:

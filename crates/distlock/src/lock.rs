@@ -312,6 +312,14 @@ impl Acquire for LockAttempt {
                             timeout: synced.policy().timeout,
                         });
                     }
+                    Err(err) if crate::cluster_link::never_sent(&err) => {
+                        return Err(Error::NotReplicated {
+                            name: name.to_string(),
+                            acknowledged: 0,
+                            required: synced.policy().replicas,
+                            timeout: synced.policy().timeout,
+                        });
+                    }
                     other => other.map(|(reply, _)| reply),
                 },
             };

@@ -488,15 +488,34 @@ async fn a_write_redirected_to_a_master_with_a_replica_waits_for_it() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // Every node must see it: the client reads CLUSTER NODES from any of them.
+    let replica_id = cluster.node_id(moved_replica).unwrap().to_owned();
     common::eventually(
         Duration::from_secs(20),
-        "the replica follows its new master",
+        "every node sees the replica follow its new master",
         || async {
-            cluster.nodes().await.is_ok_and(|nodes| {
-                nodes.iter().any(|node| {
-                    node.index == moved_replica && node.master_id.as_deref() == Some(&target_id)
-                })
-            })
+            for node in 0..cluster.ports().len() {
+                let Ok(mut conn) = cluster.node_connection(node).await else {
+                    return false;
+                };
+                let view: String = match redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await
+                {
+                    Ok(view) => view,
+                    Err(_) => return false,
+                };
+                let follows = view.lines().any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.first() == Some(&replica_id.as_str())
+                        && fields.get(3) == Some(&target_id.as_str())
+                });
+                if !follows {
+                    return false;
+                }
+            }
+            true
         },
     )
     .await;
@@ -690,4 +709,84 @@ async fn a_waiter_is_woken_by_a_release_after_its_slot_moved() {
     let got_at = bounded(LIMIT, waiter).await.unwrap();
     let took = got_at.saturating_duration_since(released_at);
     assert!(took < Duration::from_secs(2), "woken only after {took:?}");
+}
+
+/// A user who may not run CLUSTER NODES (an ACL) still locks: the replica counts are
+/// unknown, so every write waits for one replica, and the map is asked for at most once
+/// per 5 s, not before every write. A frozen replica still refuses the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_cluster_nodes_waits_everywhere_without_a_map_read_per_write() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    for node in 0..cluster.ports().len() {
+        let mut conn = cluster.node_connection(node).await.unwrap();
+        let () = redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "app",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-cluster|nodes",
+            ])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let hosts: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let client = bounded(
+        LIMIT,
+        Client::connect(&format!("redis+cluster://app:pw@{}", hosts.join(","))),
+    )
+    .await
+    .expect("connect as app");
+    let tag = tag_served_by(&cluster, 1).await;
+    let lock = client.lock(format!("{{{tag}}}:acl")).unwrap();
+    let cycle = || async {
+        let guard = lock.try_lock().await.unwrap().expect("free");
+        guard.release().await.unwrap();
+    };
+    cycle().await;
+    let map_reads = || async {
+        let mut reads = 0;
+        for node in 0..cluster.ports().len() {
+            reads += calls_on(&cluster, node, "cluster|slots").await;
+        }
+        reads
+    };
+    let (reads_before, waits_before) = (map_reads().await, calls_on(&cluster, 1, "wait").await);
+    let started = Instant::now();
+    let cycles = 150;
+    bounded(LIMIT, async {
+        for _ in 0..cycles {
+            cycle().await;
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    let reads = map_reads().await - reads_before;
+    assert_eq!(
+        calls_on(&cluster, 1, "wait").await - waits_before,
+        2 * cycles,
+        "every acquisition and release waits for a replica"
+    );
+    assert!(
+        reads <= took.as_secs() / 5 + 2,
+        "{reads} map reads in {took:?}: read per write"
+    );
+    let replica = cluster.replica_of(1).await.unwrap();
+    cluster.pause(replica).unwrap();
+    let refused = bounded(LIMIT, lock.try_lock()).await;
+    cluster.resume(replica).unwrap();
+    assert!(
+        matches!(refused, Err(Error::NotReplicated { .. })),
+        "granted with the replica frozen: {:?}",
+        refused.map(|guard| guard.is_some())
+    );
 }
