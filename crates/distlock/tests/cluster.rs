@@ -675,35 +675,27 @@ async fn a_waiter_is_woken_by_a_release_after_its_slot_moved() {
         guard.release().await.unwrap();
         got_at
     });
-    let old_owner = cluster.node_connection(0).await.unwrap();
-    common::eventually(Duration::from_secs(5), "the waiter subscribed", || {
-        let mut conn = old_owner.clone();
+    // Waits until node `node` has a sharded subscription (the waiter's).
+    let subscribed_on = |node: usize, what: &'static str| {
+        let cluster = &cluster;
         async move {
-            redis::cmd("PUBSUB")
-                .arg("SHARDCHANNELS")
-                .query_async::<Vec<String>>(&mut conn)
-                .await
-                .is_ok_and(|channels| !channels.is_empty())
+            let conn = cluster.node_connection(node).await.unwrap();
+            common::eventually(Duration::from_secs(5), what, || {
+                let mut conn = conn.clone();
+                async move {
+                    redis::cmd("PUBSUB")
+                        .arg("SHARDCHANNELS")
+                        .query_async::<Vec<String>>(&mut conn)
+                        .await
+                        .is_ok_and(|channels| !channels.is_empty())
+                }
+            })
+            .await;
         }
-    })
-    .await;
+    };
+    subscribed_on(0, "the waiter subscribed").await;
     cluster.migrate_slot(slot, 1).await.unwrap();
-    let new_owner = cluster.node_connection(1).await.unwrap();
-    common::eventually(
-        Duration::from_secs(5),
-        "subscribed on the new owner",
-        || {
-            let mut conn = new_owner.clone();
-            async move {
-                redis::cmd("PUBSUB")
-                    .arg("SHARDCHANNELS")
-                    .query_async::<Vec<String>>(&mut conn)
-                    .await
-                    .is_ok_and(|channels| !channels.is_empty())
-            }
-        },
-    )
-    .await;
+    subscribed_on(1, "subscribed again on the new owner").await;
     let released_at = Instant::now();
     holder.release().await.unwrap();
     let got_at = bounded(LIMIT, waiter).await.unwrap();
