@@ -121,7 +121,6 @@ struct Shared {
     /// Shared on its own with the futures of `Lease::watch`, which may outlive everything
     /// else of the client and must not keep its connections open.
     registry: Arc<Mutex<Registry>>,
-
     /// The client is shutting down: nothing is renewed any more, so nothing is trusted.
     closed: AtomicBool,
     /// A refused renewal (ACL) is logged as an error once per client, not every round.
