@@ -122,6 +122,9 @@ pub struct ServiceConfig {
     pub shutdown_timeout: Duration,
     /// How long a client may take to send a request's headers, and then its body.
     pub read_timeout: Duration,
+    /// Make this instance's Redis the store's stock authority, whatever the store records
+    /// (`serve --take-over-store`; see [`crate::authority`]).
+    pub take_over_store: bool,
 }
 
 /// Where `serve` keeps its data when REDIS_URL is unset, relative to the working directory.
@@ -147,6 +150,7 @@ impl ServiceConfig {
             worker: Some(WorkerSettings::new()),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            take_over_store: false,
         }
     }
 
@@ -277,6 +281,9 @@ pub enum ConfigError {
         /// The SQLite file, or which PostgreSQL database.
         database: String,
     },
+    /// The store's stock is sold from another Redis.
+    #[error(transparent)]
+    Authority(Box<crate::authority::AuthorityError>),
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
     Db(#[source] DbError),
@@ -295,6 +302,12 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<crate::authority::AuthorityError> for ConfigError {
+    fn from(err: crate::authority::AuthorityError) -> Self {
+        ConfigError::Authority(Box::new(err))
+    }
 }
 
 impl ConfigError {

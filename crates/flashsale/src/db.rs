@@ -303,6 +303,16 @@ impl Db {
             .collect()
     }
 
+    /// The id of the order `user_id` holds for this coupon, if one is stored.
+    pub async fn order_of(&self, coupon_id: i64, user_id: i64) -> Result<Option<String>, DbError> {
+        let row = sqlx::query("SELECT id FROM orders WHERE coupon_id = $1 AND user_id = $2")
+            .bind(coupon_id)
+            .bind(user_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|row| row.try_get("id")).transpose()?)
+    }
+
     /// How many orders are stored for this coupon.
     pub async fn order_count(&self, coupon_id: i64) -> Result<i64, DbError> {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM orders WHERE coupon_id = $1")
@@ -401,6 +411,71 @@ impl Db {
         }
         tx.commit().await?;
         Ok(inserted)
+    }
+}
+
+/// The stock authority a store records (see [`crate::authority`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorityRecord {
+    /// The authority's id, also kept in its Redis.
+    pub id: String,
+    /// Where it is, for people: the Redis URL without credentials, or the embedded
+    /// mode's data directory.
+    pub location: String,
+    /// Since when, Unix ms.
+    pub since_ms: i64,
+}
+
+impl Db {
+    /// The stock authority this store records; `None` until the store is first used.
+    pub async fn authority(&self) -> Result<Option<AuthorityRecord>, DbError> {
+        let row = sqlx::query(
+            "SELECT authority, authority_location, authority_since FROM store WHERE id = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let id: Option<String> = row.try_get("authority")?;
+        Ok(match id {
+            Some(id) => Some(AuthorityRecord {
+                id,
+                location: row
+                    .try_get::<Option<String>, _>("authority_location")?
+                    .unwrap_or_default(),
+                since_ms: row
+                    .try_get::<Option<i64>, _>("authority_since")?
+                    .unwrap_or_default(),
+            }),
+            None => None,
+        })
+    }
+
+    /// Records `record` as the store's authority: only if none is recorded yet, or, with
+    /// `replace`, whatever is recorded. Returns the authority recorded afterwards, which
+    /// is another instance's when it recorded one first.
+    pub async fn record_authority(
+        &self,
+        record: &AuthorityRecord,
+        replace: bool,
+    ) -> Result<AuthorityRecord, DbError> {
+        let only_if_unset = if replace {
+            ""
+        } else {
+            " AND authority IS NULL"
+        };
+        sqlx::query(&format!(
+            "UPDATE store SET authority = $1, authority_location = $2, authority_since = $3 \
+             WHERE id = 1{only_if_unset}"
+        ))
+        .bind(record.id.as_str())
+        .bind(record.location.as_str())
+        .bind(record.since_ms)
+        .execute(&self.pool)
+        .await?;
+        self.authority().await?.ok_or_else(|| {
+            DbError::Query(sqlx::Error::Protocol(
+                "the store's authority is unset right after it was recorded".into(),
+            ))
+        })
     }
 }
 

@@ -49,6 +49,11 @@ impl Keyspace {
         format!("flashsale:{}:stock-loader", self.namespace)
     }
 
+    /// Where this store's stock authority keeps its id (see [`crate::authority`]).
+    pub fn authority(&self) -> String {
+        format!("flashsale:{}:stock-authority", self.namespace)
+    }
+
     /// Which coupon of this store a stream key belongs to, for entries read from several
     /// streams. `None` for any other key, another store's included.
     pub fn coupon_of_stream(&self, stream: &str) -> Option<i64> {
@@ -121,5 +126,6 @@ mod tests {
         assert_eq!(ours.coupon_of_stream("other"), None);
         assert_ne!(ours.coupon(42).stock, theirs.coupon(42).stock);
         assert_ne!(ours.stock_loader_lock(), theirs.stock_loader_lock());
+        assert_ne!(ours.authority(), theirs.authority());
     }
 }

@@ -16,6 +16,7 @@
 //! [`service`] wires them to the HTTP API in [`http`], and [`load`] is the load generator
 //! that proves the rules under load. See docs/flashsale.md for the design.
 
+pub mod authority;
 pub mod bench;
 pub mod config;
 pub mod db;
@@ -37,6 +38,42 @@ pub mod worker;
 
 pub use config::{ConfigError, ServiceConfig};
 pub use service::Service;
+
+/// The exit codes of every command, so a supervisor or a cron probe can tell outcomes
+/// apart. Listed in `flashsale --help`.
+pub mod exit_code {
+    /// The run failed: `serve` lost its private Redis or its database lock, `load` saw a
+    /// rule broken.
+    pub const FAILURE: u8 = 1;
+    /// A bad flag, variable or setting, or a server that could not be reached.
+    pub const USAGE: u8 = 2;
+    /// `reconcile`: some coupon's Redis state and SQL disagree.
+    pub const DRIFT: u8 = 3;
+    /// The store's stock is sold from another Redis (see [`crate::authority`]).
+    pub const FOREIGN_STORE: u8 = 4;
+
+    /// The code for an error a command returned.
+    pub fn of(err: &(dyn std::error::Error + Send + Sync + 'static)) -> u8 {
+        use crate::authority::AuthorityError;
+        match err.downcast_ref::<crate::ConfigError>() {
+            Some(crate::ConfigError::Authority(err))
+                if matches!(
+                    **err,
+                    AuthorityError::Foreign { .. } | AuthorityError::StaleRedis { .. }
+                ) =>
+            {
+                FOREIGN_STORE
+            }
+            _ => USAGE,
+        }
+    }
+
+    /// What `--help` says about them.
+    pub const HELP: &str = "Exit codes: 0 success; 1 the run failed (serve lost its \
+        private Redis or its database lock; load saw a rule broken); 2 bad arguments or \
+        configuration, or a server that cannot be reached; 3 reconcile found drift; 4 the \
+        store's stock is sold from another Redis (see --take-over-store)";
+}
 
 /// What a subcommand returns: an exit code, or an error printed as `error: …`.
 pub type CliResult = Result<std::process::ExitCode, Box<dyn std::error::Error + Send + Sync>>;

@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "flashsale",
     version,
-    about = "A seckill coupon service on distlock, and the load generator that proves it"
+    about = "A seckill coupon service on distlock, and the load generator that proves it",
+    after_help = flashsale::exit_code::HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err}");
-            ExitCode::from(2)
+            ExitCode::from(flashsale::exit_code::of(&*err))
         }
     }
 }

@@ -108,8 +108,11 @@ pub struct CouponDrift {
     pub sql_orders: usize,
     /// Order events not yet stored by a worker.
     pub queued: i64,
-    /// `redis_remaining + redis_orders − stock`: units Redis counts twice (positive) or
-    /// lost (negative). 0 when Redis holds no stock.
+    /// Units left in Redis plus every buyer Redis or SQL knows of, minus the stock:
+    /// positive when Redis counts units that are not for sale (it could oversell),
+    /// negative when more units were sold than there is stock. 0 when Redis holds no
+    /// stock. A buyer only SQL knows counts as a sale here, and shows in
+    /// `missing_in_redis`.
     pub counter_drift: i64,
     /// Order ids Redis holds for buyers with no order in SQL and no event in the stream:
     /// sales a buyer was told about that nothing will store.
@@ -120,6 +123,8 @@ pub struct CouponDrift {
     pub missing_in_redis: Vec<String>,
     /// How many there are.
     pub missing_in_redis_count: usize,
+    /// How many of them this pass gave back to Redis (the buyer and their SQL order id).
+    pub missing_in_redis_repaired: u64,
     /// Buyers whose order id differs between Redis and SQL.
     pub different_order: Vec<String>,
     /// How many there are.
@@ -171,7 +176,6 @@ pub async fn reconcile_coupon(
         .await?;
     let redis_remaining = (!shares.is_empty()).then(|| shares.iter().sum::<i64>());
     let redis_orders = entries - claims;
-    let counter_drift = redis_remaining.map_or(0, |left| left + redis_orders - coupon.stock);
     let orders_in_redis = scan_orders(conn, &keys).await?;
     let streamed: HashSet<String> = stream_buyers(conn, &keys)
         .await?
@@ -207,10 +211,25 @@ pub async fn reconcile_coupon(
                 Some(held) if !held.starts_with('~') => {
                     different_order.push(format!("user {user}: SQL {order}, Redis {held}"))
                 }
-                _ => missing_in_redis.push(order.clone()),
+                _ => missing_in_redis.push((*user, order.clone())),
             }
         }
     }
+    // A stored order whose buyer Redis forgot (its update was lost) is a unit sold, not
+    // a unit sold twice: the counter is judged against every buyer either side knows.
+    let known_buyers = redis_orders + i64::try_from(missing_in_redis.len()).unwrap_or(0);
+    let counter_drift = redis_remaining.map_or(0, |left| left + known_buyers - coupon.stock);
+    // SQL is right about a stored order: giving its buyer back to Redis keeps Redis from
+    // selling them a second coupon, and lets a retry be answered with their order.
+    let mut missing_in_redis_repaired = 0;
+    for (user, order) in &missing_in_redis {
+        let restored: bool = conn.hset_nx(&keys.buyers, user, order).await?;
+        missing_in_redis_repaired += u64::from(restored);
+    }
+    let mut missing_in_redis: Vec<String> = missing_in_redis
+        .into_iter()
+        .map(|(_, order)| order)
+        .collect();
     let sample = |list: &mut Vec<String>| {
         list.sort();
         let count = list.len();
@@ -231,6 +250,7 @@ pub async fn reconcile_coupon(
         missing_in_sql,
         missing_in_redis_count: sample(&mut missing_in_redis),
         missing_in_redis,
+        missing_in_redis_repaired,
         different_order_count: sample(&mut different_order),
         different_order,
     })
@@ -286,7 +306,7 @@ pub struct ReconcileArgs {
 }
 
 /// The exit code when some coupon's Redis state and SQL disagree.
-pub const EXIT_DRIFT: u8 = 3;
+pub const EXIT_DRIFT: u8 = crate::exit_code::DRIFT;
 
 /// Removes stale claims and reports drift. Exits 0 when every coupon adds up,
 /// [`EXIT_DRIFT`] when one does not.
@@ -303,6 +323,16 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     let db = Db::connect(&config.database_url())
         .await
         .map_err(ConfigError::Db)?;
+    // Reconcile compares SQL with the Redis that sells its stock, and no other.
+    crate::authority::establish(
+        &db,
+        &mut locks.connection(),
+        &crate::authority::location(&redis_url, embedded.as_ref().map(Embedded::data_dir)),
+        crate::authority::Claim::Verify,
+        &crate::db::mask_password(&config.database_url()),
+    )
+    .await
+    .map_err(ConfigError::from)?;
     let coupons = match args.coupon {
         Some(id) => vec![db
             .coupon(id)
@@ -365,8 +395,13 @@ fn print_table(report: &[CouponDrift]) {
         let id = coupon.coupon_id;
         if coupon.counter_drift != 0 {
             println!(
-                "coupon {id}: Redis's counter is off by {:+}: units left + buyers ≠ stock",
-                coupon.counter_drift
+                "coupon {id}: Redis's counter is off by {:+}: {}",
+                coupon.counter_drift,
+                if coupon.counter_drift > 0 {
+                    "units left + buyers > stock: Redis counts units that are not for sale"
+                } else {
+                    "units left + buyers < stock: more units were sold than there is stock"
+                }
             );
         }
         let lists = [
@@ -376,7 +411,7 @@ fn print_table(report: &[CouponDrift]) {
                 &coupon.missing_in_sql,
             ),
             (
-                "orders in SQL whose buyer Redis does not hold",
+                "orders in SQL whose buyer Redis did not hold (given back to Redis)",
                 coupon.missing_in_redis_count,
                 &coupon.missing_in_redis,
             ),

@@ -52,6 +52,12 @@ pub struct ServeArgs {
     /// exists to show what the other strategies prevent, not to take real orders.
     #[arg(long)]
     pub allow_unsafe: bool,
+    /// Make this instance's Redis the store's stock authority, though the store records
+    /// another. Stop every instance of the old one with SIGTERM first: they store every
+    /// queued order before exiting. Counters of the store in this Redis are rebuilt from
+    /// SQL.
+    #[arg(long)]
+    pub take_over_store: bool,
 }
 
 impl ServeArgs {
@@ -89,6 +95,7 @@ impl ServeArgs {
             worker,
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
             read_timeout: Duration::from_millis(self.read_timeout_ms),
+            take_over_store: self.take_over_store,
         })
     }
 }
@@ -130,6 +137,10 @@ pub async fn run(args: ServeArgs) -> CliResult {
                          replays its append-only file). Its last lines:\n{}",
                         log.join("\n")
                     )
+                } else if service.authority_moved().await {
+                    "the store was taken over by another Redis (serve --take-over-store): its \
+                     stock is no longer sold from this instance's; stopping"
+                        .to_owned()
                 } else if service.store_lock_lost().await {
                     "the session holding the database's lock ended (a database restart, a \
                      killed backend): another embedded instance could now take it; stopping \

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::authority::Claim;
 use crate::config::{ConfigError, ServiceConfig};
 use crate::db::Db;
 use crate::embedded::Embedded;
@@ -31,6 +32,8 @@ pub struct Service {
     worker: Option<JoinHandle<()>>,
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
+    /// The id of the store's stock authority this instance sells under.
+    authority: String,
     /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
     store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
@@ -63,6 +66,24 @@ impl Service {
             ),
             _ => None,
         };
+        // One Redis sells a store's stock: refuse to sell it from another one.
+        let location =
+            crate::authority::location(&redis_url, embedded.as_ref().map(Embedded::data_dir));
+        let claim = if config.take_over_store {
+            Claim::TakeOver
+        } else {
+            Claim::Establish
+        };
+        let authority = crate::authority::establish(
+            &db,
+            &mut locks.connection(),
+            &location,
+            claim,
+            &crate::db::mask_password(&config.database_url()),
+        )
+        .await?
+        .map(|record| record.id)
+        .unwrap_or_default();
         crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();
         let watched = Watched::default();
@@ -73,7 +94,8 @@ impl Service {
             settings.stock_segments(),
             metrics.clone(),
         )
-        .sole_owner(embedded.is_some());
+        .sole_owner(embedded.is_some())
+        .authority(&authority);
         let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
         tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
 
@@ -148,6 +170,7 @@ impl Service {
             http,
             worker,
             claim_repair,
+            authority,
             store_lock,
             embedded,
         })
@@ -191,6 +214,16 @@ impl Service {
         )
         .await;
         !matches!(alive, Ok(Ok(_)))
+    }
+
+    /// Whether the store now records another stock authority than this instance's (it
+    /// was taken over): this instance must stop selling. Bounded by 1 s; a store that
+    /// does not answer counts as unchanged.
+    pub async fn authority_moved(&self) -> bool {
+        let check = crate::authority::still_recorded(&self.state.db, &self.authority);
+        !tokio::time::timeout(std::time::Duration::from_secs(1), check)
+            .await
+            .unwrap_or(true)
     }
 
     /// What loading stock at start did.

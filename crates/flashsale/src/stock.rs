@@ -41,6 +41,9 @@ pub enum LoadError {
     /// The loader lock failed.
     #[error("stock loader lock: {0}")]
     Lock(#[from] distlock::Error),
+    /// This Redis is not (or no longer) the store's stock authority.
+    #[error("stock authority: {0}")]
+    Authority(#[from] crate::authority::ConfirmError),
     /// Another instance held the loader lock for longer than the wait.
     #[error("another instance held the stock loader lock for more than {0:?}")]
     LockTimeout(Duration),
@@ -62,6 +65,9 @@ pub struct StockLoader {
     db: Db,
     segments: u32,
     metrics: Metrics,
+    /// The store's stock authority this instance sells under: its id must be in Redis
+    /// before any stock is loaded there (see [`crate::authority`]).
+    authority: std::sync::Arc<str>,
     /// Whether this instance alone uses its Redis (the embedded mode), so a counter in
     /// another strategy's layout was left by an earlier run, not by a running neighbour.
     sole_owner: bool,
@@ -76,8 +82,16 @@ impl StockLoader {
             db,
             segments: segments.max(1),
             metrics,
+            authority: "".into(),
             sole_owner: false,
         }
+    }
+
+    /// Loads stock only into a Redis that holds stock authority `id` (put back if Redis
+    /// lost it with its data); a Redis holding another id gets nothing.
+    pub fn authority(mut self, id: &str) -> Self {
+        self.authority = id.into();
+        self
     }
 
     /// Marks this loader the only one on its Redis (the embedded mode): at start it then
@@ -106,8 +120,17 @@ impl StockLoader {
             .try_lock_for(LOADER_LOCK_WAIT)
             .await?
             .ok_or(LoadError::LockTimeout(LOADER_LOCK_WAIT))?;
-        let mut report = LoadReport::default();
         let mut outcome = Ok(());
+        if !self.authority.is_empty() {
+            let key = self.db.keyspace().authority();
+            if let Err(err) =
+                crate::authority::confirm(&mut self.locks.connection(), &key, &self.authority).await
+            {
+                outcome = Err(LoadError::Authority(err));
+            }
+        }
+        let mut report = LoadReport::default();
+        let coupons = if outcome.is_ok() { coupons } else { &[] };
         for coupon in coupons {
             match self.load_one(coupon).await {
                 Ok(true) => report.loaded.push(coupon.id),

@@ -5,37 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::child::{serve, serve_on_defaults, Served, BIN};
+use common::child::{run, serve, serve_on_defaults, Served, BIN};
 use common::{bounded, buy, drain, open_coupon};
 use distlock_testkit::RedisServer;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sqlx::Connection;
 use tokio::process::Command;
-
-/// Runs the binary to completion, in a scratch working directory (the defaults write
-/// there), and returns its exit code and stderr.
-async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let scratch = tempfile::tempdir().expect("scratch dir");
-    let mut command = Command::new(BIN);
-    command
-        .args(args)
-        .current_dir(scratch.path())
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        // A serve that should have been refused and was not must not outlive the test.
-        .kill_on_drop(true);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = bounded(Duration::from_secs(30), command.output())
-        .await
-        .expect("run flashsale");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
 
 /// A name, the arguments, the environment, and what stderr must say.
 type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);

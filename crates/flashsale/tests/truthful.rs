@@ -335,3 +335,58 @@ async fn a_full_queue_turns_purchases_away_at_once_without_selling() {
     })
     .await;
 }
+
+/// The lock strategy commits a sale in SQL, then tells Redis. A review killed the private
+/// Redis between the two (3 of 4 runs): the buyer held an order that Redis never heard of,
+/// later sales set Redis's counter to 0, and the buyer's retry was told `sold_out`. Here
+/// the lost update is made exactly: the buyer's entry removed and the unit given back.
+/// The retry must get `already_purchased` with the order (reconcile's view of the same
+/// drift is in `reconcile.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_whose_sale_redis_never_heard_of_gets_their_order_after_the_sell_out_lock() {
+    bounded(Duration::from_secs(60), async {
+        use redis::AsyncCommands;
+        let shop = Shop::open(Strategy::Lock, 3, None).await;
+        let (base, http, coupon) = (shop.base.clone(), shop.http.clone(), shop.coupon);
+        let first = buy(&http, &base, coupon, 1).await;
+        assert_eq!(first.status, 201, "{}", first.body);
+        let order_id = first.body["order_id"]
+            .as_str()
+            .expect("order id")
+            .to_owned();
+
+        // The update after the commit never reached Redis.
+        let keys = shop.service.db().keyspace().coupon(coupon);
+        let mut conn = shop.redis.connection().await.expect("redis");
+        let () = redis::pipe()
+            .atomic()
+            .hdel(&keys.buyers, 1)
+            .hincr(&keys.stock, 0, 1)
+            .query_async(&mut conn)
+            .await
+            .expect("lose the update");
+        // The remaining units sell; SQL decides, and tells Redis 0 left.
+        for user in [2, 3] {
+            assert_eq!(buy(&http, &base, coupon, user).await.status, 201);
+        }
+        assert_eq!(buy(&http, &base, coupon, 4).await.body["error"], "sold_out");
+        let left: i64 = conn.hget(&keys.stock, 0).await.expect("stock");
+        assert_eq!(left, 0);
+
+        let retry = buy(&http, &base, coupon, 1).await;
+        assert_eq!(
+            (
+                retry.status,
+                retry.body["error"].as_str(),
+                retry.body["order_id"].as_str()
+            ),
+            (409, Some("already_purchased"), Some(order_id.as_str())),
+            "{}",
+            retry.body
+        );
+        // The answer gave the buyer back to Redis.
+        let held: Option<String> = conn.hget(&keys.buyers, 1).await.expect("buyer");
+        assert_eq!(held.as_deref(), Some(order_id.as_str()));
+    })
+    .await;
+}

@@ -28,7 +28,7 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
     let mut conn = reserver.locks.connection();
     // Outside the lock, only answers that cannot change back are trusted: a sold-out coupon
     // stays sold out and a buyer stays a buyer. This keeps the losers of a sale off the lock.
-    if let Some(decided) = settled_in_redis(&mut conn, sale).await? {
+    if let Some(decided) = settled_in_redis(reserver, &mut conn, sale).await? {
         return Ok(decided);
     }
     let lock = reserver
@@ -58,14 +58,31 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
 
 /// The answers Redis can give for good: not loaded, already a buyer, sold out. `None`
 /// when a unit may be left.
+///
+/// Sold out is checked against SQL first. A sale is committed in SQL before Redis hears
+/// of it, so a Redis that lost that update (killed in between) does not know the buyer,
+/// and later sales set its counter to 0: without the check, the buyer who holds an order
+/// would be told `sold_out`. The check is one primary-key read, and it gives the buyer
+/// back to Redis.
 async fn settled_in_redis(
+    reserver: &Reserver,
     conn: &mut distlock::Connection,
     sale: &Sale,
 ) -> Result<Option<Reservation>, ReserveError> {
     Ok(match sale.peek(conn, 0).await? {
         (None, _) => Some(Reservation::NotLoaded),
         (_, Some(held)) => Some(already_purchased(held)),
-        (Some(left), _) if left <= 0 => Some(Reservation::SoldOut),
+        (Some(left), _) if left <= 0 => {
+            match reserver.db.order_of(sale.coupon_id, sale.user_id).await? {
+                Some(order_id) => {
+                    sale.mirror_sql(conn, None, Some(&order_id)).await;
+                    Some(Reservation::AlreadyPurchased {
+                        order_id: Some(order_id),
+                    })
+                }
+                None => Some(Reservation::SoldOut),
+            }
+        }
         _ => None,
     })
 }
@@ -78,7 +95,7 @@ async fn sell_under(
     lock: &distlock::Lock,
     guard: &distlock::LockGuard,
 ) -> Result<Reservation, ReserveError> {
-    if let Some(decided) = settled_in_redis(conn, sale).await? {
+    if let Some(decided) = settled_in_redis(reserver, conn, sale).await? {
         return Ok(decided);
     }
     if Instant::now() >= sale.deadline {

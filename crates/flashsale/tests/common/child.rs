@@ -93,3 +93,27 @@ pub async fn stopped(pid: nix::unistd::Pid) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// Runs the binary to completion, in a scratch working directory (the defaults write
+/// there), and returns its exit code and stderr.
+pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .current_dir(scratch.path())
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        // A serve that should have been refused and was not must not outlive the test.
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = super::bounded(std::time::Duration::from_secs(30), command.output())
+        .await
+        .expect("run flashsale");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

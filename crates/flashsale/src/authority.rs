@@ -1,0 +1,322 @@
+//! One stock authority per SQL store.
+//!
+//! The stock of a store is sold from counters in one Redis: the authority. Two Redis
+//! servers (an embedded instance's private one and a fleet's, two fleets' servers, or two
+//! logical databases of one server) on one store would each load the whole stock from SQL
+//! and each sell it: a review sold 100 orders for a stock of 50 that way. So the store
+//! records its authority when it is first used, and every instance checks it at start.
+//!
+//! - **In SQL**, the `store` row names the authority: a random id, where it is (for
+//!   people), and since when.
+//! - **In Redis**, the authority keeps the same id under [`Keyspace::authority`]. A Redis
+//!   that holds the id is the authority, whatever URL or host name reaches it.
+//! - **A Redis without the id** is either the authority after it lost its data (a restart
+//!   without persistence: the stock is then reloaded from SQL, as before) or another
+//!   server. It is taken for the first only when it is reached the way the authority was
+//!   recorded: the same URL (credentials left out), or the same embedded data directory.
+//! - **Moving on purpose** is `serve --take-over-store`: it clears this Redis's counters of
+//!   the store (they are rebuilt from SQL and this Redis's order stream), then records
+//!   this Redis. Instances of the old authority that are still running notice and exit.
+//!
+//! [`Keyspace::authority`]: crate::keys::Keyspace::authority
+
+use redis::AsyncCommands;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::db::{AuthorityRecord, Db, DbError};
+use crate::model::now_millis;
+
+/// What an instance may do about the store's authority at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Serve under the recorded authority, or become it if none is recorded (`serve`,
+    /// `load`, `bench`).
+    Establish,
+    /// Become the authority whatever is recorded (`serve --take-over-store`).
+    TakeOver,
+    /// Check only, write nothing (`reconcile`).
+    Verify,
+}
+
+/// Why an instance may not use this store with its Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthorityError {
+    /// The store's stock is sold from another Redis.
+    #[error(
+        "the store {database} belongs to another stock authority: its stock is sold from \
+         {owner} (since {since}), and this instance would sell it from {ours}. Two Redis \
+         counters for one stock oversell, so this is refused. If the setting is a mistake, \
+         point this instance at {owner}. To move the store to {ours} on purpose: stop every \
+         instance using {owner} with SIGTERM (they store every queued order before \
+         exiting), then start one `flashsale serve --take-over-store` on {ours}",
+        owner = owner.location,
+        since = rfc3339(owner.since_ms)
+    )]
+    Foreign {
+        /// The database, password masked.
+        database: String,
+        /// The authority the store records.
+        owner: AuthorityRecord,
+        /// Where this instance's Redis is.
+        ours: String,
+    },
+    /// This Redis keeps the stock of this store for an authority the store does not
+    /// record: the store was taken over by another Redis, or the database was restored
+    /// or copied.
+    #[error(
+        "{ours} holds counters of the store {database} for another stock authority \
+         ({marker}) than the one the store records ({owner} since {since}). The store was \
+         taken over by {owner}, or the database was restored or copied, and these counters \
+         are stale. Point this instance at {owner}, or, to move the store here on purpose, \
+         stop every instance using {owner} with SIGTERM and start one `flashsale serve \
+         --take-over-store` on {ours}",
+        owner = owner.location,
+        since = rfc3339(owner.since_ms)
+    )]
+    StaleRedis {
+        /// The database, password masked.
+        database: String,
+        /// The authority the store records.
+        owner: AuthorityRecord,
+        /// The id this Redis holds.
+        marker: String,
+        /// Where this instance's Redis is.
+        ours: String,
+    },
+    /// Reading or writing the store failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Settles which authority this instance serves under, as `claim` allows, and returns
+/// it; `None` only for [`Claim::Verify`] on a store that records none yet.
+///
+/// `location` names this instance's Redis ([`redis_location`], [`embedded_location`]);
+/// `database` names the store in errors.
+pub async fn establish(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    location: &str,
+    claim: Claim,
+    database: &str,
+) -> Result<Option<AuthorityRecord>, AuthorityError> {
+    let key = db.keyspace().authority();
+    if claim == Claim::TakeOver {
+        return take_over(db, conn, location).await.map(Some);
+    }
+    let marker: Option<String> = conn.get(&key).await?;
+    let recorded = match db.authority().await? {
+        Some(recorded) => recorded,
+        None if claim == Claim::Verify => return Ok(None),
+        None => {
+            // First use. A Redis that already holds an id for this namespace keeps it (a
+            // database restored from before it recorded one): its counters are this
+            // store's.
+            let ours = AuthorityRecord {
+                id: marker
+                    .clone()
+                    .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                location: location.to_owned(),
+                since_ms: now_millis(),
+            };
+            db.record_authority(&ours, false).await?
+        }
+    };
+    match marker {
+        Some(marker) if marker == recorded.id => Ok(Some(recorded)),
+        Some(marker) => Err(AuthorityError::StaleRedis {
+            database: database.to_owned(),
+            owner: recorded,
+            marker,
+            ours: location.to_owned(),
+        }),
+        None if recorded.location != location => Err(AuthorityError::Foreign {
+            database: database.to_owned(),
+            owner: recorded,
+            ours: location.to_owned(),
+        }),
+        // Reached as the authority was recorded: it is the authority, and its id is new or
+        // was lost with its data. Reconcile writes nothing.
+        None if claim == Claim::Verify => Ok(Some(recorded)),
+        None => {
+            confirm(conn, &key, &recorded.id)
+                .await
+                .map_err(|err| match err {
+                    ConfirmError::Redis(err) => AuthorityError::Redis(err),
+                    ConfirmError::Another(marker) => AuthorityError::StaleRedis {
+                        database: database.to_owned(),
+                        owner: recorded.clone(),
+                        marker,
+                        ours: location.to_owned(),
+                    },
+                })?;
+            Ok(Some(recorded))
+        }
+    }
+}
+
+/// Why [`confirm`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfirmError {
+    /// Redis holds another authority's id for this store.
+    #[error("this Redis now serves another stock authority ({0}) for this store")]
+    Another(String),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Checks, before stock is loaded, that this Redis still holds authority `id` at `key`,
+/// and puts it back if Redis lost it with its data.
+pub async fn confirm(
+    conn: &mut distlock::Connection,
+    key: &str,
+    id: &str,
+) -> Result<(), ConfirmError> {
+    let set: bool = redis::cmd("SET")
+        .arg(key)
+        .arg(id)
+        .arg("NX")
+        .query_async::<Option<String>>(conn)
+        .await?
+        .is_some();
+    if set {
+        tracing::warn!(
+            "this Redis had lost the store's stock authority id (it lost its data); put it back"
+        );
+        return Ok(());
+    }
+    let held: Option<String> = conn.get(key).await?;
+    match held {
+        Some(held) if held != id => Err(ConfirmError::Another(held)),
+        _ => Ok(()),
+    }
+}
+
+/// Makes this Redis the store's authority: its counters of the store are cleared, to be
+/// rebuilt from SQL and its own order streams, then its id is set, then the store records
+/// it. In this order, a take-over cut short leaves a Redis the store does not record,
+/// which is refused until the take-over is run again.
+async fn take_over(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    location: &str,
+) -> Result<AuthorityRecord, AuthorityError> {
+    let ours = AuthorityRecord {
+        id: uuid::Uuid::new_v4().simple().to_string(),
+        location: location.to_owned(),
+        since_ms: now_millis(),
+    };
+    let previous = db.authority().await?;
+    for coupon in db.coupons_ending_after(i64::MIN).await? {
+        let keys = db.keyspace().coupon(coupon.id);
+        let () = conn.del(&keys.stock).await?;
+        let () = conn.del(&keys.buyers).await?;
+        let () = conn.del(&keys.claims).await?;
+    }
+    let () = conn.set(db.keyspace().authority(), &ours.id).await?;
+    let recorded = db.record_authority(&ours, true).await?;
+    tracing::warn!(
+        previous = previous.map(|p| p.location).unwrap_or_else(|| "none".into()),
+        now = %recorded.location,
+        "took over the store's stock: its counters here will be rebuilt from SQL"
+    );
+    Ok(recorded)
+}
+
+/// Whether the store still records authority `id`: `false` once another Redis took it
+/// over. A store that cannot be read counts as unchanged.
+pub async fn still_recorded(db: &Db, id: &str) -> bool {
+    match db.authority().await {
+        Ok(Some(recorded)) => recorded.id == id,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
+/// Where an instance's Redis is: the embedded mode's data directory, when it runs one,
+/// or else its URL.
+pub fn location(redis_url: &str, embedded_data_dir: Option<&std::path::Path>) -> String {
+    match embedded_data_dir {
+        Some(data_dir) => embedded_location(data_dir),
+        None => redis_location(redis_url),
+    }
+}
+
+/// How a Redis URL names its server and logical database, for comparing authorities:
+/// credentials and options dropped, the scheme and hosts in lower case, the default port
+/// and database made explicit. `redis://:pw@Cache:6379` is `redis://cache:6379/0`.
+pub fn redis_location(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts)
+        .to_ascii_lowercase();
+    let path = path.trim_end_matches('/');
+    if scheme == "redis" || scheme == "rediss" {
+        let hosts = if hosts.contains(':') {
+            hosts
+        } else {
+            format!("{hosts}:6379")
+        };
+        let db = path.trim_start_matches('/');
+        let db = if db.is_empty() { "0" } else { db };
+        format!("{scheme}://{hosts}/{db}")
+    } else {
+        format!("{scheme}://{hosts}{path}")
+    }
+}
+
+/// How the embedded mode's private Redis is named: by its data directory and host.
+fn embedded_location(data_dir: &std::path::Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "the embedded Redis of data directory {} on {}",
+        data_dir.display(),
+        host.trim()
+    )
+}
+
+fn rfc3339(ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_location;
+
+    #[test]
+    fn a_redis_url_is_named_without_credentials_and_with_its_defaults() {
+        for (url, location) in [
+            ("redis://:pw@Cache:6379", "redis://cache:6379/0"),
+            ("redis://cache", "redis://cache:6379/0"),
+            (
+                "redis://user:pw@cache:6380/2?protocol=resp3",
+                "redis://cache:6380/2",
+            ),
+            ("rediss://cache:6379/", "rediss://cache:6379/0"),
+            (
+                "redis+sentinel://s1:26379,s2:26379/mymaster",
+                "redis+sentinel://s1:26379,s2:26379/mymaster",
+            ),
+        ] {
+            assert_eq!(redis_location(url), location, "{url}");
+        }
+        assert_ne!(
+            redis_location("redis://cache:6379/0"),
+            redis_location("redis://cache:6379/1")
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! One SQL store has exactly one stock authority: the Redis (and logical database) whose
+//! counters sell its stock. A review started an embedded `serve` and a fleet-mode one on
+//! one SQLite file and sold 100 orders for a stock of 50 (99 on PostgreSQL): each sold the
+//! whole stock from its own counter. Every pairing of two authorities on one store is
+//! refused here, whichever starts first, on SQLite and on PostgreSQL; a take-over on
+//! purpose moves the store and sells only what is left.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{bounded, buy, drain, open_coupon, stats};
+use distlock_testkit::{PostgresServer, RedisServer};
+use flashsale::authority::AuthorityError;
+use flashsale::{ConfigError, Service, ServiceConfig, Strategy};
+use tempfile::TempDir;
+
+/// One side of a pairing: where its stock would be sold from.
+#[derive(Clone, Copy, Debug)]
+enum Side<'a> {
+    /// `serve` with REDIS_URL unset, its data directory in `dir`.
+    Embedded(&'a TempDir),
+    /// `serve` with REDIS_URL set.
+    Fleet(&'a str),
+}
+
+/// The store every side of a test shares.
+#[derive(Clone, Copy)]
+enum Store<'a> {
+    Sqlite(&'a TempDir),
+    Postgres(&'a str),
+}
+
+fn config(side: Side, store: Store) -> ServiceConfig {
+    let mut config = ServiceConfig::new(Strategy::Lua);
+    match side {
+        Side::Embedded(dir) => config.data_dir = dir.path().to_owned(),
+        Side::Fleet(url) => config.redis_url = Some(url.to_owned()),
+    }
+    match store {
+        Store::Sqlite(dir) => {
+            let file = dir.path().join("shop.db");
+            config.sqlite_path = Some(file.clone());
+            config.database_url = Some(format!("sqlite://{}", file.display()));
+        }
+        Store::Postgres(url) => config.database_url = Some(url.to_owned()),
+    }
+    config
+}
+
+/// Starts `first` and sells on it, then starts `second` on the same store and expects it
+/// refused as another authority, with a message naming the owner and the way to move it;
+/// then again with `first` stopped: the rule is about the store, not who runs now.
+async fn second_authority_is_refused(first: Side<'_>, second: Side<'_>, store: Store<'_>) {
+    let service = Service::start(config(first, store))
+        .await
+        .expect("the first authority starts");
+    let http = reqwest::Client::new();
+    let coupon = open_coupon(&http, &service.base_url(), 50).await;
+    for user in 1..=5 {
+        assert_eq!(
+            buy(&http, &service.base_url(), coupon, user).await.status,
+            201
+        );
+    }
+    expect_refused(first, second, store, "running").await;
+    drain(&http, &service.base_url(), coupon).await;
+    service.shutdown().await;
+    expect_refused(first, second, store, "stopped").await;
+}
+
+async fn expect_refused(first: Side<'_>, second: Side<'_>, store: Store<'_>, first_is: &str) {
+    let Err(err) = Service::start(config(second, store)).await else {
+        panic!("{second:?} started beside {first:?} ({first_is})");
+    };
+    assert!(
+        matches!(&err, ConfigError::Authority(e) if matches!(**e, AuthorityError::Foreign { .. })),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("--take-over-store") && message.contains("SIGTERM"),
+        "{message}"
+    );
+}
+
+/// Four pairings on one store kind, each on a store of its own.
+async fn every_pairing(store_for: impl Fn(usize) -> (Option<TempDir>, String)) {
+    let redis_a = RedisServer::start().await.expect("redis");
+    let redis_b = RedisServer::start().await.expect("redis");
+    let logical_1 = format!("{}/1", redis_a.url().trim_end_matches('/'));
+    let (a_url, b_url) = (redis_a.url(), redis_b.url());
+    for pairing in 0..4 {
+        let embedded_dir = tempfile::tempdir().expect("dir");
+        let (sqlite_dir, postgres_url) = store_for(pairing);
+        let store = match &sqlite_dir {
+            Some(dir) => Store::Sqlite(dir),
+            None => Store::Postgres(&postgres_url),
+        };
+        let (first, second) = match pairing {
+            0 => (Side::Embedded(&embedded_dir), Side::Fleet(&a_url)),
+            1 => (Side::Fleet(&a_url), Side::Embedded(&embedded_dir)),
+            2 => (Side::Fleet(&a_url), Side::Fleet(&b_url)),
+            _ => (Side::Fleet(&a_url), Side::Fleet(&logical_1)),
+        };
+        second_authority_is_refused(first, second, store).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pairing_of_two_authorities_on_one_sqlite_file_is_refused() {
+    bounded(Duration::from_secs(120), async {
+        every_pairing(|_| (Some(tempfile::tempdir().expect("dir")), String::new())).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pairing_of_two_authorities_on_one_postgres_database_is_refused() {
+    bounded(Duration::from_secs(180), async {
+        let postgres = PostgresServer::start().await.expect("postgres");
+        let mut urls = Vec::new();
+        {
+            use sqlx::Connection;
+            let mut connection = sqlx::PgConnection::connect(&postgres.url())
+                .await
+                .expect("connect");
+            for pairing in 0..4 {
+                sqlx::query(&format!("CREATE DATABASE shop{pairing}"))
+                    .execute(&mut connection)
+                    .await
+                    .expect("create database");
+                let server = postgres.url();
+                let server = server.trim_end_matches("/postgres");
+                urls.push(format!("{server}/shop{pairing}"));
+            }
+        }
+        every_pairing(|pairing| (None, urls[pairing].clone())).await;
+    })
+    .await;
+}
+
+/// The same Redis reached again, by another URL spelling, is the same authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authority_is_its_redis_however_it_is_reached() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let first = Service::start(config(Side::Fleet(&redis.url()), Store::Sqlite(&dir)))
+            .await
+            .expect("first");
+        let other_spelling = redis.url().replace("127.0.0.1", "localhost");
+        let second = Service::start(config(Side::Fleet(&other_spelling), Store::Sqlite(&dir)))
+            .await
+            .expect("the same Redis under another name");
+        second.shutdown().await;
+        first.shutdown().await;
+    })
+    .await;
+}
+
+/// Moving a store on purpose: the old authority is stopped, the new one takes over with
+/// `--take-over-store`, rebuilds its counters from SQL (a stale counter of its own from an
+/// earlier tenure included) and sells exactly what is left. An instance of the old
+/// authority still running learns that it was taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_moves_the_store_and_sells_only_what_is_left() {
+    bounded(Duration::from_secs(90), async {
+        let (redis_a, redis_b) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        let http = reqwest::Client::new();
+        let on_a = Service::start(config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir)))
+            .await
+            .expect("a");
+        let coupon = open_coupon(&http, &on_a.base_url(), 30).await;
+        for user in 1..=10 {
+            assert_eq!(buy(&http, &on_a.base_url(), coupon, user).await.status, 201);
+        }
+        drain(&http, &on_a.base_url(), coupon).await;
+        assert!(!on_a.authority_moved().await);
+
+        let mut take_over = config(Side::Fleet(&redis_b.url()), Store::Sqlite(&dir));
+        take_over.take_over_store = true;
+        let on_b = Service::start(take_over).await.expect("take over");
+        assert!(
+            on_a.authority_moved().await,
+            "a must learn it was taken over"
+        );
+        on_a.shutdown().await;
+        assert_eq!(
+            stats(&http, &on_b.base_url(), coupon).await["remaining"],
+            20
+        );
+        assert_eq!(
+            buy(&http, &on_b.base_url(), coupon, 3).await.body["error"],
+            "already_purchased"
+        );
+        for user in 11..=25 {
+            assert_eq!(buy(&http, &on_b.base_url(), coupon, user).await.status, 201);
+        }
+        drain(&http, &on_b.base_url(), coupon).await;
+        on_b.shutdown().await;
+
+        // Back to A, whose counter still says 20 left from its tenure: a plain start is
+        // refused (its counters are stale), a take-over rebuilds them: 5 left.
+        let refused = Service::start(config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir)))
+            .await
+            .err()
+            .expect("stale Redis refused");
+        assert!(
+            matches!(&refused, ConfigError::Authority(e) if matches!(**e, AuthorityError::StaleRedis { .. })),
+            "{refused:?}"
+        );
+        let mut back = config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir));
+        back.take_over_store = true;
+        let on_a = Service::start(back).await.expect("take back");
+        assert_eq!(stats(&http, &on_a.base_url(), coupon).await["remaining"], 5);
+        let base = on_a.base_url();
+        let wins =
+            futures_util::future::join_all((100..120).map(|user| buy(&http, &base, coupon, user)))
+                .await
+                .iter()
+                .filter(|answer| answer.status == 201)
+                .count();
+        assert_eq!(wins, 5);
+        let after = drain(&http, &on_a.base_url(), coupon).await;
+        assert_eq!(after["orders_stored"], 30, "{after}");
+        on_a.shutdown().await;
+    })
+    .await;
+}
+
+/// The binary says so too: `serve`, `load` and `reconcile` on a store an embedded `serve`
+/// owns, pointed at another Redis, each exit with the code for a foreign store (4) and say
+/// which authority owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_refuses_a_store_of_another_authority_with_its_own_exit_code() {
+    bounded(Duration::from_secs(90), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut embedded = common::child::serve_on_defaults(dir.path(), &[]).await;
+        let database = format!(
+            "sqlite://{}",
+            dir.path().join("flashsale-data/flashsale.db").display()
+        );
+        let redis = RedisServer::start().await.expect("redis");
+        let env = [("REDIS_URL", redis.url()), ("DATABASE_URL", database)];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        for args in [
+            vec!["serve", "--listen", "127.0.0.1:0"],
+            vec!["load", "--stock", "10", "--requests", "20", "--users", "20"],
+            vec!["reconcile"],
+        ] {
+            let (code, stderr) = common::child::run(&args, &env).await;
+            assert_eq!(code, 4, "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("the embedded Redis of data directory")
+                    && stderr.contains("--take-over-store"),
+                "{args:?}: {stderr}"
+            );
+        }
+        embedded.child.kill().await.expect("kill");
+    })
+    .await;
+}
