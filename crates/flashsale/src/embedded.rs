@@ -107,6 +107,43 @@ impl Embedded {
         &self.data_dir
     }
 
+    /// Releases every lock of the store's coupons, and the stock loader's, that the
+    /// private Redis kept from an earlier run. This instance is its Redis's only client
+    /// and has taken no lock yet, so any lock there belongs to a process that is gone:
+    /// its append-only file kept it, with up to a whole lease (30 s by default) to run,
+    /// and purchases would wait for it and get `busy`. Returns how many were released.
+    pub async fn release_locks_of_earlier_runs(
+        locks: &distlock::Client,
+        keyspace: &crate::keys::Keyspace,
+    ) -> Result<usize, distlock::Error> {
+        let mut conn = locks.connection();
+        let mut names = vec![keyspace.stock_loader_lock()];
+        let mut cursor = 0_u64;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(keyspace.coupon_locks_pattern())
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            names.extend(page);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut released = 0;
+        for name in names {
+            if locks.lock(&name)?.force_unlock().await? {
+                tracing::warn!(lock = %name, "released a lock an earlier run of this data directory held when it died");
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
     /// Stops Redis gracefully, so its append-only file is complete.
     pub async fn stop(self) {
         if let Err(err) = self.redis.stop().await {

@@ -49,6 +49,12 @@ impl Keyspace {
         format!("flashsale:{}:stock-loader", self.namespace)
     }
 
+    /// A SCAN pattern matching every lock of this store's coupons: the `lock` strategy's
+    /// and each segment's.
+    pub fn coupon_locks_pattern(&self) -> String {
+        format!("flashsale:{{{}:coupon:*}}:lock*", self.namespace)
+    }
+
     /// Where this store's stock authority keeps its id (see [`crate::authority`]).
     pub fn authority(&self) -> String {
         format!("flashsale:{}:stock-authority", self.namespace)
@@ -112,6 +118,9 @@ mod tests {
             &keys.segment_lock(3),
         ] {
             assert!(key.contains("{a1b2:coupon:42}"), "{key}");
+            let pattern = Keyspace::new("a1b2").coupon_locks_pattern();
+            let prefix = pattern.split('*').next().unwrap_or_default();
+            assert!(key.starts_with(prefix), "{key}");
             assert_eq!(key.matches('{').count(), 1, "{key}");
         }
     }

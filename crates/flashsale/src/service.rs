@@ -84,6 +84,11 @@ impl Service {
         .await?
         .map(|record| record.id)
         .unwrap_or_default();
+        if embedded.is_some() {
+            Embedded::release_locks_of_earlier_runs(&locks, db.keyspace())
+                .await
+                .map_err(ConfigError::Redis)?;
+        }
         crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();
         let watched = Watched::default();

@@ -568,3 +568,56 @@ async fn an_embedded_serve_whose_redis_dies_exits_and_restarts_on_its_data() {
     })
     .await;
 }
+
+/// The private Redis keeps a lock in its append-only file when its holder dies with it. A
+/// review killed the private Redis during a lock-strategy burst: after the restart, buyers
+/// got 503 `busy` for about 20 s, until the dead run's lease ran out. Here a serve stops
+/// itself while holding the coupon's lock, its Redis is killed and then the serve: the next
+/// start releases the dead run's lock, and its first sale does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_by_a_dead_embedded_run_is_released_before_the_next_run_takes_traffic() {
+    bounded(Duration::from_secs(60), async {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut command = Command::new(BIN);
+        command
+            .env_remove("REDIS_URL")
+            .env_remove("DATABASE_URL")
+            .env("FLASHSALE_FAULT_STOP_HOLDER_OF_USER", "7")
+            .current_dir(dir.path());
+        let mut first = common::child::start_serve(command, &["--strategy", "lock"]).await;
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &first.base, 5).await;
+        let stalled = tokio::spawn({
+            let (http, base) = (http.clone(), first.base.clone());
+            async move {
+                let _ = http
+                    .post(format!("{base}/api/coupons/{coupon}/seckill"))
+                    .header("x-user-id", 7)
+                    .send()
+                    .await;
+            }
+        });
+        common::child::stopped(first.pid()).await;
+        // It holds the coupon's lock (a 30 s lease). Its Redis dies, then it does.
+        let pid_file = dir.path().join("flashsale-data/redis/redis-server.pid");
+        let redis_pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        kill(Pid::from_raw(redis_pid), Signal::SIGKILL).expect("kill redis");
+        first.child.kill().await.expect("kill serve");
+        stalled.abort();
+
+        let restarted = serve_on_defaults(dir.path(), &["--strategy", "lock"]).await;
+        let started = std::time::Instant::now();
+        let sale = buy(&http, &restarted.base, coupon, 8).await;
+        assert_eq!(sale.status, 201, "{}", sale.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the first sale waited {:?} for a dead run's lock",
+            started.elapsed()
+        );
+    })
+    .await;
+}
