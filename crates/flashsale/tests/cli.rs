@@ -621,3 +621,90 @@ async fn a_lock_held_by_a_dead_embedded_run_is_released_before_the_next_run_take
     })
     .await;
 }
+
+/// Every request that reached the server before SIGTERM gets its answer. A review saw 128
+/// keep-alive connections (all of its client's) closed without an answer during a lua
+/// drain. Here 64 clients buy in a loop over keep-alive connections until the server
+/// refuses a new connection; none may see a connection cut with its request unanswered,
+/// and every sale told 201 is in SQL after the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_sent_before_sigterm_gets_its_answer() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let Served {
+            mut child, base, ..
+        } = serve(&dir, &redis.url(), &[]).await;
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("client");
+        let coupon = open_coupon(&http, &base, 1_000_000).await;
+        let answered = Arc::new(AtomicUsize::new(0));
+        let clients: Vec<_> = (0..64_i64)
+            .map(|lane| {
+                let (http, base, answered) = (http.clone(), base.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let mut sold = Vec::new();
+                    for round in 0.. {
+                        let user = lane * 1_000_000 + round + 1;
+                        let sent = http
+                            .post(format!("{base}/api/coupons/{coupon}/seckill"))
+                            .header("x-user-id", user)
+                            .send()
+                            .await;
+                        match sent {
+                            Ok(response) => {
+                                let status = response.status().as_u16();
+                                let body = response.text().await;
+                                let Ok(body) = body else {
+                                    return Err(format!("user {user}: the answer was cut"));
+                                };
+                                if status == 201 {
+                                    sold.push(user);
+                                } else {
+                                    return Err(format!("user {user}: {status} {body}"));
+                                }
+                                answered.fetch_add(1, Ordering::Relaxed);
+                            }
+                            // Refused: the server stopped accepting; nothing reached it.
+                            Err(err) if err.is_connect() => return Ok(sold),
+                            Err(err) => return Err(format!("user {user}: no answer: {err:?}")),
+                        }
+                    }
+                    Ok(sold)
+                })
+            })
+            .collect();
+        while answered.load(Ordering::Relaxed) < 2_000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        kill(
+            Pid::from_raw(child.id().expect("pid") as i32),
+            Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let mut sold = 0;
+        let mut lost = Vec::new();
+        for client in clients {
+            match client.await.expect("join") {
+                Ok(users) => sold += users.len(),
+                Err(why) => lost.push(why),
+            }
+        }
+        let status = child.wait().await.expect("exit");
+        assert!(
+            lost.is_empty(),
+            "{} of 64 clients: {:?}",
+            lost.len(),
+            &lost[..lost.len().min(3)]
+        );
+        assert!(status.success(), "{status}");
+        let db = flashsale::db::Db::connect(&database).await.expect("db");
+        assert_eq!(db.order_count(coupon).await.expect("count"), sold as i64);
+    })
+    .await;
+}
