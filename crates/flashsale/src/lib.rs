@@ -51,6 +51,9 @@ pub mod exit_code {
     pub const DRIFT: u8 = 3;
     /// The store's stock is sold from another Redis (see [`crate::authority`]).
     pub const FOREIGN_STORE: u8 = 4;
+    /// `serve` stopped without storing every order event it could have: Redis or the
+    /// database failed during the drain (the events stay in Redis, stored later).
+    pub const UNDRAINED: u8 = 6;
 
     /// The code for an error a command returned.
     pub fn of(err: &(dyn std::error::Error + Send + Sync + 'static)) -> u8 {
@@ -72,7 +75,8 @@ pub mod exit_code {
     pub const HELP: &str = "Exit codes: 0 success; 1 the run failed (serve lost its \
         private Redis or its database lock; load saw a rule broken); 2 bad arguments or \
         configuration, or a server that cannot be reached; 3 reconcile found drift; 4 the \
-        store's stock is sold from another Redis (see --take-over-store)";
+        store's stock is sold from another Redis (see --take-over-store); 6 serve stopped \
+        with order events not yet stored (they stay in Redis and are stored later)";
 }
 
 /// What a subcommand returns: an exit code, or an error printed as `error: …`.

@@ -9,7 +9,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{ConfigError, ServiceConfig, StoreArgs, StrategyArgs, DEFAULT_DATA_DIR};
 use crate::strategy::Strategy;
-use crate::worker::WorkerSettings;
+use crate::worker::{Drain, WorkerSettings};
 use crate::{CliResult, Service};
 
 /// Flags of `flashsale serve`.
@@ -158,6 +158,21 @@ pub async fn run(args: ServeArgs) -> CliResult {
         }
     }
     eprintln!("flashsale: shutting down; draining the order queue");
-    service.shutdown().await;
-    Ok(ExitCode::SUCCESS)
+    match service.shutdown().await {
+        Drain::Complete => Ok(ExitCode::SUCCESS),
+        Drain::Incomplete {
+            read_not_stored,
+            reason,
+        } => {
+            eprintln!(
+                "flashsale: the order queue was NOT drained: {reason}. Order events this \
+                 instance read and could not store: {read_not_stored}. They, and any event \
+                 no worker read yet, stay in Redis's streams and are stored by another \
+                 instance's worker (after --reclaim-idle-ms) or by the next start; nothing \
+                 is lost while Redis keeps its data. Exit code {}",
+                crate::exit_code::UNDRAINED
+            );
+            Ok(ExitCode::from(crate::exit_code::UNDRAINED))
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::stock::{LoadReport, StockLoader};
 use crate::strategy::{Reserver, StrategySettings};
-use crate::worker::{Watched, Worker};
+use crate::worker::{Drain, Watched, Worker};
 
 /// A running service. Call [`shutdown`](Self::shutdown) to stop it gracefully; dropping it
 /// stops it abruptly (as a crash would, which some tests want).
@@ -29,7 +29,7 @@ pub struct Service {
     shutdown_timeout: std::time::Duration,
     stop_worker: CancellationToken,
     http: JoinHandle<()>,
-    worker: Option<JoinHandle<()>>,
+    worker: Option<JoinHandle<Drain>>,
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
     /// The id of the store's stock authority this instance sells under.
@@ -110,6 +110,7 @@ impl Service {
                 // The data directory's lock makes this worker the only reader of the
                 // private Redis's streams.
                 settings.sole_consumer |= embedded.is_some();
+                settings.drain_timeout = config.shutdown_timeout;
                 let worker = Worker::connect(
                     &locks,
                     db.clone(),
@@ -248,9 +249,10 @@ impl Service {
 
     /// Stops gracefully: the HTTP server finishes its requests (for at most the
     /// configured shutdown timeout, then cuts the connections left), then the worker
-    /// stores every order event it can still read, then the database and a private Redis
-    /// close.
-    pub async fn shutdown(mut self) {
+    /// stores every order event it can still read (for at most the shutdown timeout
+    /// again), then the database and a private Redis close. Returns how the drain ended
+    /// ([`Drain::Complete`] when this instance runs no worker).
+    pub async fn shutdown(mut self) -> Drain {
         self.stop_http.cancel();
         match tokio::time::timeout(self.shutdown_timeout, &mut self.http).await {
             Ok(Ok(())) => {}
@@ -265,17 +267,28 @@ impl Service {
         }
         self.claim_repair.abort();
         self.stop_worker.cancel();
-        if let Some(worker) = self.worker.take() {
-            if let Err(err) = worker.await {
+        let drain = match self.worker.take() {
+            Some(worker) => worker.await.unwrap_or_else(|err| {
                 tracing::error!(error = %err, "the order worker task failed");
-            }
-        }
+                Drain::Incomplete {
+                    read_not_stored: 0,
+                    reason: format!("the order worker task failed: {err}"),
+                }
+            }),
+            None => Drain::Complete,
+        };
         self.state.db.close().await;
-        // Any release of a dropped lock guard is sent before the client's runtime stops.
-        self.state.locks.shutdown().await;
+        // Any release of a dropped lock guard is sent before the client's runtime stops;
+        // a Redis that is gone does not hold the exit up past the shutdown timeout.
+        let flushed =
+            tokio::time::timeout(self.shutdown_timeout, self.state.locks.shutdown()).await;
+        if flushed.is_err() {
+            tracing::warn!("releases of lock guards were not all sent before the shutdown deadline; their leases free the locks");
+        }
         if let Some(embedded) = self.embedded.take() {
             embedded.stop().await;
         }
+        drain
     }
 }
 

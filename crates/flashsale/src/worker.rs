@@ -50,6 +50,9 @@ pub struct WorkerSettings {
     /// in a few large transactions instead of many small ones, which leaves the CPU to the
     /// purchases. Zero stores every entry as soon as it is read.
     pub linger: Duration,
+    /// How long the drain after a shutdown may take. A drain that cannot finish by then
+    /// (Redis or the database is gone) stops and says what it left ([`Drain`]).
+    pub drain_timeout: Duration,
     /// No other worker reads these streams (the embedded mode, whose data directory one
     /// instance owns). Then entries left pending by an earlier run are taken over at
     /// start without waiting `reclaim_idle`, and the consumers that run left are deleted.
@@ -66,6 +69,7 @@ impl WorkerSettings {
             batch: 2_000,
             block: Duration::from_millis(250),
             linger: Duration::from_millis(50),
+            drain_timeout: Duration::from_secs(10),
             sole_consumer: false,
         }
     }
@@ -160,6 +164,25 @@ pub struct Worker {
     /// whose reply was lost (Redis had already delivered them) or a commit that failed.
     /// Then the next round reads its own history (`XREADGROUP … 0`) first.
     own_pending_unread: bool,
+    /// Entries this worker read whose orders are not committed yet: those of a commit in
+    /// progress, or of one that failed.
+    read_not_stored: usize,
+}
+
+/// How a worker's drain ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drain {
+    /// Every order event appended before the HTTP server stopped is stored.
+    Complete,
+    /// The drain could not finish within its time.
+    Incomplete {
+        /// Order events this worker read and could not store. They stay pending in Redis
+        /// for this consumer, and another worker (or the next run, in the embedded mode)
+        /// stores them.
+        read_not_stored: usize,
+        /// What stopped it: Redis or the database failing, or the time running out.
+        reason: String,
+    },
 }
 
 impl Worker {
@@ -189,6 +212,7 @@ impl Worker {
             last_reclaim: None,
             adopted: false,
             own_pending_unread: false,
+            read_not_stored: 0,
         })
     }
 
@@ -358,7 +382,9 @@ impl Worker {
         }
         let started = Instant::now();
         let orders: Vec<OrderEvent> = deliveries.iter().filter_map(|d| d.event.clone()).collect();
+        self.read_not_stored = deliveries.len();
         let stored = self.db.store_orders(&orders, now_millis()).await?;
+        self.read_not_stored = 0;
         let committed = Committed {
             stored,
             duplicates: orders.len() as u64 - stored,
@@ -388,41 +414,78 @@ impl Worker {
 
     /// Reads, stores and acknowledges until `shutdown` fires, then drains: it keeps going
     /// until a round finds nothing new and nothing of its own pending, so every event
-    /// appended before the HTTP server stopped is stored before the process exits.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    /// appended before the HTTP server stopped is stored before the process exits. The
+    /// drain takes at most [`WorkerSettings::drain_timeout`]; then it stops and says what
+    /// it could not do.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Drain {
+        let mut last_error = None;
         while !shutdown.is_cancelled() {
-            match self.round(Some(self.settings.block)).await {
+            // A round waiting on a Redis that is gone (a reconnect can take seconds) must
+            // not hold up the drain: cut, its entries stay pending, to be read again.
+            let round = tokio::select! {
+                round = self.round(Some(self.settings.block)) => round,
+                () = shutdown.cancelled() => {
+                    self.own_pending_unread = true;
+                    break;
+                }
+            };
+            match round {
                 Ok(_) => {
                     self.metrics.worker_last_success_ms.set(now_millis());
+                    last_error = None;
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "order worker round failed; retrying");
                     self.metrics.worker_errors.inc();
                     self.own_pending_unread = true;
+                    last_error = Some(err.to_string());
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
         // Whatever happened before, nothing this consumer holds is left unstored.
         self.own_pending_unread = true;
         loop {
-            match self.round(None).await {
-                Ok(0) if !self.own_pending_unread => break,
-                Ok(_) => {}
-                Err(err) if Instant::now() < deadline => {
+            // A round cut at the deadline leaves its entries pending, not lost: they are
+            // acknowledged only after their commit, and storing them again is harmless.
+            let round = tokio::time::timeout_at(deadline, self.round(None)).await;
+            match round {
+                Ok(Ok(0)) if !self.own_pending_unread => {
+                    tracing::info!(consumer = %self.settings.consumer, "order worker drained");
+                    return Drain::Complete;
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => {
                     self.metrics.worker_errors.inc();
                     self.own_pending_unread = true;
                     tracing::warn!(error = %err, "order worker drain round failed; retrying");
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                    last_error = Some(err.to_string());
+                    if tokio::time::timeout_at(deadline, tokio::time::sleep(RETRY_PAUSE))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
                 }
-                Err(err) => {
-                    tracing::error!(error = %err, "order worker gave up draining; pending entries will be reclaimed by another worker");
-                    break;
-                }
+                Err(_) => break,
             }
         }
-        tracing::info!(consumer = %self.settings.consumer, "order worker drained");
+        let reason = match last_error {
+            Some(err) => format!(
+                "it could not finish within {:?}: {err}",
+                self.settings.drain_timeout
+            ),
+            None => format!(
+                "it did not finish within {:?}: Redis or the database did not answer",
+                self.settings.drain_timeout
+            ),
+        };
+        tracing::error!(read_not_stored = self.read_not_stored, %reason, "order worker gave up draining");
+        Drain::Incomplete {
+            read_not_stored: self.read_not_stored,
+            reason,
+        }
     }
 
     /// One round: this consumer's own unstored entries if any may exist, reclaim if due,

@@ -708,3 +708,45 @@ async fn every_request_sent_before_sigterm_gets_its_answer() {
     })
     .await;
 }
+
+/// A fleet-mode serve whose Redis died: a review saw it still running 40 s after SIGTERM,
+/// retrying its drain every ~10 s. The drain is bounded by --shutdown-timeout, and the exit
+/// code (6) and the last line say the queue was not drained and what that leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_redis_gone_exits_by_the_shutdown_timeout_and_says_the_drain_failed() {
+    bounded(Duration::from_secs(60), async {
+        let mut redis = RedisServer::start().await.expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let mut served = serve(&dir, &redis.url(), &["--shutdown-timeout", "2"]).await;
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &served.base, 50).await;
+        for user in 1..=20 {
+            assert_eq!(buy(&http, &served.base, coupon, user).await.status, 201);
+        }
+        drain(&http, &served.base, coupon).await;
+        redis.kill().await.expect("kill redis");
+
+        let terminated = std::time::Instant::now();
+        kill(served.pid(), Signal::SIGTERM).expect("SIGTERM");
+        let status = tokio::time::timeout(Duration::from_secs(15), served.child.wait())
+            .await
+            .expect("serve still up 15 s after SIGTERM with its Redis gone")
+            .expect("wait");
+        let took = terminated.elapsed();
+        assert!(
+            took < Duration::from_secs(7),
+            "took {took:?}: {}",
+            served.later.lock().expect("lines").join("\n")
+        );
+        assert_eq!(status.code(), Some(6), "{status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let said = served.later.lock().expect("lines").join("\n");
+        assert!(said.contains("NOT drained"), "{said}");
+
+        // Every order it sold is stored all the same.
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let db = flashsale::db::Db::connect(&database).await.expect("db");
+        assert_eq!(db.order_count(coupon).await.expect("count"), 20);
+    })
+    .await;
+}

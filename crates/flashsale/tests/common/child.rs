@@ -15,6 +15,8 @@ pub struct Served {
     pub base: String,
     /// Every stderr line up to and including the startup line.
     pub startup: String,
+    /// The stderr lines after the startup line, as they come.
+    pub later: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `redis_url` and a SQLite file
@@ -64,11 +66,20 @@ pub async fn start_serve(mut command: Command, extra: &[&str]) -> Served {
     }
     let startup = startup.join("\n");
     let base = base.unwrap_or_else(|| panic!("no startup line:\n{startup}"));
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let later = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    tokio::spawn({
+        let later = later.clone();
+        async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                later.lock().expect("stderr lines").push(line);
+            }
+        }
+    });
     Served {
         child,
         base,
         startup,
+        later,
     }
 }
 
