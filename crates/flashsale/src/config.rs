@@ -12,11 +12,12 @@ use crate::worker::WorkerSettings;
 /// Where the service keeps its data.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreArgs {
-    /// Redis to use. Unset: a private redis-server (`serve` keeps its data in --data-dir;
-    /// `load` and `bench` use a throwaway one).
+    /// Redis to use [default: a private redis-server; serve and reconcile keep its data in
+    /// --data-dir, load and bench use a throwaway one].
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
-    /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB. Unset: SQLite in a file.
+    /// sqlite://PATH or postgres://USER:PASSWORD@HOST/DB [default: serve and reconcile
+    /// use DATA_DIR/flashsale.db; load and bench a throwaway file].
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 }
@@ -27,17 +28,17 @@ pub struct StrategyArgs {
     /// Stock segments per coupon for --strategy segmented (1 to 1024).
     #[arg(long, default_value_t = 8)]
     pub segments: u32,
-    /// How long a purchase waits for a lock before answering 503 busy, in ms.
-    #[arg(long, default_value_t = 10_000)]
-    pub lock_wait_ms: u64,
-    /// The lease of a purchase's lock, in ms (at least 100). `serve` also refuses a lease
-    /// shorter than the critical section it measures at start.
-    #[arg(long, default_value_t = 30_000)]
-    pub lock_lease_ms: u64,
-    /// How long a purchase may take from arrival to answer, in ms: one not sent to Redis
-    /// by then is not sold, and lock waits end by it.
-    #[arg(long, default_value_t = 15_000)]
-    pub request_timeout_ms: u64,
+    /// How long a purchase waits for a lock before answering 503 busy (1ms to 60s).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub lock_wait: Duration,
+    /// The lease of a purchase's lock (100ms to 10m). `serve` also refuses a lease shorter
+    /// than the critical section it measures at start.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub lock_lease: Duration,
+    /// How long a purchase may take from arrival to answer (100ms to 10m): one not sent to
+    /// Redis by then is not sold, and lock waits end by it.
+    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    pub request_timeout: Duration,
     /// Most purchases of one coupon queued for the lua strategy; past it, purchases get 503
     /// `overloaded` with Retry-After at once, before anything is sold.
     #[arg(long, default_value_t = 4_096)]
@@ -61,25 +62,15 @@ impl StrategyArgs {
                 "must be between 1 and 1024",
             ));
         }
-        if self.lock_wait_ms == 0 || self.lock_wait_ms > 60_000 {
-            return Err(ConfigError::invalid(
-                "--lock-wait-ms",
-                "must be between 1 and 60000",
-            ));
-        }
-        let min_lease = MIN_LOCK_LEASE.as_millis() as u64;
-        if !(min_lease..=600_000).contains(&self.lock_lease_ms) {
-            return Err(ConfigError::invalid(
-                "--lock-lease-ms",
-                format!("must be between {min_lease} and 600000"),
-            ));
-        }
-        if !(100..=600_000).contains(&self.request_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "--request-timeout-ms",
-                "must be between 100 and 600000",
-            ));
-        }
+        let ms = Duration::from_millis;
+        in_range("--lock-wait", self.lock_wait, ms(1), ms(60_000))?;
+        in_range("--lock-lease", self.lock_lease, MIN_LOCK_LEASE, ms(600_000))?;
+        in_range(
+            "--request-timeout",
+            self.request_timeout,
+            ms(100),
+            ms(600_000),
+        )?;
         if !(1..=1_000_000).contains(&self.queue_limit) {
             return Err(ConfigError::invalid(
                 "--queue-limit",
@@ -89,13 +80,72 @@ impl StrategyArgs {
         Ok(StrategySettings {
             strategy,
             segments: self.segments,
-            lock_wait: Duration::from_millis(self.lock_wait_ms),
-            lock_lease: Duration::from_millis(self.lock_lease_ms),
+            lock_wait: self.lock_wait,
+            lock_lease: self.lock_lease,
             fault_stop_holder_of_user: self.fault_stop_holder_of_user,
-            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            request_timeout: self.request_timeout,
             queue_limit: self.queue_limit,
         })
     }
+}
+
+/// Parses a duration flag: a whole number and its unit, `500ms`, `10s`, `2m` or `1h`.
+/// Every duration flag takes this one syntax; a bare number is refused, since it could
+/// mean either milliseconds or seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let expected = "expected a whole number and a unit: 500ms, 10s, 2m or 1h";
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: {expected}"))?;
+    let millis_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "" => return Err(format!("{text:?} has no unit: {expected}")),
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; {expected}")),
+    };
+    number
+        .checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+/// Writes a duration the way [`parse_duration`] reads it, in the largest unit that keeps
+/// it whole.
+pub fn format_duration(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    match ms {
+        0 => "0ms".to_owned(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// Refuses `value` of flag `what` outside `min..=max`.
+pub fn in_range(
+    what: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError::invalid(
+        what,
+        format!(
+            "{} is out of range: must be between {} and {}",
+            format_duration(value),
+            format_duration(min),
+            format_duration(max)
+        ),
+    ))
 }
 
 /// Everything [`Service::start`](crate::Service::start) needs.
@@ -125,6 +175,10 @@ pub struct ServiceConfig {
     /// Make this instance's Redis the store's stock authority, whatever the store records
     /// (`serve --take-over-store`; see [`crate::authority`]).
     pub take_over_store: bool,
+    /// Create the store (the data directory, the SQLite file, the schema) if it does not
+    /// exist. Only `serve` does, and `load` and `bench` for their throwaway store; every
+    /// other use refuses a store that is not there ([`DbError::NoStore`]).
+    pub create_store: bool,
 }
 
 /// Where `serve` keeps its data when REDIS_URL is unset, relative to the working directory.
@@ -151,6 +205,7 @@ impl ServiceConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             take_over_store: false,
+            create_store: true,
         }
     }
 
@@ -175,15 +230,10 @@ impl ServiceConfig {
     /// The SQLite file the database URL in effect names, if it is SQLite: the file an
     /// embedded instance must hold alone.
     pub fn sqlite_file_in_use(&self) -> Option<PathBuf> {
-        let Some(url) = &self.database_url else {
-            return Some(self.sqlite_file());
-        };
-        let rest = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))?;
-        let path = rest.split('?').next().unwrap_or_default();
-        let path = percent_decode(path);
-        (!path.is_empty() && path != ":memory:").then(|| PathBuf::from(path))
+        match &self.database_url {
+            Some(url) => crate::db::sqlite_path(url),
+            None => Some(self.sqlite_file()),
+        }
     }
 
     /// The SQLite file in effect when `database_url` is `None`.
@@ -192,31 +242,6 @@ impl ServiceConfig {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("flashsale.db"))
     }
-}
-
-/// Decodes `%XX` escapes, as sqlx does for a SQLite URL's path; a malformed escape is
-/// kept as it is.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|pair| std::str::from_utf8(pair).ok())
-            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Why the service could not start.
@@ -233,6 +258,20 @@ pub enum ConfigError {
     /// Redis could not be reached, or the URL is malformed.
     #[error("redis: {0} (set REDIS_URL, or unset it to run a private redis-server)")]
     Redis(#[source] distlock::Error),
+    /// The Redis may evict keys under memory pressure.
+    #[error(
+        "the Redis at {target} has maxmemory-policy {policy}: under memory pressure it may \
+         evict flashsale's stock counters, buyers and locks, and then sell a unit twice. On \
+         that server, run CONFIG SET maxmemory-policy noeviction and set `maxmemory-policy \
+         noeviction` in its redis.conf (so a restart keeps it), or give flashsale a Redis of \
+         its own"
+    )]
+    EvictionPolicy {
+        /// The server.
+        target: String,
+        /// Its policy.
+        policy: String,
+    },
     /// The private redis-server could not start.
     #[error("could not start a private redis-server: {0}")]
     EmbeddedRedis(#[source] private_redis::Error),
@@ -256,10 +295,10 @@ pub enum ConfigError {
     },
     /// The lock's lease is too short for the critical section it guards.
     #[error(
-        "invalid --lock-lease-ms: a lease of {} ms is shorter than {} × the critical section's \
+        "invalid --lock-lease: a lease of {} is shorter than {} × the critical section's \
          p99 measured at start ({:.1} ms for a Redis check and a committed SQL write); a \
-         holder would routinely lose its lock mid-sale. Use at least {} ms",
-        lease.as_millis(),
+         holder would routinely lose its lock mid-sale. Use at least --lock-lease {}ms",
+        format_duration(*lease),
         crate::strategy::LEASE_HEADROOM,
         p99.as_secs_f64() * 1000.0,
         (p99.as_millis() + 1) * u128::from(crate::strategy::LEASE_HEADROOM)
@@ -280,6 +319,34 @@ pub enum ConfigError {
     DatabaseInUse {
         /// The SQLite file, or which PostgreSQL database.
         database: String,
+    },
+    /// The embedded mode's data directory is not there (a command other than `serve`).
+    #[error(
+        "no flashsale data directory at {}: {reason}; `flashsale serve` creates one (check \
+         --data-dir, or set REDIS_URL and DATABASE_URL for a fleet's store)",
+        path.display()
+    )]
+    NoDataDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
+    /// The store holds no such coupon.
+    #[error("the store holds no coupon {id}")]
+    NoSuchCoupon {
+        /// The id asked about.
+        id: i64,
+    },
+    /// The SQLite file of the embedded mode could not be opened or locked.
+    #[error("cannot {action} the SQLite file {}: {reason}", path.display())]
+    SqliteFile {
+        /// The file.
+        path: PathBuf,
+        /// `open` or `lock`.
+        action: &'static str,
+        /// The OS error.
+        reason: String,
     },
     /// The store's stock is sold from another Redis.
     #[error(transparent)]
@@ -311,6 +378,16 @@ impl From<crate::authority::AuthorityError> for ConfigError {
 }
 
 impl ConfigError {
+    /// A failure to connect to Redis, told in the operator's terms.
+    pub fn redis(err: distlock::Error) -> Self {
+        match err {
+            distlock::Error::EvictionPolicy { target, policy } => {
+                ConfigError::EvictionPolicy { target, policy }
+            }
+            other => ConfigError::Redis(other),
+        }
+    }
+
     /// An out-of-range setting.
     pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         ConfigError::Invalid {
@@ -378,6 +455,8 @@ impl Sandbox {
         config.database_url = self.database_url.clone();
         config.data_dir = self.scratch.path().to_owned();
         config.strategy = knobs.settings(strategy)?;
+        // The throwaway store is the run's own; a DATABASE_URL must name an existing one.
+        config.create_store = self.database_url.is_none();
         Ok(config)
     }
 
@@ -420,6 +499,35 @@ impl Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_duration_flag_reads_one_syntax_and_refuses_a_bare_number() {
+        let ms = Duration::from_millis;
+        for (text, duration) in [
+            ("500ms", ms(500)),
+            ("10s", ms(10_000)),
+            ("2m", ms(120_000)),
+            ("1h", ms(3_600_000)),
+            ("0ms", ms(0)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(duration), "{text}");
+            assert_eq!(format_duration(duration), text);
+        }
+        for bad in [
+            "10",
+            "",
+            "s",
+            "1.5s",
+            "-1s",
+            "10 sec",
+            "10S",
+            "99999999999999999999h",
+        ] {
+            let refused = parse_duration(bad).expect_err(bad);
+            assert!(refused.contains(bad.trim()) || bad.is_empty(), "{refused}");
+        }
+        assert!(parse_duration("10").expect_err("bare").contains("no unit"));
+    }
 
     #[test]
     fn a_data_dir_with_url_syntax_in_its_name_names_that_directory() {

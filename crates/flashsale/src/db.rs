@@ -75,6 +75,15 @@ pub enum DbError {
         #[source]
         source: sqlx::Error,
     },
+    /// There is no flashsale store at the URL: no such file, or no schema in it. Only
+    /// `serve` creates a store.
+    #[error("no flashsale store at {url}: {reason}; `flashsale serve` creates one")]
+    NoStore {
+        /// The URL, with any password masked.
+        url: String,
+        /// What is missing.
+        reason: String,
+    },
     /// The migrations failed.
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -89,6 +98,41 @@ pub struct Db {
     pool: AnyPool,
     dialect: Dialect,
     keyspace: Keyspace,
+}
+
+/// The file a `sqlite:` URL names; `None` for another scheme or an in-memory database.
+pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    let path = percent_decode(path);
+    (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
+}
+
+/// Decodes `%XX` escapes, as sqlx does for a SQLite URL's path; a malformed escape is
+/// kept as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `user:password@` becomes `user:***@`, so URLs can go into errors and logs.
@@ -107,20 +151,43 @@ pub fn mask_password(url: &str) -> String {
 }
 
 impl Db {
-    /// Connects to `url` and runs the migrations.
+    /// Connects to `url` and runs the migrations, creating the store if it is new: what
+    /// `serve` does.
     ///
     /// A `sqlite:` file is created if missing (`mode=rwc` is added unless the URL sets a
     /// mode).
     pub async fn connect(url: &str) -> Result<Db, DbError> {
+        Db::open(url, true).await
+    }
+
+    /// Connects to the store at `url`, which must exist and hold the schema
+    /// ([`DbError::NoStore`] otherwise), and runs any newer migrations: what every
+    /// command but `serve` does, so that a typo in a path is an error, not a new, empty
+    /// store that "adds up".
+    pub async fn open_existing(url: &str) -> Result<Db, DbError> {
+        Db::open(url, false).await
+    }
+
+    async fn open(url: &str, create: bool) -> Result<Db, DbError> {
         sqlx::any::install_default_drivers();
         let masked = mask_password(url);
         let dialect = Dialect::of_url(url).ok_or(DbError::UnsupportedUrl {
             url: masked.clone(),
         })?;
+        let no_store = |reason: String| DbError::NoStore {
+            url: masked.clone(),
+            reason,
+        };
+        if let (false, Some(path)) = (create, sqlite_path(url)) {
+            if !path.is_file() {
+                return Err(no_store(format!("{} is not a file", path.display())));
+            }
+        }
         let url = match dialect {
             Dialect::Sqlite if !url.contains("mode=") => {
+                let mode = if create { "rwc" } else { "rw" };
                 let separator = if url.contains('?') { '&' } else { '?' };
-                format!("{url}{separator}mode=rwc")
+                format!("{url}{separator}mode={mode}")
             }
             _ => url.to_owned(),
         };
@@ -160,9 +227,18 @@ impl Db {
             .connect(&url)
             .await
             .map_err(|source| DbError::Connect {
-                url: masked,
+                url: masked.clone(),
                 source,
             })?;
+        if !create {
+            let schema = sqlx::query("SELECT namespace FROM store WHERE id = 1")
+                .fetch_one(&pool)
+                .await;
+            if schema.is_err() {
+                pool.close().await;
+                return Err(no_store("it holds no flashsale schema".to_owned()));
+            }
+        }
         let migrator = match dialect {
             Dialect::Sqlite => &SQLITE_MIGRATIONS,
             Dialect::Postgres => &POSTGRES_MIGRATIONS,

@@ -38,10 +38,32 @@ impl Embedded {
     /// Takes `data_dir` (created if missing, readable by its owner only) and, when the
     /// database is a SQLite file, that file too; then starts the private Redis on the
     /// directory's data.
+    ///
+    /// Without `create`, the directory, its Redis data and the SQLite file must exist
+    /// already ([`ConfigError::NoDataDir`]): only `serve` creates a store.
     pub async fn open(
         data_dir: &Path,
         sqlite_path: Option<&Path>,
+        create: bool,
     ) -> Result<Embedded, ConfigError> {
+        if !create {
+            let missing = |reason: String| ConfigError::NoDataDir {
+                path: data_dir.to_owned(),
+                reason,
+            };
+            if !data_dir.is_dir() {
+                return Err(missing("no such directory".to_owned()));
+            }
+            if !data_dir.join("redis").is_dir() {
+                return Err(missing("it holds no redis/ directory".to_owned()));
+            }
+            if let Some(path) = sqlite_path.filter(|path| !path.is_file()) {
+                return Err(missing(format!(
+                    "there is no SQLite file {}",
+                    path.display()
+                )));
+            }
+        }
         std::fs::create_dir_all(data_dir).map_err(|err| {
             ConfigError::invalid(
                 "--data-dir",
@@ -87,7 +109,8 @@ impl Embedded {
             return Ok((url.clone(), None));
         }
         let sqlite = config.sqlite_file_in_use();
-        let embedded = Embedded::open(&config.data_dir, sqlite.as_deref()).await?;
+        let embedded =
+            Embedded::open(&config.data_dir, sqlite.as_deref(), config.create_store).await?;
         Ok((embedded.redis_url(), Some(embedded)))
     }
 
@@ -163,20 +186,20 @@ fn hold_database_file(path: &Path) -> Result<Flock<File>, ConfigError> {
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|err| {
-            ConfigError::invalid(
-                "the SQLite file",
-                format!("cannot open {}: {err}", path.display()),
-            )
+        .map_err(|err| ConfigError::SqliteFile {
+            path: path.to_owned(),
+            action: "open",
+            reason: err.to_string(),
         })?;
     Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
         Errno::EWOULDBLOCK => ConfigError::DatabaseInUse {
             database: path.display().to_string(),
         },
-        other => ConfigError::invalid(
-            "the SQLite file",
-            format!("cannot lock {}: {other}", path.display()),
-        ),
+        other => ConfigError::SqliteFile {
+            path: path.to_owned(),
+            action: "lock",
+            reason: other.to_string(),
+        },
     })
 }
 

@@ -554,7 +554,7 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     let now = now_millis();
     let database = check(state.db.check_writable(now)).await;
     let (worker, worker_ok) = if state.runs_worker {
-        let last = state.metrics.worker_last_success_ms.get();
+        let last = state.metrics.worker_last_success_ms();
         let stale_ms = WORKER_STALE_AFTER.as_millis() as i64;
         let status = if last > 0 && now - last <= stale_ms {
             "ok"

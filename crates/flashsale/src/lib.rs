@@ -51,6 +51,9 @@ pub mod exit_code {
     pub const DRIFT: u8 = 3;
     /// The store's stock is sold from another Redis (see [`crate::authority`]).
     pub const FOREIGN_STORE: u8 = 4;
+    /// There is no such store (a missing data directory or SQLite file, a database
+    /// without the schema) or no such coupon: only `serve` creates a store.
+    pub const NO_STORE: u8 = 5;
     /// `serve` stopped without storing every order event it could have: Redis or the
     /// database failed during the drain (the events stay in Redis, stored later).
     pub const UNDRAINED: u8 = 6;
@@ -67,6 +70,11 @@ pub mod exit_code {
             {
                 FOREIGN_STORE
             }
+            Some(
+                crate::ConfigError::NoDataDir { .. }
+                | crate::ConfigError::NoSuchCoupon { .. }
+                | crate::ConfigError::Db(crate::db::DbError::NoStore { .. }),
+            ) => NO_STORE,
             _ => USAGE,
         }
     }
@@ -75,7 +83,7 @@ pub mod exit_code {
     pub const HELP: &str = "Exit codes: 0 success; 1 the run failed (serve lost its \
         private Redis or its database lock; load saw a rule broken); 2 bad arguments or \
         configuration, or a server that cannot be reached; 3 reconcile found drift; 4 the \
-        store's stock is sold from another Redis (see --take-over-store); 6 serve stopped \
+        store's stock is sold from another Redis (see --take-over-store); 5 no such store or coupon (only serve creates a store); 6 serve stopped \
         with order events not yet stored (they stay in Redis and are stored later)";
 }
 

@@ -41,8 +41,8 @@ pub struct LoadArgs {
     /// REDIS_URL / DATABASE_URL are set.
     #[arg(long)]
     pub url: Option<String>,
-    /// lua, lock, segmented, unsafe, or all (in-process only). With --url, the running
-    /// service's strategy.
+    /// lua, lock, segmented, unsafe, or all (in-process only) [default: all; with --url,
+    /// the running service's strategy].
     #[arg(long)]
     pub strategy: Option<StrategyChoice>,
     /// Units of the coupon put on sale.
@@ -63,9 +63,9 @@ pub struct LoadArgs {
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Longest wait for the order worker to store every sale, in seconds.
-    #[arg(long, default_value_t = 60)]
-    pub drain_timeout_s: u64,
+    /// Longest wait for the order worker to store every sale.
+    #[arg(long, value_parser = crate::config::parse_duration, default_value = "60s")]
+    pub drain_timeout: Duration,
     #[command(flatten)]
     pub store: StoreArgs,
     #[command(flatten)]
@@ -88,7 +88,8 @@ pub enum StrategyChoice {
 }
 
 impl StrategyChoice {
-    fn strategies(self) -> Vec<Strategy> {
+    /// The strategies this choice names.
+    pub fn strategies(self) -> Vec<Strategy> {
         match self {
             StrategyChoice::Lua => vec![Strategy::Lua],
             StrategyChoice::Lock => vec![Strategy::Lock],
@@ -632,7 +633,7 @@ pub async fn run(args: LoadArgs) -> CliResult {
         users: args.users,
         concurrency: args.concurrency,
         seed: args.seed,
-        drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        drain_timeout: args.drain_timeout,
         progress: !args.json,
     };
     plan.validate().map_err(LoadError::Invalid)?;

@@ -1,5 +1,6 @@
 //! Prometheus metrics, served at `GET /metrics` in the text exposition format.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -85,10 +86,32 @@ pub struct Metrics {
     pub stream_lag: Gauge,
     /// Order events delivered but not yet acknowledged; set when scraped.
     pub stream_pending: Gauge,
-    /// When the order worker last finished a round without error, Unix milliseconds (0:
+    /// When the order worker last finished a round without error, Unix seconds (0:
     /// never). `/healthz` reads it.
-    pub worker_last_success_ms: Gauge,
+    pub worker_last_success: Gauge<f64, AtomicU64>,
 }
+
+/// Every outcome a purchase can have, so each series exists at 0 from the start and an
+/// `increase()` alert sees the first event: `reserved`, or the error code answered.
+pub const PURCHASE_OUTCOMES: &[&str] = &[
+    "reserved",
+    "sold_out",
+    "already_purchased",
+    "sale_not_started",
+    "sale_ended",
+    "coupon_not_found",
+    "invalid_coupon_id",
+    "missing_user_id",
+    "invalid_user_id",
+    "duplicate_user_id",
+    "busy",
+    "lock_lost",
+    "overloaded",
+    "expired",
+    "stock_not_loaded",
+    "unavailable",
+    "outcome_unknown",
+];
 
 impl Metrics {
     /// Registers every metric under the `flashsale_` prefix.
@@ -102,21 +125,21 @@ impl Metrics {
         );
         let http_seconds: Histograms<HttpLabel> = Family::new_with_constructor(http_histogram);
         registry.register(
-            "http_request_seconds",
+            "http_request_duration_seconds",
             "Time from request to response, by route and status",
             http_seconds.clone(),
         );
         // 50 µs to about 1.6 s: a script round trip sits at the bottom, a lock wait in the middle.
         let reservation_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         registry.register(
-            "reservation_seconds",
+            "reservation_duration_seconds",
             "Time spent reserving stock in Redis",
             reservation_seconds.clone(),
         );
         // 50 µs to about 26 s: a free lock at the bottom, a wait out to a lease at the top.
         let lock_wait_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 20));
         registry.register(
-            "lock_wait_seconds",
+            "lock_wait_duration_seconds",
             "Time a purchase waited for a coupon or segment lock, acquired or not",
             lock_wait_seconds.clone(),
         );
@@ -140,7 +163,7 @@ impl Metrics {
         );
         let worker_commit_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
         registry.register(
-            "worker_commit_seconds",
+            "worker_commit_duration_seconds",
             "Time one order worker commit took: the SQL transaction and the acknowledgements",
             worker_commit_seconds.clone(),
         );
@@ -186,12 +209,28 @@ impl Metrics {
             "Order events delivered to a worker but not yet stored",
             stream_pending.clone(),
         );
-        let worker_last_success_ms = Gauge::default();
+        let worker_last_success = Gauge::<f64, AtomicU64>::default();
         registry.register(
-            "worker_last_success_unix_ms",
-            "When the order worker last finished a round without error",
-            worker_last_success_ms.clone(),
+            "worker_last_success_timestamp_seconds",
+            "When the order worker last finished a round without error, in Unix seconds (0: never)",
+            worker_last_success.clone(),
         );
+        // Labelled series exist at 0 before their first event.
+        for outcome in PURCHASE_OUTCOMES {
+            drop(purchases.get_or_create(&OutcomeLabel {
+                outcome: (*outcome).to_owned(),
+            }));
+        }
+        for reason in ["fenced", "lease_lost"] {
+            drop(lock_writes_refused.get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            }));
+        }
+        for kind in ["new", "reload"] {
+            drop(stock_loads.get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            }));
+        }
         Metrics {
             registry: Arc::new(registry),
             purchases,
@@ -209,7 +248,7 @@ impl Metrics {
             orders_reclaimed,
             stream_lag,
             stream_pending,
-            worker_last_success_ms,
+            worker_last_success,
         }
     }
 
@@ -248,6 +287,17 @@ impl Metrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+
+    /// Marks a successful order worker round now.
+    pub fn worker_succeeded(&self) {
+        self.worker_last_success
+            .set(crate::model::now_millis() as f64 / 1000.0);
+    }
+
+    /// When the order worker last finished a round without error, Unix ms; 0: never.
+    pub fn worker_last_success_ms(&self) -> i64 {
+        (self.worker_last_success.get() * 1000.0) as i64
     }
 
     /// The text exposition of every metric.

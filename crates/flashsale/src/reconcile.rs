@@ -316,11 +316,12 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     config.database_url = args.store.database_url.clone();
     config.data_dir = args.data_dir.clone();
     config.sqlite_path = args.sqlite_path.clone();
+    config.create_store = false;
     let (redis_url, embedded) = Embedded::open_unless_redis_url(&config).await?;
     let locks = distlock::Client::connect(&redis_url)
         .await
-        .map_err(ConfigError::Redis)?;
-    let db = Db::connect(&config.database_url())
+        .map_err(ConfigError::redis)?;
+    let db = Db::open_existing(&config.database_url())
         .await
         .map_err(ConfigError::Db)?;
     // Reconcile compares SQL with the Redis that sells its stock, and no other.
@@ -337,7 +338,7 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
         Some(id) => vec![db
             .coupon(id)
             .await?
-            .ok_or_else(|| ConfigError::invalid("--coupon", format!("there is no coupon {id}")))?],
+            .ok_or(ConfigError::NoSuchCoupon { id })?],
         None => db.coupons_ending_after(i64::MIN).await?,
     };
     let mut conn = locks.connection();

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::{ConfigError, ServiceConfig, StoreArgs, StrategyArgs, DEFAULT_DATA_DIR};
+use crate::config::{
+    in_range, ConfigError, ServiceConfig, StoreArgs, StrategyArgs, DEFAULT_DATA_DIR,
+};
 use crate::strategy::Strategy;
 use crate::worker::{Drain, WorkerSettings};
 use crate::{CliResult, Service};
@@ -34,20 +36,21 @@ pub struct ServeArgs {
     #[arg(long)]
     pub sqlite_path: Option<PathBuf>,
     /// How long another worker's unacknowledged order event waits before this one takes
-    /// it over, in ms.
-    #[arg(long, default_value_t = 30_000)]
-    pub reclaim_idle_ms: u64,
+    /// it over (at least 100ms).
+    #[arg(long, value_parser = crate::config::parse_duration, default_value = "30s")]
+    pub reclaim_idle: Duration,
     /// Run no order worker in this instance (another instance must).
     #[arg(long)]
     pub no_worker: bool,
-    /// Seconds a graceful shutdown (SIGTERM, Ctrl-C) lets requests in flight finish before
-    /// it cuts their connections; the order worker then still stores what was sold.
-    #[arg(long, default_value_t = 10)]
-    pub shutdown_timeout: u64,
-    /// How long a client may take to send a request's headers, and then its body, in ms;
-    /// a slower one is cut off (headers) or answered 408 (body).
-    #[arg(long, default_value_t = 10_000)]
-    pub read_timeout_ms: u64,
+    /// How long a graceful shutdown (SIGTERM, Ctrl-C) lets requests in flight finish
+    /// before it cuts their connections, and then how long the order worker gets to store
+    /// what was sold (up to 10m).
+    #[arg(long, value_parser = crate::config::parse_duration, default_value = "10s")]
+    pub shutdown_timeout: Duration,
+    /// How long a client may take to send a request's headers, and then its body (100ms
+    /// to 10m); a slower one is cut off (headers) or answered 408 (body).
+    #[arg(long, value_parser = crate::config::parse_duration, default_value = "10s")]
+    pub read_timeout: Duration,
     /// Serve `--strategy unsafe` anyway. It oversells by design (a GET, then a DECR): it
     /// exists to show what the other strategies prevent, not to take real orders.
     #[arg(long)]
@@ -69,20 +72,17 @@ impl ServeArgs {
                 "unsafe oversells by design; pass --allow-unsafe to serve it anyway",
             ));
         }
-        if self.reclaim_idle_ms < 100 {
-            return Err(ConfigError::invalid(
-                "--reclaim-idle-ms",
-                "must be at least 100",
-            ));
-        }
-        if !(100..=600_000).contains(&self.read_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "--read-timeout-ms",
-                "must be between 100 and 600000",
-            ));
-        }
+        let ms = Duration::from_millis;
+        in_range("--reclaim-idle", self.reclaim_idle, ms(100), ms(86_400_000))?;
+        in_range("--read-timeout", self.read_timeout, ms(100), ms(600_000))?;
+        in_range(
+            "--shutdown-timeout",
+            self.shutdown_timeout,
+            ms(0),
+            ms(600_000),
+        )?;
         let worker = (!self.no_worker).then(|| WorkerSettings {
-            reclaim_idle: Duration::from_millis(self.reclaim_idle_ms),
+            reclaim_idle: self.reclaim_idle,
             ..WorkerSettings::new()
         });
         Ok(ServiceConfig {
@@ -93,9 +93,10 @@ impl ServeArgs {
             data_dir: self.data_dir.clone(),
             strategy: self.knobs.settings(self.strategy)?,
             worker,
-            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
-            read_timeout: Duration::from_millis(self.read_timeout_ms),
+            shutdown_timeout: self.shutdown_timeout,
+            read_timeout: self.read_timeout,
             take_over_store: self.take_over_store,
+            create_store: true,
         })
     }
 }

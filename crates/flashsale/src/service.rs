@@ -48,13 +48,16 @@ impl Service {
         let (redis_url, embedded) = Embedded::open_unless_redis_url(&config).await?;
         let locks = distlock::Client::connect(&redis_url)
             .await
-            .map_err(ConfigError::Redis)?;
+            .map_err(ConfigError::redis)?;
         crate::scripts::preload(&mut locks.connection())
             .await
             .map_err(|err| ConfigError::Redis(distlock::Error::Redis(err)))?;
-        let db = Db::connect(&config.database_url())
-            .await
-            .map_err(ConfigError::Db)?;
+        let db = if config.create_store {
+            Db::connect(&config.database_url()).await
+        } else {
+            Db::open_existing(&config.database_url()).await
+        }
+        .map_err(ConfigError::Db)?;
         let store_lock = match (&embedded, db.dialect()) {
             (Some(_), crate::db::Dialect::Postgres) => Some(
                 db.lock_exclusively()
@@ -87,7 +90,7 @@ impl Service {
         if embedded.is_some() {
             Embedded::release_locks_of_earlier_runs(&locks, db.keyspace())
                 .await
-                .map_err(ConfigError::Redis)?;
+                .map_err(ConfigError::redis)?;
         }
         crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();

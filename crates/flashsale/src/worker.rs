@@ -431,7 +431,7 @@ impl Worker {
             };
             match round {
                 Ok(_) => {
-                    self.metrics.worker_last_success_ms.set(now_millis());
+                    self.metrics.worker_succeeded();
                     last_error = None;
                 }
                 Err(err) => {

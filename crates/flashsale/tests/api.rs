@@ -62,21 +62,34 @@ async fn a_purchase_from_coupon_to_stored_order() {
             r#"flashsale_purchases_total{outcome="reserved"} 2"#,
             r#"flashsale_purchases_total{outcome="already_purchased"} 1"#,
             r#"flashsale_purchases_total{outcome="sold_out"} 1"#,
-            "flashsale_reservation_seconds_count 4",
+            "flashsale_reservation_duration_seconds_count 4",
             "flashsale_orders_stored_total 2",
             "flashsale_stream_lag 0",
             "flashsale_stream_pending 0",
             "flashsale_worker_errors_total 0",
             r#"flashsale_stock_loads_total{kind="new"} 1"#,
-            r#"flashsale_http_request_seconds_count{route="/api/coupons/{id}/seckill",status="201"} 2"#,
+            r#"flashsale_http_request_duration_seconds_count{route="/api/coupons/{id}/seckill",status="201"} 2"#,
+            // Series present before their first event, for increase() alerts.
+            r#"flashsale_purchases_total{outcome="outcome_unknown"} 0"#,
+            r#"flashsale_lock_writes_refused_total{reason="fenced"} 0"#,
+            r#"flashsale_stock_loads_total{kind="reload"} 0"#,
         ] {
             assert!(metrics.lines().any(|l| l == line), "missing {line:?} in:\n{metrics}");
         }
         let commits = metrics
             .lines()
-            .find_map(|l| l.strip_prefix("flashsale_worker_commit_seconds_count "))
+            .find_map(|l| l.strip_prefix("flashsale_worker_commit_duration_seconds_count "))
             .and_then(|n| n.parse::<u64>().ok());
         assert!(commits.is_some_and(|n| n >= 1), "{metrics}");
+        // A timestamp in seconds, by the convention's name: within a minute of now.
+        let last_success = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("flashsale_worker_last_success_timestamp_seconds "))
+            .and_then(|n| n.parse::<f64>().ok())
+            .expect("last success timestamp");
+        let now = flashsale::model::now_millis() as f64 / 1000.0;
+        assert!((now - last_success).abs() < 60.0, "{last_success} vs {now}");
+        assert!(!metrics.contains("unix_ms"), "{metrics}");
         service.shutdown().await;
     })
     .await;

@@ -51,9 +51,15 @@ async fn bad_configuration_is_reported_plainly() {
         (
             // Two instances with a 1 ms lease oversold on the earlier build.
             "a lease far too short for any critical section",
-            vec!["serve", "--strategy", "lock", "--lock-lease-ms", "1"],
+            vec!["serve", "--strategy", "lock", "--lock-lease", "1ms"],
             vec![],
-            "invalid --lock-lease-ms: must be between 100 and 600000",
+            "invalid --lock-lease: 1ms is out of range: must be between 100ms and 10m",
+        ),
+        (
+            "a duration without its unit",
+            vec!["serve", "--lock-lease", "30000"],
+            vec![],
+            "\"30000\" has no unit: expected a whole number and a unit: 500ms, 10s, 2m or 1h",
         ),
         (
             "zero segments",
@@ -145,7 +151,7 @@ async fn a_slow_client_does_not_hold_shutdown_past_its_deadline() {
         let dir = tempfile::tempdir().expect("dir");
         let Served {
             mut child, base, ..
-        } = serve(&dir, &redis.url(), &["--shutdown-timeout", "1"]).await;
+        } = serve(&dir, &redis.url(), &["--shutdown-timeout", "1s"]).await;
         let addr = base.trim_start_matches("http://").to_owned();
         let mut slow = tokio::net::TcpStream::connect(&addr).await.expect("connect");
         slow.write_all(
@@ -717,7 +723,7 @@ async fn sigterm_with_redis_gone_exits_by_the_shutdown_timeout_and_says_the_drai
     bounded(Duration::from_secs(60), async {
         let mut redis = RedisServer::start().await.expect("redis");
         let dir = tempfile::tempdir().expect("dir");
-        let mut served = serve(&dir, &redis.url(), &["--shutdown-timeout", "2"]).await;
+        let mut served = serve(&dir, &redis.url(), &["--shutdown-timeout", "2s"]).await;
         let http = reqwest::Client::new();
         let coupon = open_coupon(&http, &served.base, 50).await;
         for user in 1..=20 {
@@ -742,11 +748,138 @@ async fn sigterm_with_redis_gone_exits_by_the_shutdown_timeout_and_says_the_drai
         tokio::time::sleep(Duration::from_millis(100)).await;
         let said = served.later.lock().expect("lines").join("\n");
         assert!(said.contains("NOT drained"), "{said}");
+        // Logs to a pipe carry no colour codes (a review found them in log files).
+        assert!(
+            said.contains("WARN") && !said.contains('\u{1b}'),
+            "{said:?}"
+        );
 
         // Every order it sold is stored all the same.
         let database = format!("sqlite://{}", dir.path().join("shop.db").display());
         let db = flashsale::db::Db::connect(&database).await.expect("db");
         assert_eq!(db.order_count(coupon).await.expect("count"), 20);
+    })
+    .await;
+}
+
+/// Only `serve` creates a store. A review ran `reconcile --data-dir /missing`: it created
+/// the directory with a Redis and an empty database, printed an empty table and exited 0,
+/// so a cron probe with a typo would always pass. Every such typo now exits 5, says what is
+/// missing, and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typo_in_a_store_path_is_an_error_not_a_new_empty_store() {
+    bounded(Duration::from_secs(60), async {
+        let redis = RedisServer::start().await.expect("redis");
+        let empty = tempfile::tempdir().expect("dir");
+        let missing_dir = empty.path().join("missing");
+        let missing_db = empty.path().join("missing.db");
+        let blank_db = empty.path().join("blank.db");
+        std::fs::write(&blank_db, b"").expect("blank file");
+        let missing_url = format!("sqlite://{}", missing_db.display());
+        let blank_url = format!("sqlite://{}", blank_db.display());
+        let redis_url = redis.url();
+        let cases: Vec<Case> = vec![
+            (
+                "reconcile --data-dir of a missing directory",
+                vec![
+                    "reconcile",
+                    "--data-dir",
+                    missing_dir.to_str().expect("path"),
+                ],
+                vec![],
+                "no flashsale data directory",
+            ),
+            (
+                "reconcile with no arguments in an empty directory",
+                vec!["reconcile"],
+                vec![],
+                "no flashsale data directory at flashsale-data",
+            ),
+            (
+                "reconcile --sqlite-path of a missing file",
+                vec![
+                    "reconcile",
+                    "--sqlite-path",
+                    missing_db.to_str().expect("path"),
+                ],
+                vec![("REDIS_URL", &redis_url)],
+                "is not a file",
+            ),
+            (
+                "reconcile on a file with no schema",
+                vec!["reconcile"],
+                vec![("REDIS_URL", &redis_url), ("DATABASE_URL", &blank_url)],
+                "holds no flashsale schema",
+            ),
+            (
+                "load on a DATABASE_URL of a missing file",
+                vec!["load", "--stock", "5", "--requests", "10", "--users", "10"],
+                vec![("REDIS_URL", &redis_url), ("DATABASE_URL", &missing_url)],
+                "`flashsale serve` creates one",
+            ),
+        ];
+        for (name, args, env, expected) in cases {
+            let (code, stderr) = common::child::run_in(empty.path(), &args, &env).await;
+            assert_eq!(code, 5, "{name}: {stderr}");
+            assert!(
+                stderr.contains(expected),
+                "{name}: expected {expected:?} in {stderr}"
+            );
+            assert!(!stderr.contains("invalid the"), "{name}: {stderr}");
+        }
+        let mut left: Vec<String> = std::fs::read_dir(empty.path())
+            .expect("list")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["blank.db"], "a command created a store");
+
+        // A real store, asked about a coupon it does not have.
+        let dir = tempfile::tempdir().expect("dir");
+        let served = serve(&dir, &redis.url(), &[]).await;
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let env = [
+            ("REDIS_URL", redis_url.as_str()),
+            ("DATABASE_URL", &database),
+        ];
+        let (code, stderr) = run(&["reconcile", "--coupon", "999"], &env).await;
+        assert_eq!(code, 5, "{stderr}");
+        assert!(stderr.contains("the store holds no coupon 999"), "{stderr}");
+        let (code, stderr) = run(&["reconcile"], &env).await;
+        assert_eq!(code, 0, "{stderr}");
+        drop(served);
+    })
+    .await;
+}
+
+/// A Redis that may evict keys is refused, and the operator is told what to change on the
+/// server, not which library function to call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_is_refused_with_what_to_change_on_the_server() {
+    bounded(Duration::from_secs(30), async {
+        let redis = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"])
+            .await
+            .expect("redis");
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let (code, stderr) = run(
+            &["serve", "--listen", "127.0.0.1:0"],
+            &[("REDIS_URL", &redis.url()), ("DATABASE_URL", &database)],
+        )
+        .await;
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains("maxmemory-policy allkeys-lru")
+                && stderr.contains("CONFIG SET maxmemory-policy noeviction")
+                && !stderr.contains("ClientBuilder"),
+            "{stderr}"
+        );
     })
     .await;
 }

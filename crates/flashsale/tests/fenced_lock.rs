@@ -17,7 +17,7 @@ use tokio::process::Command;
 
 /// The stopped holder's lease. Short, so the tests are quick; long enough for the lease
 /// check at start.
-const LEASE_MS: &str = "1000";
+const LEASE: &str = "1s";
 
 /// The user whose purchase makes instance A stop itself while holding the lock.
 const STOPPED_USER: i64 = 7;
@@ -50,7 +50,7 @@ async fn two_instances_with(
             );
         }
         let mut args = strategy_args.to_vec();
-        args.extend(["--lock-lease-ms", LEASE_MS]);
+        args.extend(["--lock-lease", LEASE]);
         async move { start_serve(command, &args).await }
     };
     let a = start(true).await;

@@ -32,10 +32,10 @@ async fn a_claim_left_by_a_killed_instance_is_repaired_and_the_user_can_buy() {
             &[
                 "--strategy",
                 "segmented",
-                "--request-timeout-ms",
-                "1000",
-                "--lock-lease-ms",
-                "1000",
+                "--request-timeout",
+                "1s",
+                "--lock-lease",
+                "1s",
             ],
         )
         .await;

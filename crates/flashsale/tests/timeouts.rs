@@ -107,7 +107,7 @@ async fn a_request_stuck_on_the_database_is_answered_at_its_deadline_and_timed()
         let metrics = common::metrics(&client, &base).await;
         assert!(
             metrics.contains(
-                "flashsale_http_request_seconds_count{route=\"/api/coupons\",status=\"503\"} 1"
+                "flashsale_http_request_duration_seconds_count{route=\"/api/coupons\",status=\"503\"} 1"
             ),
             "{metrics}"
         );

@@ -3,7 +3,7 @@
 //!
 //! Every strategy's service runs in this process on one private Redis and one SQLite file
 //! (or REDIS_URL / DATABASE_URL). wrk, a separate process, drives each target in turn for
-//! `--seconds`, and the rounds are interleaved so that the shared machine's noise falls on
+//! `--duration`, and the rounds are interleaved so that the shared machine's noise falls on
 //! every target alike; the report quotes medians over rounds.
 //!
 //! - The floor is `GET /ping`: the same HTTP stack and one Redis round trip.
@@ -36,15 +36,16 @@ pub struct BenchArgs {
     /// wrk threads (wrk -t).
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 5)]
-    pub seconds: u32,
+    /// How long each measurement runs, in whole seconds (1s to 10m).
+    #[arg(long, value_parser = crate::config::parse_duration, default_value = "5s")]
+    pub duration: std::time::Duration,
     /// Interleaved rounds; figures are medians over them.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
-    /// Strategies to measure besides the PING floor.
-    #[arg(long, value_delimiter = ',', default_values_t = Strategy::ALL.to_vec())]
-    pub strategies: Vec<Strategy>,
+    /// Strategies to measure besides the PING floor: one, several separated by commas, or
+    /// all (as `load --strategy`).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub strategy: Vec<crate::load::StrategyChoice>,
     /// Run no order worker: measure reservations alone, with orders left queued in the
     /// stream. Shows what storing orders during the peak costs.
     #[arg(long)]
@@ -217,8 +218,12 @@ impl BenchReport {
 
 /// `flashsale bench`.
 pub async fn run(args: BenchArgs) -> CliResult {
-    if args.connections == 0 || args.threads == 0 || args.seconds == 0 || args.rounds == 0 {
-        return Err("--connections, --threads, --seconds and --rounds must be at least 1".into());
+    let seconds = u32::try_from(args.duration.as_secs()).unwrap_or(u32::MAX);
+    if args.duration.subsec_millis() != 0 || !(1..=600).contains(&seconds) {
+        return Err("--duration must be whole seconds, from 1s to 10m".into());
+    }
+    if args.connections == 0 || args.threads == 0 || args.rounds == 0 {
+        return Err("--connections, --threads and --rounds must be at least 1".into());
     }
     if args.threads > args.connections {
         return Err("--threads must not exceed --connections".into());
@@ -229,13 +234,13 @@ pub async fn run(args: BenchArgs) -> CliResult {
     let script = write_script(sandbox.scratch())?;
     let http = reqwest::Client::new();
     let mut services = Vec::new();
+    let chosen: Vec<Strategy> = args
+        .strategy
+        .iter()
+        .flat_map(|choice| choice.strategies())
+        .collect();
     let mut strategies = vec![Strategy::Lua];
-    strategies.extend(
-        args.strategies
-            .iter()
-            .copied()
-            .filter(|s| *s != Strategy::Lua),
-    );
+    strategies.extend(chosen.iter().copied().filter(|s| *s != Strategy::Lua));
     for strategy in strategies {
         let mut config = sandbox.config(strategy, &args.knobs)?;
         if args.no_worker || !services.is_empty() {
@@ -262,7 +267,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         drains: Vec::new(),
     }];
     for (strategy, service, coupon) in &services {
-        if args.strategies.contains(strategy) {
+        if chosen.contains(strategy) {
             targets.push(Target {
                 name: strategy.name().into(),
                 url: format!("{}/api/coupons/{coupon}/seckill", service.base_url()),
@@ -286,7 +291,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
     for _ in 0..args.rounds {
         for target in &mut targets {
             first_user += 100_000_000_000;
-            let run = wrk(&args, &script, target, args.seconds, first_user).await?;
+            let run = wrk(&args, &script, target, seconds, first_user).await?;
             target.runs.push(run);
             let drain = wait_for_drain(&http, target).await?;
             target.drains.push(drain);
@@ -301,7 +306,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
     let report = BenchReport {
         connections: args.connections,
         threads: args.threads,
-        seconds: args.seconds,
+        seconds,
         rounds: args.rounds,
         redis: match (&args.store.redis_url, args.no_aof) {
             (Some(_), _) => "REDIS_URL".to_owned(),

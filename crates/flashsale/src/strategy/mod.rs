@@ -62,7 +62,7 @@ pub async fn check_lease(
     }
     let p99 = lock::critical_section_p99(locks, db).await.map_err(|err| {
         crate::config::ConfigError::invalid(
-            "--lock-lease-ms",
+            "--lock-lease",
             format!("could not time the critical section: {err}"),
         )
     })?;
@@ -642,9 +642,12 @@ mod tests {
         let refused = lease_fits(ms(150), ms(100)).expect_err("150 ms < 2 × 100 ms");
         let message = refused.to_string();
         assert!(
-            message.contains("a lease of 150 ms") && message.contains("100.0 ms"),
+            message.contains("a lease of 150ms") && message.contains("100.0 ms"),
             "{message}"
         );
-        assert!(message.contains("Use at least 202 ms"), "{message}");
+        assert!(
+            message.contains("Use at least --lock-lease 202ms"),
+            "{message}"
+        );
     }
 }

@@ -109,10 +109,16 @@ pub async fn stopped(pid: nix::unistd::Pid) {
 /// there), and returns its exit code and stderr.
 pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let scratch = tempfile::tempdir().expect("scratch dir");
+    run_in(scratch.path(), args, env).await
+}
+
+/// Runs the binary to completion in working directory `dir`, and returns its exit code
+/// and stderr.
+pub async fn run_in(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut command = Command::new(BIN);
     command
         .args(args)
-        .current_dir(scratch.path())
+        .current_dir(dir)
         .env_remove("REDIS_URL")
         .env_remove("DATABASE_URL")
         // A serve that should have been refused and was not must not outlive the test.
