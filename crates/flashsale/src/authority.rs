@@ -109,6 +109,7 @@ pub async fn establish(
         return take_over(db, conn, location).await.map(Some);
     }
     let marker: Option<String> = conn.get(&key).await?;
+    let mut first_use = false;
     let recorded = match db.authority().await? {
         Some(recorded) => recorded,
         None if claim == Claim::Verify => return Ok(None),
@@ -123,7 +124,9 @@ pub async fn establish(
                 location: location.to_owned(),
                 since_ms: now_millis(),
             };
-            db.record_authority(&ours, false).await?
+            let recorded = db.record_authority(&ours, false).await?;
+            first_use = recorded.id == ours.id;
+            recorded
         }
     };
     match marker {
@@ -143,7 +146,7 @@ pub async fn establish(
         // was lost with its data. Reconcile writes nothing.
         None if claim == Claim::Verify => Ok(Some(recorded)),
         None => {
-            confirm(conn, &key, &recorded.id)
+            let put = confirm(conn, &key, &recorded.id)
                 .await
                 .map_err(|err| match err {
                     ConfirmError::Redis(err) => AuthorityError::Redis(err),
@@ -154,6 +157,11 @@ pub async fn establish(
                         ours: location.to_owned(),
                     },
                 })?;
+            if first_use {
+                tracing::info!(authority = %recorded.location, "this Redis is now the store's stock authority");
+            } else if put {
+                tracing::warn!(authority = %recorded.location, "this Redis had lost the store's stock authority id with its data; put it back");
+            }
             Ok(Some(recorded))
         }
     }
@@ -170,13 +178,14 @@ pub enum ConfirmError {
     Redis(#[from] redis::RedisError),
 }
 
-/// Checks, before stock is loaded, that this Redis still holds authority `id` at `key`,
-/// and puts it back if Redis lost it with its data.
+/// Checks, before stock is loaded, that this Redis holds authority `id` at `key`, and
+/// puts it there if it has none (a new authority, or one that lost its data). Returns
+/// whether it was put there.
 pub async fn confirm(
     conn: &mut distlock::Connection,
     key: &str,
     id: &str,
-) -> Result<(), ConfirmError> {
+) -> Result<bool, ConfirmError> {
     let set: bool = redis::cmd("SET")
         .arg(key)
         .arg(id)
@@ -185,15 +194,12 @@ pub async fn confirm(
         .await?
         .is_some();
     if set {
-        tracing::warn!(
-            "this Redis had lost the store's stock authority id (it lost its data); put it back"
-        );
-        return Ok(());
+        return Ok(true);
     }
     let held: Option<String> = conn.get(key).await?;
     match held {
         Some(held) if held != id => Err(ConfirmError::Another(held)),
-        _ => Ok(()),
+        _ => Ok(false),
     }
 }
 

@@ -123,10 +123,13 @@ impl StockLoader {
         let mut outcome = Ok(());
         if !self.authority.is_empty() {
             let key = self.db.keyspace().authority();
-            if let Err(err) =
-                crate::authority::confirm(&mut self.locks.connection(), &key, &self.authority).await
-            {
-                outcome = Err(LoadError::Authority(err));
+            let mut conn = self.locks.connection();
+            match crate::authority::confirm(&mut conn, &key, &self.authority).await {
+                Ok(true) => tracing::warn!(
+                    "this Redis had lost the store's stock authority id with its data; put it back"
+                ),
+                Ok(false) => {}
+                Err(err) => outcome = Err(LoadError::Authority(err)),
             }
         }
         let mut report = LoadReport::default();
