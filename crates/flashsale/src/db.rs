@@ -379,16 +379,6 @@ impl Db {
             .collect()
     }
 
-    /// The id of the order `user_id` holds for this coupon, if one is stored.
-    pub async fn order_of(&self, coupon_id: i64, user_id: i64) -> Result<Option<String>, DbError> {
-        let row = sqlx::query("SELECT id FROM orders WHERE coupon_id = $1 AND user_id = $2")
-            .bind(coupon_id)
-            .bind(user_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|row| row.try_get("id")).transpose()?)
-    }
-
     /// How many orders are stored for this coupon.
     pub async fn order_count(&self, coupon_id: i64) -> Result<i64, DbError> {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM orders WHERE coupon_id = $1")

@@ -166,9 +166,7 @@ impl StockLoader {
         let sold = i64::try_from(buyers.len()).unwrap_or(i64::MAX);
         let remaining = coupon.stock.saturating_sub(sold).max(0);
         let buyers: Vec<(i64, String)> = buyers.into_iter().collect();
-        for chunk in buyers.chunks(BUYERS_PER_COMMAND) {
-            let () = conn.hset_multiple(&keys.buyers, chunk).await?;
-        }
+        put_buyers(&mut conn, &keys, &buyers).await?;
         let mut script = LOAD_STOCK.key(&keys.stock);
         for share in split_stock(remaining, self.segments) {
             script.arg(share);
@@ -269,6 +267,19 @@ where
         Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
         other => other,
     }
+}
+
+/// Writes `buyers` (user, order id) into the coupon's buyers hash, in chunks so no single
+/// command carries a huge argument list.
+pub(crate) async fn put_buyers(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+    buyers: &[(i64, String)],
+) -> redis::RedisResult<()> {
+    for chunk in buyers.chunks(BUYERS_PER_COMMAND) {
+        let () = conn.hset_multiple(&keys.buyers, chunk).await?;
+    }
+    Ok(())
 }
 
 /// The users of every order event in the coupon's stream, acknowledged or not.

@@ -384,9 +384,38 @@ async fn a_buyer_whose_sale_redis_never_heard_of_gets_their_order_after_the_sell
             "{}",
             retry.body
         );
-        // The answer gave the buyer back to Redis.
+        // The sell-out gave the buyer back to Redis.
         let held: Option<String> = conn.hget(&keys.buyers, 1).await.expect("buyer");
         assert_eq!(held.as_deref(), Some(order_id.as_str()));
+
+        // The last sale's update lost: Redis still shows its unit. The buyer's retry, and
+        // the next buyer, go through the lock to SQL, which tells them the truth.
+        let last = open_coupon(&http, &base, 1).await;
+        let sale = buy(&http, &base, last, 1).await;
+        let last_order = sale.body["order_id"].as_str().expect("order").to_owned();
+        let keys = shop.service.db().keyspace().coupon(last);
+        let () = redis::pipe()
+            .atomic()
+            .hdel(&keys.buyers, 1)
+            .hincr(&keys.stock, 0, 1)
+            .query_async(&mut conn)
+            .await
+            .expect("lose the update");
+        let retry = buy(&http, &base, last, 1).await;
+        assert_eq!(
+            retry.body["order_id"].as_str(),
+            Some(last_order.as_str()),
+            "{}",
+            retry.body
+        );
+        assert_eq!(buy(&http, &base, last, 2).await.body["error"], "sold_out");
+        let again = buy(&http, &base, last, 1).await;
+        assert_eq!(
+            again.body["order_id"].as_str(),
+            Some(last_order.as_str()),
+            "{}",
+            again.body
+        );
     })
     .await;
 }

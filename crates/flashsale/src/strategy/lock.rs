@@ -28,7 +28,7 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
     let mut conn = reserver.locks.connection();
     // Outside the lock, only answers that cannot change back are trusted: a sold-out coupon
     // stays sold out and a buyer stays a buyer. This keeps the losers of a sale off the lock.
-    if let Some(decided) = settled_in_redis(reserver, &mut conn, sale).await? {
+    if let Some(decided) = settled_in_redis(&mut conn, sale).await? {
         return Ok(decided);
     }
     let lock = reserver
@@ -59,32 +59,43 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
 /// The answers Redis can give for good: not loaded, already a buyer, sold out. `None`
 /// when a unit may be left.
 ///
-/// Sold out is checked against SQL first. A sale is committed in SQL before Redis hears
-/// of it, so a Redis that lost that update (killed in between) does not know the buyer,
-/// and later sales set its counter to 0: without the check, the buyer who holds an order
-/// would be told `sold_out`. The check is one primary-key read, and it gives the buyer
-/// back to Redis.
+/// Sold out can be trusted because Redis hears it only from [`mirror_sold_out`], which
+/// gives Redis every buyer SQL holds first.
 async fn settled_in_redis(
-    reserver: &Reserver,
     conn: &mut distlock::Connection,
     sale: &Sale,
 ) -> Result<Option<Reservation>, ReserveError> {
     Ok(match sale.peek(conn, 0).await? {
         (None, _) => Some(Reservation::NotLoaded),
         (_, Some(held)) => Some(already_purchased(held)),
-        (Some(left), _) if left <= 0 => {
-            match reserver.db.order_of(sale.coupon_id, sale.user_id).await? {
-                Some(order_id) => {
-                    sale.mirror_sql(conn, None, Some(&order_id)).await;
-                    Some(Reservation::AlreadyPurchased {
-                        order_id: Some(order_id),
-                    })
-                }
-                None => Some(Reservation::SoldOut),
-            }
-        }
+        (Some(left), _) if left <= 0 => Some(Reservation::SoldOut),
         _ => None,
     })
+}
+
+/// Tells Redis that SQL sold the last unit: every buyer SQL holds, then 0 units left.
+///
+/// A sale is committed in SQL before Redis hears of it, so a Redis that lost that update
+/// (killed in between) does not know the buyer, and later sales correct its counter but
+/// not its buyers. Once the counter said 0, that buyer's retry would be told `sold_out`
+/// from Redis though they hold an order (a review saw it in 3 of 4 runs with the private
+/// Redis killed mid-burst). Writing every buyer before the 0 makes a sold-out counter
+/// imply a complete buyers hash; if this is cut short, the counter stays above 0, and the
+/// next purchase comes here again through the lock. One read of the coupon's orders, once
+/// per sell-out, instead of an SQL read for each of the many sold-out answers.
+async fn mirror_sold_out(reserver: &Reserver, conn: &mut distlock::Connection, sale: &Sale) {
+    let buyers = match reserver.db.buyers(sale.coupon_id).await {
+        Ok(buyers) => buyers,
+        Err(err) => {
+            tracing::warn!(coupon = sale.coupon_id, error = %err, "could not read the buyers to mark a sold-out coupon in Redis; the next purchase tries again");
+            return;
+        }
+    };
+    if let Err(err) = crate::stock::put_buyers(conn, &sale.keys, &buyers).await {
+        tracing::warn!(coupon = sale.coupon_id, error = %err, "could not write the buyers of a sold-out coupon to Redis; the next purchase tries again");
+        return;
+    }
+    sale.mirror_sql(conn, Some(0), None).await;
 }
 
 /// The critical section: check in Redis, write to SQL under the fence, tell Redis.
@@ -95,7 +106,7 @@ async fn sell_under(
     lock: &distlock::Lock,
     guard: &distlock::LockGuard,
 ) -> Result<Reservation, ReserveError> {
-    if let Some(decided) = settled_in_redis(reserver, conn, sale).await? {
+    if let Some(decided) = settled_in_redis(conn, sale).await? {
         return Ok(decided);
     }
     if Instant::now() >= sale.deadline {
@@ -116,12 +127,16 @@ async fn sell_under(
     match sold {
         Ok(FencedSale::Sold { remaining }) => {
             reserver.metrics.orders_stored.inc();
-            sale.mirror_sql(conn, Some(remaining), Some(&sale.order_id))
-                .await;
+            if remaining > 0 {
+                sale.mirror_sql(conn, Some(remaining), Some(&sale.order_id))
+                    .await;
+            } else {
+                mirror_sold_out(reserver, conn, sale).await;
+            }
             Ok(sale.reserved())
         }
         Ok(FencedSale::SoldOut) => {
-            sale.mirror_sql(conn, Some(0), None).await;
+            mirror_sold_out(reserver, conn, sale).await;
             Ok(Reservation::SoldOut)
         }
         Ok(FencedSale::AlreadyBought { order_id }) => {
