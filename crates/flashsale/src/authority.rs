@@ -254,32 +254,42 @@ pub fn location(redis_url: &str, embedded_data_dir: Option<&std::path::Path>) ->
 }
 
 /// How a Redis URL names its server and logical database, for comparing authorities:
-/// credentials and options dropped, the scheme and hosts in lower case, the default port
-/// and database made explicit. `redis://:pw@Cache:6379` is `redis://cache:6379/0`.
+/// credentials and options dropped, the host in lower case, the default port and
+/// database made explicit. `redis://:pw@Cache:6379` is `redis://cache:6379/0`, and
+/// `redis+unix:///run/redis.sock?db=2` is `unix:///run/redis.sock/2`. Sentinel and Cluster
+/// URLs keep their hosts, path and `db`.
 pub fn redis_location(url: &str) -> String {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+    if let Ok(info) = url.into_connection_info() {
+        let db = info.redis_settings().db();
+        return match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                format!("redis://{}:{port}/{db}", host.to_ascii_lowercase())
+            }
+            ConnectionAddr::TcpTls { host, port, .. } => {
+                format!("rediss://{}:{port}/{db}", host.to_ascii_lowercase())
+            }
+            ConnectionAddr::Unix(path) => format!("unix://{}/{db}", path.display()),
+            #[allow(unreachable_patterns)]
+            other => format!("{other:?}/{db}"),
+        };
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let scheme = scheme.to_ascii_lowercase();
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let hosts = authority
         .rsplit_once('@')
         .map_or(authority, |(_, hosts)| hosts)
         .to_ascii_lowercase();
-    let path = path.trim_end_matches('/');
-    if scheme == "redis" || scheme == "rediss" {
-        let hosts = if hosts.contains(':') {
-            hosts
-        } else {
-            format!("{hosts}:6379")
-        };
-        let db = path.trim_start_matches('/');
-        let db = if db.is_empty() { "0" } else { db };
-        format!("{scheme}://{hosts}/{db}")
-    } else {
-        format!("{scheme}://{hosts}{path}")
-    }
+    let db = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("db="))
+        .map(|db| format!("?db={db}"))
+        .unwrap_or_default();
+    format!("{scheme}://{hosts}{}{db}", path.trim_end_matches('/'))
 }
 
 /// How the embedded mode's private Redis is named: by its data directory and host.
@@ -317,12 +327,24 @@ mod tests {
                 "redis+sentinel://s1:26379,s2:26379/mymaster",
                 "redis+sentinel://s1:26379,s2:26379/mymaster",
             ),
+            (
+                "redis+sentinel://u:pw@s1:26379/mymaster?db=3",
+                "redis+sentinel://s1:26379/mymaster?db=3",
+            ),
+            ("redis+unix:///run/r.sock", "unix:///run/r.sock/0"),
+            ("unix:///run/r.sock?db=2&pass=x", "unix:///run/r.sock/2"),
         ] {
             assert_eq!(redis_location(url), location, "{url}");
         }
-        assert_ne!(
-            redis_location("redis://cache:6379/0"),
-            redis_location("redis://cache:6379/1")
-        );
+        // A review found both unix-socket URLs of one server taken for one authority,
+        // and sold a stock twice from its db 0 and db 1.
+        for (a, b) in [
+            ("redis://cache:6379/0", "redis://cache:6379/1"),
+            ("redis+unix:///r.sock?db=0", "redis+unix:///r.sock?db=1"),
+            ("unix:///r.sock", "unix:///r.sock?db=1"),
+            ("redis+sentinel://s1/m", "redis+sentinel://s1/m?db=1"),
+        ] {
+            assert_ne!(redis_location(a), redis_location(b), "{a} vs {b}");
+        }
     }
 }

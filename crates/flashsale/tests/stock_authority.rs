@@ -265,3 +265,25 @@ async fn every_command_refuses_a_store_of_another_authority_with_its_own_exit_co
     })
     .await;
 }
+
+/// Two logical databases of one server reached through its unix socket are two
+/// authorities too (a review sold 100 orders for 50 this way: the socket URLs' `?db=` was
+/// dropped when they were compared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_logical_databases_behind_one_unix_socket_are_two_authorities() {
+    bounded(Duration::from_secs(60), async {
+        let sockets = tempfile::tempdir().expect("dir");
+        let socket = sockets.path().join("redis.sock");
+        let socket = socket.to_str().expect("path");
+        let _redis =
+            RedisServer::start_with_args(&["--unixsocket", socket, "--unixsocketperm", "700"])
+                .await
+                .expect("redis");
+        let db0 = format!("redis+unix://{socket}?db=0");
+        let db1 = format!("redis+unix://{socket}?db=1");
+        let dir = tempfile::tempdir().expect("dir");
+        second_authority_is_refused(Side::Fleet(&db0), Side::Fleet(&db1), Store::Sqlite(&dir))
+            .await;
+    })
+    .await;
+}
