@@ -16,9 +16,19 @@
 //!   recorded: the same URL (credentials left out), or the same embedded data directory.
 //! - **Moving on purpose** is `serve --take-over-store`: it clears this Redis's counters of
 //!   the store (they are rebuilt from SQL and this Redis's order stream), then records
-//!   this Redis. Instances of the old authority that are still running notice and exit.
+//!   this Redis.
+//! - **Never two at once.** Every instance beats in the store every [`BEAT_EVERY`] and
+//!   removes its beat when it stops gracefully. A take-over is refused while any instance
+//!   beat in the last [`TAKEOVER_SILENCE`]; an instance sells only while its last beat
+//!   confirmed its authority within [`SALES_LEASE`], shorter than that silence. So an
+//!   instance that was frozen (SIGSTOP, a VM pause) past a take-over sells nothing when it
+//!   wakes: its next beat finds the store moved, and it stops.
 //!
 //! [`Keyspace::authority`]: crate::keys::Keyspace::authority
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use time::format_description::well_known::Rfc3339;
@@ -26,6 +36,127 @@ use time::OffsetDateTime;
 
 use crate::db::{AuthorityRecord, Db, DbError};
 use crate::model::now_millis;
+
+/// How often an instance records that it sells under its authority, and checks that the
+/// store still records it.
+pub const BEAT_EVERY: Duration = Duration::from_millis(500);
+/// An instance sells only while its authority was confirmed this recently. A store that
+/// cannot be written for this long stops its sales (503 `unavailable`, nothing sold).
+pub const SALES_LEASE: Duration = Duration::from_secs(10);
+/// A take-over waits until every instance has been silent this long (or stopped
+/// gracefully): longer than [`SALES_LEASE`], with room for clocks that differ by seconds.
+pub const TAKEOVER_SILENCE: Duration = Duration::from_secs(15);
+
+/// The beat, the sales lease and the take-over silence in force: the constants above,
+/// unless the hidden test hook `FLASHSALE_TEST_AUTHORITY_TIMING=BEAT_MS,LEASE_MS,SILENCE_MS`
+/// shortens them (tests of a frozen instance would otherwise wait 15 s).
+struct Timing {
+    beat: Duration,
+    lease: Duration,
+    silence: Duration,
+}
+
+static TIMING: std::sync::LazyLock<Timing> = std::sync::LazyLock::new(|| {
+    let defaults = Timing {
+        beat: BEAT_EVERY,
+        lease: SALES_LEASE,
+        silence: TAKEOVER_SILENCE,
+    };
+    let Ok(hook) = std::env::var("FLASHSALE_TEST_AUTHORITY_TIMING") else {
+        return defaults;
+    };
+    let ms: Vec<u64> = hook
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    match ms[..] {
+        [beat, lease, silence] if beat > 0 && beat < lease && lease < silence => Timing {
+            beat: Duration::from_millis(beat),
+            lease: Duration::from_millis(lease),
+            silence: Duration::from_millis(silence),
+        },
+        _ => defaults,
+    }
+});
+
+/// This instance's hold on the store's authority: whether it may sell now.
+#[derive(Debug)]
+pub struct Tenure {
+    since: Instant,
+    /// When the authority was last confirmed, in ms after `since`.
+    confirmed_ms: AtomicU64,
+    /// The store records another authority now.
+    moved: AtomicBool,
+}
+
+impl Tenure {
+    /// A tenure confirmed now.
+    pub fn new() -> Arc<Tenure> {
+        Arc::new(Tenure {
+            since: Instant::now(),
+            confirmed_ms: AtomicU64::new(0),
+            moved: AtomicBool::new(false),
+        })
+    }
+
+    fn confirm(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.confirmed_ms.fetch_max(ms, Ordering::SeqCst);
+    }
+
+    /// Whether the store was found to record another authority.
+    pub fn moved(&self) -> bool {
+        self.moved.load(Ordering::SeqCst)
+    }
+
+    /// Whether this instance may sell: its authority was confirmed within
+    /// [`SALES_LEASE`] and has not moved.
+    pub fn may_sell(&self) -> bool {
+        let confirmed =
+            self.since + Duration::from_millis(self.confirmed_ms.load(Ordering::SeqCst));
+        !self.moved() && confirmed.elapsed() < TIMING.lease
+    }
+}
+
+/// Beats for instance `instance` under authority `authority` every [`BEAT_EVERY`] until
+/// aborted, confirming `tenure`; stops once the store records another authority.
+pub fn spawn_heartbeat(
+    db: Db,
+    authority: String,
+    instance: String,
+    tenure: Arc<Tenure>,
+) -> tokio::task::JoinHandle<()> {
+    let described = instance_description();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TIMING.beat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let beat = db.beat(&instance, &described, &authority, now_millis());
+            match tokio::time::timeout(TIMING.beat * 2, beat).await {
+                Ok(Ok(true)) => tenure.confirm(),
+                Ok(Ok(false)) => {
+                    tenure.moved.store(true, Ordering::SeqCst);
+                    tracing::error!("the store records another stock authority now (a take-over): this instance stops selling");
+                    let _ = db.leave(&instance).await;
+                    return;
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {SALES_LEASE:?}")
+                }
+                Err(_) => tracing::warn!(
+                    "the store did not answer the authority beat in time; sales stop if this lasts {SALES_LEASE:?}"
+                ),
+            }
+        }
+    })
+}
+
+/// This process, for people: host and pid.
+fn instance_description() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}, pid {}", host.trim(), std::process::id())
+}
 
 /// What an instance may do about the store's authority at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +215,27 @@ pub enum AuthorityError {
         /// Where this instance's Redis is.
         ours: String,
     },
+    /// A take-over while instances still sell the store's stock.
+    #[error(
+        "the store {database} is still being sold: an instance ({instance}, under \
+         {owner}) reported {ago:.1} s ago. Two authorities must never sell at once: stop \
+         every instance with SIGTERM first (each stores its queued orders and leaves at \
+         once). If it was killed instead, it is taken for gone after {silence} s of \
+         silence",
+        owner = owner.location,
+        ago = *ago_ms as f64 / 1000.0,
+        silence = TIMING.silence.as_secs_f64()
+    )]
+    StillInUse {
+        /// The database, password masked.
+        database: String,
+        /// The authority the store records.
+        owner: AuthorityRecord,
+        /// The instance most recently heard from.
+        instance: String,
+        /// How long ago it beat.
+        ago_ms: i64,
+    },
     /// Reading or writing the store failed.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -106,7 +258,7 @@ pub async fn establish(
 ) -> Result<Option<AuthorityRecord>, AuthorityError> {
     let key = db.keyspace().authority();
     if claim == Claim::TakeOver {
-        return take_over(db, conn, location).await.map(Some);
+        return take_over(db, conn, location, database).await.map(Some);
     }
     let marker: Option<String> = conn.get(&key).await?;
     let mut first_use = false;
@@ -211,13 +363,29 @@ async fn take_over(
     db: &Db,
     conn: &mut distlock::Connection,
     location: &str,
+    database: &str,
 ) -> Result<AuthorityRecord, AuthorityError> {
+    let now = now_millis();
     let ours = AuthorityRecord {
         id: uuid::Uuid::new_v4().simple().to_string(),
         location: location.to_owned(),
-        since_ms: now_millis(),
+        since_ms: now,
     };
     let previous = db.authority().await?;
+    let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
+    let live = db.live_instances(now - silence, now).await?;
+    if let Some(instance) = live.first() {
+        return Err(AuthorityError::StillInUse {
+            database: database.to_owned(),
+            owner: previous.unwrap_or_else(|| AuthorityRecord {
+                id: instance.authority.clone(),
+                location: "an unrecorded authority".to_owned(),
+                since_ms: 0,
+            }),
+            instance: instance.described.clone(),
+            ago_ms: now - instance.seen_ms,
+        });
+    }
     for coupon in db.coupons_ending_after(i64::MIN).await? {
         let keys = db.keyspace().coupon(coupon.id);
         let () = conn.del(&keys.stock).await?;
@@ -232,16 +400,6 @@ async fn take_over(
         "took over the store's stock: its counters here will be rebuilt from SQL"
     );
     Ok(recorded)
-}
-
-/// Whether the store still records authority `id`: `false` once another Redis took it
-/// over. A store that cannot be read counts as unchanged.
-pub async fn still_recorded(db: &Db, id: &str) -> bool {
-    match db.authority().await {
-        Ok(Some(recorded)) => recorded.id == id,
-        Ok(None) => false,
-        Err(_) => true,
-    }
 }
 
 /// Where an instance's Redis is: the embedded mode's data directory, when it runs one,

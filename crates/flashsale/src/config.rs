@@ -28,7 +28,7 @@ pub struct StrategyArgs {
     /// Stock segments per coupon for --strategy segmented (1 to 1024).
     #[arg(long, default_value_t = 8)]
     pub segments: u32,
-    /// How long a purchase waits for a lock before answering 503 busy (1ms to 60s).
+    /// How long a purchase waits for a lock before answering 503 busy (1ms to 1m).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub lock_wait: Duration,
     /// The lease of a purchase's lock (100ms to 10m). `serve` also refuses a lease shorter

@@ -545,6 +545,83 @@ impl Db {
     }
 }
 
+/// An instance that sells a store's stock, as its last beat recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveInstance {
+    /// Host and process, for people.
+    pub described: String,
+    /// The authority it sells under.
+    pub authority: String,
+    /// Its last beat, Unix ms.
+    pub seen_ms: i64,
+}
+
+impl Db {
+    /// Records that instance `id` (`described` for people) sells under `authority` now,
+    /// and returns whether the store still records that authority.
+    pub async fn beat(
+        &self,
+        id: &str,
+        described: &str,
+        authority: &str,
+        now_ms: i64,
+    ) -> Result<bool, DbError> {
+        sqlx::query(
+            "INSERT INTO store_instances (id, described, authority, seen_at) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+        )
+        .bind(id)
+        .bind(described)
+        .bind(authority)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(self
+            .authority()
+            .await?
+            .is_some_and(|record| record.id == authority))
+    }
+
+    /// Removes instance `id`: it stopped selling.
+    pub async fn leave(&self, id: &str) -> Result<(), DbError> {
+        sqlx::query("DELETE FROM store_instances WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The instances that beat after `since_ms`, most recent first. Rows of instances
+    /// silent for an hour (killed) are removed on the way.
+    pub async fn live_instances(
+        &self,
+        since_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<LiveInstance>, DbError> {
+        sqlx::query("DELETE FROM store_instances WHERE seen_at < $1")
+            .bind(now_ms.saturating_sub(3_600_000))
+            .execute(&self.pool)
+            .await?;
+        let rows = sqlx::query(
+            "SELECT described, authority, seen_at FROM store_instances \
+             WHERE seen_at > $1 ORDER BY seen_at DESC",
+        )
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LiveInstance {
+                    described: row.try_get("described")?,
+                    authority: row.try_get("authority")?,
+                    seen_ms: row.try_get("seen_at")?,
+                })
+            })
+            .collect()
+    }
+}
+
 /// What a fenced sale did ([`Db::sell_fenced`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FencedSale {

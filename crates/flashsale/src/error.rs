@@ -128,6 +128,10 @@ impl From<ReserveError> for ApiError {
                 )
                 .with("outcome", "unknown")
             }
+            ReserveError::NotAuthority => Self::not_sold(
+                "unavailable",
+                "this instance cannot confirm that it still sells this store's stock (taken over, or the database is not answering); nothing was sold; try another instance",
+            ),
             ReserveError::Redis(_) | ReserveError::Lock(_) | ReserveError::Db(_) => {
                 tracing::error!(error = %err, "reserving stock failed before anything was written");
                 Self::not_sold(

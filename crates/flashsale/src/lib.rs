@@ -49,7 +49,8 @@ pub mod exit_code {
     pub const USAGE: u8 = 2;
     /// `reconcile`: some coupon's Redis state and SQL disagree.
     pub const DRIFT: u8 = 3;
-    /// The store's stock is sold from another Redis (see [`crate::authority`]).
+    /// The store's stock is sold from another Redis, or a take-over found it still being
+    /// sold (see [`crate::authority`]).
     pub const FOREIGN_STORE: u8 = 4;
     /// There is no such store (a missing data directory or SQLite file, a database
     /// without the schema) or no such coupon: only `serve` creates a store.
@@ -65,7 +66,9 @@ pub mod exit_code {
             Some(crate::ConfigError::Authority(err))
                 if matches!(
                     **err,
-                    AuthorityError::Foreign { .. } | AuthorityError::StaleRedis { .. }
+                    AuthorityError::Foreign { .. }
+                        | AuthorityError::StaleRedis { .. }
+                        | AuthorityError::StillInUse { .. }
                 ) =>
             {
                 FOREIGN_STORE

@@ -44,7 +44,7 @@ pub struct ServeArgs {
     pub no_worker: bool,
     /// How long a graceful shutdown (SIGTERM, Ctrl-C) lets requests in flight finish
     /// before it cuts their connections, and then how long the order worker gets to store
-    /// what was sold (up to 10m).
+    /// what was sold (100ms to 10m).
     #[arg(long, value_parser = crate::config::parse_duration, default_value = "10s")]
     pub shutdown_timeout: Duration,
     /// How long a client may take to send a request's headers, and then its body (100ms
@@ -78,7 +78,7 @@ impl ServeArgs {
         in_range(
             "--shutdown-timeout",
             self.shutdown_timeout,
-            ms(0),
+            ms(100),
             ms(600_000),
         )?;
         let worker = (!self.no_worker).then(|| WorkerSettings {
@@ -132,15 +132,17 @@ pub async fn run(args: ServeArgs) -> CliResult {
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = watch.tick() => {
-                let why = if let Some(log) = service.private_redis_exited() {
+                let redis_died = service.private_redis_exited();
+                let why = if let Some(log) = &redis_died {
                     format!(
                         "the private redis-server exited unexpectedly; stopping (a restart \
                          replays its append-only file). Its last lines:\n{}",
                         log.join("\n")
                     )
-                } else if service.authority_moved().await {
-                    "the store was taken over by another Redis (serve --take-over-store): its \
-                     stock is no longer sold from this instance's; stopping"
+                } else if service.authority_moved() {
+                    "the store was taken over by another Redis (serve --take-over-store) while \
+                     this instance was frozen or cut off: it sells nothing more; storing its \
+                     queued orders and stopping"
                         .to_owned()
                 } else if service.store_lock_lost().await {
                     "the session holding the database's lock ended (a database restart, a \
@@ -151,9 +153,21 @@ pub async fn run(args: ServeArgs) -> CliResult {
                     continue;
                 };
                 // Nothing can be sold safely on, and the data directory stays locked while
-                // this process lives: exit, so a supervisor restarts the service.
+                // this process lives: exit, so a supervisor restarts the service. Requests
+                // in flight still get their answers, and the worker stores what it can,
+                // both within the shutdown timeout.
                 eprintln!("flashsale: {why}");
-                drop(service);
+                let drained = if redis_died.is_some() {
+                    service.shutdown_without_redis().await
+                } else {
+                    service.shutdown().await
+                };
+                if let Drain::Incomplete { read_not_stored, reason } = drained {
+                    eprintln!(
+                        "flashsale: the order queue was NOT drained: {reason}; {read_not_stored} \
+                         order events read and not stored stay in Redis"
+                    );
+                }
                 return Ok(ExitCode::FAILURE);
             }
         }
@@ -169,7 +183,7 @@ pub async fn run(args: ServeArgs) -> CliResult {
                 "flashsale: the order queue was NOT drained: {reason}. Order events this \
                  instance read and could not store: {read_not_stored}. They, and any event \
                  no worker read yet, stay in Redis's streams and are stored by another \
-                 instance's worker (after --reclaim-idle-ms) or by the next start; nothing \
+                 instance's worker (after --reclaim-idle) or by the next start; nothing \
                  is lost while Redis keeps its data. Exit code {}",
                 crate::exit_code::UNDRAINED
             );

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::authority::Claim;
+use crate::authority::{Claim, Tenure};
 use crate::config::{ConfigError, ServiceConfig};
 use crate::db::Db;
 use crate::embedded::Embedded;
@@ -16,6 +16,9 @@ use crate::metrics::Metrics;
 use crate::stock::{LoadReport, StockLoader};
 use crate::strategy::{Reserver, StrategySettings};
 use crate::worker::{Drain, Watched, Worker};
+
+/// How long requests in flight get to finish when the private Redis died.
+pub const REDIS_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A running service. Call [`shutdown`](Self::shutdown) to stop it gracefully; dropping it
 /// stops it abruptly (as a crash would, which some tests want).
@@ -32,8 +35,12 @@ pub struct Service {
     worker: Option<JoinHandle<Drain>>,
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
-    /// The id of the store's stock authority this instance sells under.
-    authority: String,
+    /// Whether this instance may sell: its authority confirmed, not taken over.
+    tenure: Arc<Tenure>,
+    /// Beats in the store while this instance sells.
+    heartbeat: JoinHandle<()>,
+    /// This instance's id in the store's beats.
+    instance: String,
     /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
     store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
@@ -45,6 +52,20 @@ impl Service {
     /// directory and starts the private redis-server), migrates the database, loads active
     /// coupons' stock under the loader lock, starts the worker and serves HTTP.
     pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
+        // First what can fail without consequence: a start that fails later must not have
+        // taken the store over from instances that were serving it.
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ConfigError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ConfigError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         let (redis_url, embedded) = Embedded::open_unless_redis_url(&config).await?;
         let locks = distlock::Client::connect(&redis_url)
             .await
@@ -69,6 +90,7 @@ impl Service {
             ),
             _ => None,
         };
+        crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         // One Redis sells a store's stock: refuse to sell it from another one.
         let location =
             crate::authority::location(&redis_url, embedded.as_ref().map(Embedded::data_dir));
@@ -87,12 +109,19 @@ impl Service {
         .await?
         .map(|record| record.id)
         .unwrap_or_default();
+        let tenure = Tenure::new();
+        let instance = uuid::Uuid::new_v4().simple().to_string();
+        let heartbeat = crate::authority::spawn_heartbeat(
+            db.clone(),
+            authority.clone(),
+            instance.clone(),
+            tenure.clone(),
+        );
         if embedded.is_some() {
             Embedded::release_locks_of_earlier_runs(&locks, db.keyspace())
                 .await
                 .map_err(ConfigError::redis)?;
         }
-        crate::strategy::check_lease(&config.strategy, &locks, &db).await?;
         let metrics = Metrics::new();
         let watched = Watched::default();
         let settings: StrategySettings = config.strategy.clone();
@@ -135,7 +164,8 @@ impl Service {
             metrics.clone(),
         );
         let state = Arc::new(AppState {
-            reserver: Reserver::new(settings, locks.clone(), db.clone(), metrics.clone()),
+            reserver: Reserver::new(settings, locks.clone(), db.clone(), metrics.clone())
+                .tenure(tenure.clone()),
             db,
             locks,
             loader,
@@ -146,18 +176,6 @@ impl Service {
             started: std::time::Instant::now(),
             read_timeout: config.read_timeout,
         });
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ConfigError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ConfigError::Listen {
-                addr: config.listen,
-                source,
-            })?;
         let stop_http = CancellationToken::new();
         let app = router(state.clone());
         let stopped = stop_http.clone();
@@ -179,7 +197,9 @@ impl Service {
             http,
             worker,
             claim_repair,
-            authority,
+            tenure,
+            heartbeat,
+            instance,
             store_lock,
             embedded,
         })
@@ -225,14 +245,10 @@ impl Service {
         !matches!(alive, Ok(Ok(_)))
     }
 
-    /// Whether the store now records another stock authority than this instance's (it
-    /// was taken over): this instance must stop selling. Bounded by 1 s; a store that
-    /// does not answer counts as unchanged.
-    pub async fn authority_moved(&self) -> bool {
-        let check = crate::authority::still_recorded(&self.state.db, &self.authority);
-        !tokio::time::timeout(std::time::Duration::from_secs(1), check)
-            .await
-            .unwrap_or(true)
+    /// Whether the store records another stock authority than this instance's now (it
+    /// was taken over while this instance was frozen): it no longer sells, and should stop.
+    pub fn authority_moved(&self) -> bool {
+        self.tenure.moved()
     }
 
     /// What loading stock at start did.
@@ -255,14 +271,28 @@ impl Service {
     /// stores every order event it can still read (for at most the shutdown timeout
     /// again), then the database and a private Redis close. Returns how the drain ended
     /// ([`Drain::Complete`] when this instance runs no worker).
-    pub async fn shutdown(mut self) -> Drain {
+    pub async fn shutdown(self) -> Drain {
+        let timeout = self.shutdown_timeout;
+        self.stop(timeout, true).await
+    }
+
+    /// Stops after this instance's private Redis died: requests in flight get their
+    /// answers (for at most the shutdown timeout, and at most [`REDIS_GONE_GRACE`]), and
+    /// nothing is drained, since nothing can be read. The append-only file keeps every
+    /// queued order for the next start.
+    pub async fn shutdown_without_redis(self) -> Drain {
+        let timeout = self.shutdown_timeout.min(REDIS_GONE_GRACE);
+        self.stop(timeout, false).await
+    }
+
+    async fn stop(mut self, timeout: std::time::Duration, drain: bool) -> Drain {
         self.stop_http.cancel();
-        match tokio::time::timeout(self.shutdown_timeout, &mut self.http).await {
+        match tokio::time::timeout(timeout, &mut self.http).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::error!(error = %err, "the HTTP server task failed"),
             Err(_) => {
                 tracing::warn!(
-                    after = ?self.shutdown_timeout,
+                    after = ?timeout,
                     "requests still in flight at the shutdown deadline; cutting their connections"
                 );
                 self.http.abort();
@@ -271,6 +301,14 @@ impl Service {
         self.claim_repair.abort();
         self.stop_worker.cancel();
         let drain = match self.worker.take() {
+            Some(worker) if !drain => {
+                worker.abort();
+                Drain::Incomplete {
+                    read_not_stored: 0,
+                    reason: "Redis is gone; its queued order events are stored by the next start"
+                        .to_owned(),
+                }
+            }
             Some(worker) => worker.await.unwrap_or_else(|err| {
                 tracing::error!(error = %err, "the order worker task failed");
                 Drain::Incomplete {
@@ -280,11 +318,15 @@ impl Service {
             }),
             None => Drain::Complete,
         };
+        // Gone from the store's beats: a take-over need not wait for this instance.
+        self.heartbeat.abort();
+        if let Err(err) = self.state.db.leave(&self.instance).await {
+            tracing::warn!(error = %err, "could not remove this instance's beat; a take-over waits until it is silent");
+        }
         self.state.db.close().await;
         // Any release of a dropped lock guard is sent before the client's runtime stops;
         // a Redis that is gone does not hold the exit up past the shutdown timeout.
-        let flushed =
-            tokio::time::timeout(self.shutdown_timeout, self.state.locks.shutdown()).await;
+        let flushed = tokio::time::timeout(timeout, self.state.locks.shutdown()).await;
         if flushed.is_err() {
             tracing::warn!("releases of lock guards were not all sent before the shutdown deadline; their leases free the locks");
         }
@@ -297,6 +339,7 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        self.heartbeat.abort();
         self.http.abort();
         self.claim_repair.abort();
         if let Some(worker) = &self.worker {

@@ -159,12 +159,13 @@ async fn the_authority_is_its_redis_however_it_is_reached() {
     .await;
 }
 
-/// Moving a store on purpose: the old authority is stopped, the new one takes over with
-/// `--take-over-store`, rebuilds its counters from SQL (a stale counter of its own from an
-/// earlier tenure included) and sells exactly what is left. An instance of the old
-/// authority still running learns that it was taken over.
+/// Moving a store on purpose: a take-over is refused while an instance of the old
+/// authority still sells (a review took over a running lua fleet: 21,012 orders for a stock
+/// of 20,000, and 207 buyers told 201 with no order). Once the old instance stopped with a
+/// graceful shutdown, the take-over is accepted at once, rebuilds its counters from SQL (a
+/// stale counter of its own from an earlier tenure included) and sells exactly what is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_take_over_moves_the_store_and_sells_only_what_is_left() {
+async fn a_take_over_waits_for_the_old_authority_to_stop_and_sells_only_what_is_left() {
     bounded(Duration::from_secs(90), async {
         let (redis_a, redis_b) = (
             RedisServer::start().await.expect("redis"),
@@ -180,31 +181,43 @@ async fn a_take_over_moves_the_store_and_sells_only_what_is_left() {
             assert_eq!(buy(&http, &on_a.base_url(), coupon, user).await.status, 201);
         }
         drain(&http, &on_a.base_url(), coupon).await;
-        assert!(!on_a.authority_moved().await);
 
-        let mut take_over = config(Side::Fleet(&redis_b.url()), Store::Sqlite(&dir));
-        take_over.take_over_store = true;
-        let on_b = Service::start(take_over).await.expect("take over");
+        let take_over = |url: &str| {
+            let mut config = config(Side::Fleet(url), Store::Sqlite(&dir));
+            config.take_over_store = true;
+            config
+        };
+        let refused = Service::start(take_over(&redis_b.url()))
+            .await
+            .err()
+            .expect("a take-over while A sells");
         assert!(
-            on_a.authority_moved().await,
-            "a must learn it was taken over"
+            matches!(&refused, ConfigError::Authority(e) if matches!(**e, AuthorityError::StillInUse { .. })),
+            "{refused:?}"
         );
+        assert!(refused.to_string().contains("SIGTERM"), "{refused}");
+        // A take-over that cannot even listen fails before it touches the store (a review
+        // took a store over with a start that then failed to bind: nothing served it).
+        let mut cannot_listen = take_over(&redis_b.url());
+        cannot_listen.listen = on_a.addr();
+        let refused = Service::start(cannot_listen).await.err().expect("address in use");
+        assert!(matches!(refused, ConfigError::Listen { .. }), "{refused:?}");
+        assert_eq!(buy(&http, &on_a.base_url(), coupon, 11).await.status, 201);
         on_a.shutdown().await;
-        assert_eq!(
-            stats(&http, &on_b.base_url(), coupon).await["remaining"],
-            20
-        );
+
+        let on_b = Service::start(take_over(&redis_b.url())).await.expect("take over");
+        assert_eq!(stats(&http, &on_b.base_url(), coupon).await["remaining"], 19);
         assert_eq!(
             buy(&http, &on_b.base_url(), coupon, 3).await.body["error"],
             "already_purchased"
         );
-        for user in 11..=25 {
+        for user in 12..=25 {
             assert_eq!(buy(&http, &on_b.base_url(), coupon, user).await.status, 201);
         }
         drain(&http, &on_b.base_url(), coupon).await;
         on_b.shutdown().await;
 
-        // Back to A, whose counter still says 20 left from its tenure: a plain start is
+        // Back to A, whose counter still says 19 left from its tenure: a plain start is
         // refused (its counters are stale), a take-over rebuilds them: 5 left.
         let refused = Service::start(config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir)))
             .await
@@ -214,21 +227,105 @@ async fn a_take_over_moves_the_store_and_sells_only_what_is_left() {
             matches!(&refused, ConfigError::Authority(e) if matches!(**e, AuthorityError::StaleRedis { .. })),
             "{refused:?}"
         );
-        let mut back = config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir));
-        back.take_over_store = true;
-        let on_a = Service::start(back).await.expect("take back");
+        let on_a = Service::start(take_over(&redis_a.url())).await.expect("take back");
         assert_eq!(stats(&http, &on_a.base_url(), coupon).await["remaining"], 5);
         let base = on_a.base_url();
-        let wins =
-            futures_util::future::join_all((100..120).map(|user| buy(&http, &base, coupon, user)))
-                .await
-                .iter()
-                .filter(|answer| answer.status == 201)
-                .count();
+        let wins = futures_util::future::join_all(
+            (100..120).map(|user| buy(&http, &base, coupon, user)),
+        )
+        .await
+        .iter()
+        .filter(|answer| answer.status == 201)
+        .count();
         assert_eq!(wins, 5);
         let after = drain(&http, &on_a.base_url(), coupon).await;
         assert_eq!(after["orders_stored"], 30, "{after}");
         on_a.shutdown().await;
+    })
+    .await;
+}
+
+/// An instance frozen (SIGSTOP) past a take-over sells nothing when it wakes: its sales
+/// lease ran out while it was frozen, and its next beat finds the store moved, so it
+/// answers 503 not_sold and exits 1. The timings are shortened by the test hook (beat
+/// 100 ms, sales lease 1 s, take-over silence 1.5 s); the defaults are 0.5 s, 10 s, 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_frozen_past_a_take_over_sells_nothing_when_it_wakes() {
+    use common::child::{start_serve, BIN};
+    use nix::sys::signal::{kill, Signal};
+    bounded(Duration::from_secs(60), async {
+        const TIMING: &str = "100,1000,1500";
+        let (redis_a, redis_b) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        let database = format!("sqlite://{}", dir.path().join("shop.db").display());
+        let serve = |redis: &RedisServer, extra: &'static [&'static str]| {
+            let mut command = tokio::process::Command::new(BIN);
+            command
+                .env("REDIS_URL", redis.url())
+                .env("DATABASE_URL", &database)
+                .env("FLASHSALE_TEST_AUTHORITY_TIMING", TIMING);
+            async move { start_serve(command, extra).await }
+        };
+        let mut a = serve(&redis_a, &[]).await;
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &a.base, 10).await;
+        for user in 1..=4 {
+            assert_eq!(buy(&http, &a.base, coupon, user).await.status, 201);
+        }
+        drain(&http, &a.base, coupon).await;
+
+        kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+        common::child::stopped(a.pid()).await;
+        // B is refused while A's last beat is recent, and accepted once A has been silent
+        // for the take-over silence.
+        let env = [
+            ("REDIS_URL", redis_b.url()),
+            ("DATABASE_URL", database.clone()),
+            ("FLASHSALE_TEST_AUTHORITY_TIMING", TIMING.to_owned()),
+        ];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (code, stderr) = common::child::run(&["serve", "--take-over-store"], &env).await;
+        assert_eq!(code, 4, "{stderr}");
+        assert!(stderr.contains("is still being sold"), "{stderr}");
+        let db = flashsale::db::Db::connect(&database).await.expect("db");
+        while !db
+            .live_instances(
+                flashsale::model::now_millis() - 1_500,
+                flashsale::model::now_millis(),
+            )
+            .await
+            .expect("beats")
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let b = serve(&redis_b, &["--take-over-store"]).await;
+        let sold_on_b = buy(&http, &b.base, coupon, 50).await;
+        assert_eq!(sold_on_b.status, 201, "{}", sold_on_b.body);
+
+        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+        let woken =
+            futures_util::future::join_all((60..70).map(|user| buy(&http, &a.base, coupon, user)))
+                .await;
+        for answer in &woken {
+            assert_eq!(
+                (answer.status, answer.body["outcome"].as_str()),
+                (503, Some("not_sold")),
+                "{}",
+                answer.body
+            );
+        }
+        let exited = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
+            .await
+            .expect("A still up 10 s after it woke")
+            .expect("wait");
+        assert_eq!(exited.code(), Some(1));
+        drain(&http, &b.base, coupon).await;
+        assert_eq!(db.order_count(coupon).await.expect("count"), 5);
+        drop(b);
     })
     .await;
 }

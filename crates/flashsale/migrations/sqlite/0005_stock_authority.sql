@@ -5,3 +5,13 @@
 ALTER TABLE store ADD COLUMN authority TEXT;
 ALTER TABLE store ADD COLUMN authority_location TEXT;
 ALTER TABLE store ADD COLUMN authority_since BIGINT;
+
+-- The instances selling this store's stock now, each beating every 0.5 s and removing
+-- its row when it stops gracefully. A take-over is refused while any has beaten recently:
+-- two authorities must never sell at once.
+CREATE TABLE store_instances (
+    id         TEXT    PRIMARY KEY,
+    described  TEXT    NOT NULL,
+    authority  TEXT    NOT NULL,
+    seen_at    BIGINT  NOT NULL
+);

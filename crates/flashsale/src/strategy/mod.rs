@@ -242,6 +242,10 @@ pub enum ReserveError {
         /// What failed.
         source: redis::RedisError,
     },
+    /// This instance may not sell now: the store was taken over by another Redis, or the
+    /// store has not confirmed this instance's authority lately. Nothing was sold.
+    #[error("this instance cannot confirm that it still sells this store's stock")]
+    NotAuthority,
     /// The outcome could not be found out: the store did not answer after the write
     /// settled. The order may or may not exist; the order lookup tells.
     #[error("the outcome of order {order_id} is unknown: {source}")]
@@ -278,6 +282,8 @@ pub struct Reserver {
     /// Names this instance in the segmented strategy's claims.
     instance: std::sync::Arc<str>,
     batcher: std::sync::Arc<lua::Batcher>,
+    /// Whether this instance may sell now (see [`crate::authority`]).
+    tenure: std::sync::Arc<crate::authority::Tenure>,
 }
 
 impl Reserver {
@@ -297,7 +303,15 @@ impl Reserver {
             metrics,
             instance: instance_name().into(),
             batcher: Default::default(),
+            tenure: crate::authority::Tenure::new(),
         }
+    }
+
+    /// Sells only while `tenure` allows: this instance's stock authority is confirmed and
+    /// was not taken over.
+    pub fn tenure(mut self, tenure: std::sync::Arc<crate::authority::Tenure>) -> Self {
+        self.tenure = tenure;
+        self
     }
 
     /// The settings it runs with.
@@ -317,6 +331,9 @@ impl Reserver {
         user_id: i64,
         deadline: Instant,
     ) -> Result<Reservation, ReserveError> {
+        if !self.tenure.may_sell() {
+            return Err(ReserveError::NotAuthority);
+        }
         let at_ms = now_millis();
         let left = deadline.saturating_duration_since(Instant::now());
         let sale = Sale {
