@@ -108,12 +108,14 @@ pub struct CouponDrift {
     pub sql_orders: usize,
     /// Order events not yet stored by a worker.
     pub queued: i64,
-    /// Units left in Redis plus every buyer Redis or SQL knows of, minus the stock:
-    /// positive when Redis counts units that are not for sale (it could oversell),
-    /// negative when more units were sold than there is stock. 0 when Redis holds no
-    /// stock. A buyer only SQL knows counts as a sale here, and shows in
-    /// `missing_in_redis`.
+    /// Units left in Redis minus the units truly left (the stock less every buyer Redis or
+    /// SQL knows of): positive when Redis counts units that are not for sale (it could
+    /// oversell; this pass lowered it, `counter_lowered`), negative when it counts fewer
+    /// than are left (they would not be sold). 0 when Redis holds no stock. A buyer only
+    /// SQL knows holds a unit here, and shows in `missing_in_redis`.
     pub counter_drift: i64,
+    /// Buyers either side knows beyond the stock: units sold twice.
+    pub oversold: i64,
     /// Order ids Redis holds for buyers with no order in SQL and no event in the stream:
     /// sales a buyer was told about that nothing will store.
     pub missing_in_sql: Vec<String>,
@@ -125,6 +127,8 @@ pub struct CouponDrift {
     pub missing_in_redis_count: usize,
     /// How many of them this pass gave back to Redis (the buyer and their SQL order id).
     pub missing_in_redis_repaired: u64,
+    /// Units this pass took off Redis's counter, down to what its buyers leave.
+    pub counter_lowered: u64,
     /// Buyers whose order id differs between Redis and SQL.
     pub different_order: Vec<String>,
     /// How many there are.
@@ -135,6 +139,7 @@ impl CouponDrift {
     /// True when Redis and SQL disagree.
     pub fn drifted(&self) -> bool {
         self.counter_drift != 0
+            || self.oversold > 0
             || self.missing_in_sql_count > 0
             || self.missing_in_redis_count > 0
             || self.different_order_count > 0
@@ -215,17 +220,20 @@ pub async fn reconcile_coupon(
             }
         }
     }
-    // A stored order whose buyer Redis forgot (its update was lost) is a unit sold, not
-    // a unit sold twice: the counter is judged against every buyer either side knows.
+    // Every buyer either side knows holds a unit: a stored order whose buyer Redis forgot
+    // (its update was lost) is a unit sold, not a unit sold twice.
     let known_buyers = redis_orders + i64::try_from(missing_in_redis.len()).unwrap_or(0);
-    let counter_drift = redis_remaining.map_or(0, |left| left + known_buyers - coupon.stock);
+    let oversold = (known_buyers - coupon.stock).max(0);
+    let truly_left = (coupon.stock - known_buyers).max(0);
+    let counter_drift = redis_remaining.map_or(0, |left| left - truly_left);
     // SQL is right about a stored order: giving its buyer back to Redis keeps Redis from
-    // selling them a second coupon, and lets a retry be answered with their order.
-    let mut missing_in_redis_repaired = 0;
-    for (user, order) in &missing_in_redis {
-        let restored: bool = conn.hset_nx(&keys.buyers, user, order).await?;
-        missing_in_redis_repaired += u64::from(restored);
-    }
+    // selling them a second coupon, lets a retry be answered with their order, and lowers
+    // a counter that counted their unit as left (the same repair `serve` makes at start).
+    let repair = if redis_remaining.is_some() {
+        crate::stock::repair_stock(conn, &keys, coupon.stock, &missing_in_redis).await?
+    } else {
+        Default::default()
+    };
     let mut missing_in_redis: Vec<String> = missing_in_redis
         .into_iter()
         .map(|(_, order)| order)
@@ -250,7 +258,9 @@ pub async fn reconcile_coupon(
         missing_in_sql,
         missing_in_redis_count: sample(&mut missing_in_redis),
         missing_in_redis,
-        missing_in_redis_repaired,
+        missing_in_redis_repaired: repair.buyers_added,
+        counter_lowered: repair.units_lowered,
+        oversold,
         different_order_count: sample(&mut different_order),
         different_order,
     })
@@ -394,15 +404,24 @@ fn print_table(report: &[CouponDrift]) {
     }
     for coupon in report.iter().filter(|coupon| coupon.drifted()) {
         let id = coupon.coupon_id;
-        if coupon.counter_drift != 0 {
+        if coupon.oversold > 0 {
             println!(
-                "coupon {id}: Redis's counter is off by {:+}: {}",
-                coupon.counter_drift,
-                if coupon.counter_drift > 0 {
-                    "units left + buyers > stock: Redis counts units that are not for sale"
-                } else {
-                    "units left + buyers < stock: more units were sold than there is stock"
-                }
+                "coupon {id}: OVERSOLD by {}: buyers hold {} units of a stock of {}",
+                coupon.oversold,
+                coupon.stock + coupon.oversold,
+                coupon.stock
+            );
+        }
+        if coupon.counter_drift > 0 {
+            println!(
+                "coupon {id}: Redis counted {} units more than are left, and could have sold \
+                 them; lowered by {}",
+                coupon.counter_drift, coupon.counter_lowered
+            );
+        } else if coupon.counter_drift < 0 {
+            println!(
+                "coupon {id}: Redis counts {} units fewer than are left: they will not be sold",
+                -coupon.counter_drift
             );
         }
         let lists = [

@@ -20,6 +20,8 @@ pub(crate) static RESPLIT_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/resplit_stock.lua")));
 pub(crate) static LOAD_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/load_stock.lua")));
+pub(crate) static REPAIR_STOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/repair_stock.lua")));
 
 /// Loads every script into the server's cache at start, so the first purchases do not
 /// each pay NOSCRIPT and a reload.
@@ -31,6 +33,7 @@ pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResu
         &UNCLAIM,
         &REPAIR_CLAIMS,
         &LOAD_STOCK,
+        &REPAIR_STOCK,
         &RESPLIT_STOCK,
     ] {
         script.prepare_invoke().load_async(conn).await?;

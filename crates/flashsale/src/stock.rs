@@ -20,7 +20,7 @@ use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, Coupon};
-use crate::scripts::{LOAD_STOCK, RESPLIT_STOCK};
+use crate::scripts::{LOAD_STOCK, REPAIR_STOCK, RESPLIT_STOCK};
 
 /// How long an instance waits for another to finish loading before it gives up.
 const LOADER_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -155,6 +155,18 @@ impl StockLoader {
         let live: bool = conn.exists(&keys.stock).await?;
         if live {
             self.fit_layout(coupon, &keys).await?;
+            let stored = self.db.buyers(coupon.id).await?;
+            let repair = repair_stock(&mut conn, &keys, coupon.stock, &stored).await?;
+            if repair != StockRepair::default() {
+                tracing::warn!(
+                    coupon = coupon.id,
+                    buyers_added = repair.buyers_added,
+                    units_lowered = repair.units_lowered,
+                    "Redis's counter was behind SQL (a Redis restored or copied from an earlier \
+                     state, or an update lost after a commit): gave it the buyers SQL holds and \
+                     lowered its units left to match"
+                );
+            }
             return Ok(false);
         }
         // A user in both (stored, and still in the stream) counts once, with one order id.
@@ -267,6 +279,44 @@ where
         Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
         other => other,
     }
+}
+
+/// What [`repair_stock`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StockRepair {
+    /// Buyers SQL holds that Redis did not, given back to Redis.
+    pub buyers_added: u64,
+    /// Units the counter was lowered by, to what its buyers leave.
+    pub units_lowered: u64,
+}
+
+/// Gives Redis every buyer in `stored` (user, order id from SQL) that it does not know,
+/// and lowers the units left to at most `stock` minus the buyers it holds
+/// (`scripts/repair_stock.lua`). Safe while the coupon sells: each page is one script.
+pub async fn repair_stock(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+    stock: i64,
+    stored: &[(i64, String)],
+) -> redis::RedisResult<StockRepair> {
+    let mut repair = StockRepair::default();
+    // At least one call, so a counter above the bound is lowered with no buyer to add.
+    let pages: Vec<&[(i64, String)]> = if stored.is_empty() {
+        vec![&[]]
+    } else {
+        stored.chunks(BUYERS_PER_COMMAND).collect()
+    };
+    for page in pages {
+        let mut script = REPAIR_STOCK.key(&keys.stock);
+        script.key(&keys.buyers).key(&keys.claims).arg(stock);
+        for (user, order) in page {
+            script.arg(*user).arg(order);
+        }
+        let (added, lowered): (u64, u64) = script.invoke_async(conn).await?;
+        repair.buyers_added += added;
+        repair.units_lowered += lowered;
+    }
+    Ok(repair)
 }
 
 /// Writes `buyers` (user, order id) into the coupon's buyers hash, in chunks so no single

@@ -197,7 +197,12 @@ async fn reconcile_removes_only_stale_claims_and_reports_each_kind_of_drift() {
         // SQL only. The counter's +3 shows, and the buyer Redis forgot is a unit sold, not
         // a unit sold twice (the earlier build reported 3 − 1).
         assert_eq!(bad["counter_drift"], 3, "{bad:#}");
+        assert_eq!(bad["oversold"], 0, "{bad:#}");
         assert_eq!(bad["missing_in_redis_repaired"], 1, "{bad:#}");
+        // The counter could have sold those 3 units again: lowered to the 5 truly left.
+        assert_eq!(bad["counter_lowered"], 3, "{bad:#}");
+        let left: i64 = conn.hget(&keys.stock, 0).await.expect("stock");
+        assert_eq!(left, 5);
         let entries: std::collections::HashMap<i64, String> =
             conn.hgetall(&keys.buyers).await.expect("buyers");
         let stored_1 = db.buyers(drifted).await.expect("buyers");
@@ -254,6 +259,54 @@ async fn reconcile_during_a_rush_reports_no_drift_on_a_healthy_coupon() {
             lane.await.expect("lane");
         }
         service.shutdown().await;
+    })
+    .await;
+}
+
+/// A store that was oversold (SQL holds more orders than the stock: two authorities sold
+/// it before the store recorded one) is reported as oversold, exit 3. A review found the
+/// earlier build calling 50 units sold twice "units counted that are not for sale".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversold_coupon_is_reported_as_oversold() {
+    bounded(Duration::from_secs(60), async {
+        let (redis, _dir, service, database) = lua_service_on_a_shared_redis().await;
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        let coupon = open_coupon(&client, &base, 5).await;
+        for user in 1..=5 {
+            assert_eq!(buy(&client, &base, coupon, user).await.status, 201);
+        }
+        common::drain(&client, &base, coupon).await;
+        service.shutdown().await;
+        // Three more orders in SQL, sold from some other counter.
+        let db = Db::connect(&database).await.expect("db");
+        let extra: Vec<flashsale::model::OrderEvent> = (101..=103)
+            .map(|user| flashsale::model::OrderEvent {
+                order_id: format!("c{coupon}-u{user}-0ff"),
+                coupon_id: coupon,
+                user_id: user,
+                created_at: 0,
+            })
+            .collect();
+        db.store_orders(&extra, 0).await.expect("store");
+
+        let (code, report) = reconcile(&redis.url(), &database, &[]).await;
+        assert_eq!(code, 3, "{report:#}");
+        let coupon_report = &report[0];
+        assert_eq!(coupon_report["oversold"], 3, "{coupon_report:#}");
+        assert_eq!(coupon_report["counter_drift"], 0, "{coupon_report:#}");
+        let output = Command::new(BIN)
+            .arg("reconcile")
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", &database)
+            .output()
+            .await
+            .expect("run reconcile");
+        let table = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            table.contains("OVERSOLD by 3: buyers hold 8 units of a stock of 5"),
+            "{table}"
+        );
+        assert!(!table.contains("could have sold"), "{table}");
     })
     .await;
 }

@@ -384,3 +384,63 @@ async fn two_logical_databases_behind_one_unix_socket_are_two_authorities() {
     })
     .await;
 }
+
+/// A Redis that holds the authority's id but counters from an earlier state (restored from
+/// a backup, or a data directory copied and started on the same SQL store) is repaired at
+/// start: it gets the buyers SQL holds and its units left are lowered to match. A review
+/// sold 70 orders for a stock of 50 both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_behind_sql_is_repaired_before_it_sells() {
+    bounded(Duration::from_secs(90), async {
+        // A copied data directory: B is A's data directory from when 10 were sold.
+        let root = tempfile::tempdir().expect("dir");
+        let (dir_a, dir_b) = (root.path().join("a"), root.path().join("b"));
+        let sqlite = dir_a.join("flashsale.db");
+        let embedded = |data_dir: &std::path::Path| {
+            let mut config = ServiceConfig::new(Strategy::Lua);
+            config.data_dir = data_dir.to_owned();
+            config.sqlite_path = Some(sqlite.clone());
+            config
+        };
+        let http = reqwest::Client::new();
+        let a = Service::start(embedded(&dir_a)).await.expect("a");
+        let coupon = open_coupon(&http, &a.base_url(), 50).await;
+        for user in 1..=10 {
+            assert_eq!(buy(&http, &a.base_url(), coupon, user).await.status, 201);
+        }
+        drain(&http, &a.base_url(), coupon).await;
+        a.shutdown().await;
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&dir_a)
+            .arg(&dir_b)
+            .status()
+            .expect("cp");
+        assert!(copied.success());
+        let a = Service::start(embedded(&dir_a)).await.expect("a again");
+        for user in 11..=30 {
+            assert_eq!(buy(&http, &a.base_url(), coupon, user).await.status, 201);
+        }
+        drain(&http, &a.base_url(), coupon).await;
+        a.shutdown().await;
+
+        let b = Service::start(embedded(&dir_b)).await.expect("b");
+        assert_eq!(stats(&http, &b.base_url(), coupon).await["remaining"], 20);
+        assert_eq!(
+            buy(&http, &b.base_url(), coupon, 25).await.body["error"],
+            "already_purchased"
+        );
+        let base = b.base_url();
+        let wins =
+            futures_util::future::join_all((100..140).map(|user| buy(&http, &base, coupon, user)))
+                .await
+                .iter()
+                .filter(|answer| answer.status == 201)
+                .count();
+        assert_eq!(wins, 20);
+        let after = drain(&http, &base, coupon).await;
+        assert_eq!(after["orders_stored"], 50, "{after}");
+        b.shutdown().await;
+    })
+    .await;
+}
