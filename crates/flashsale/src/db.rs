@@ -199,7 +199,7 @@ impl Db {
                 url: masked.clone(),
                 source,
             })?;
-        let probe =
+        let mut probe =
             tokio::time::timeout(ACQUIRE_TIMEOUT, sqlx::AnyConnection::connect_with(&options))
                 .await
                 .unwrap_or(Err(sqlx::Error::PoolTimedOut))
@@ -207,6 +207,43 @@ impl Db {
                     url: masked.clone(),
                     source,
                 })?;
+        // Read before anything is written (the pool's connections switch SQLite to WAL):
+        // a command refused for want of a store must leave the file as it found it, and a
+        // file that is not a database must say so, not time the pool out.
+        let schema = sqlx::query("SELECT namespace FROM store WHERE id = 1")
+            .fetch_optional(&mut probe)
+            .await;
+        match schema {
+            Ok(Some(_)) => {}
+            Ok(None) if !create => {
+                return Err(no_store("its store row is missing".to_owned()));
+            }
+            Err(err) if !create => {
+                return Err(no_store(format!("it holds no flashsale schema ({err})")));
+            }
+            // A new store: readable (an empty database), or the migrations create it.
+            Ok(None) => {}
+            Err(_) => {
+                if let Err(source) = sqlx::query("SELECT 1").fetch_optional(&mut probe).await {
+                    return Err(DbError::Connect {
+                        url: masked.clone(),
+                        source,
+                    });
+                }
+                if dialect == Dialect::Sqlite {
+                    // An unreadable file fails here rather than in every pooled connection.
+                    let readable = sqlx::query("SELECT count(*) AS n FROM sqlite_master")
+                        .fetch_one(&mut probe)
+                        .await;
+                    if let Err(source) = readable {
+                        return Err(DbError::Connect {
+                            url: masked.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
         probe.close().await.map_err(DbError::Query)?;
         // SQLite allows one writer at a time; more connections would only queue on its lock.
         let max_connections = match dialect {
@@ -230,20 +267,24 @@ impl Db {
                 url: masked.clone(),
                 source,
             })?;
-        if !create {
-            let schema = sqlx::query("SELECT namespace FROM store WHERE id = 1")
-                .fetch_one(&pool)
-                .await;
-            if schema.is_err() {
-                pool.close().await;
-                return Err(no_store("it holds no flashsale schema".to_owned()));
-            }
-        }
         let migrator = match dialect {
             Dialect::Sqlite => &SQLITE_MIGRATIONS,
             Dialect::Postgres => &POSTGRES_MIGRATIONS,
         };
-        migrator.run(&pool).await?;
+        // Two instances starting at once on a new SQLite file race to create the schema (on
+        // PostgreSQL sqlx serializes them with an advisory lock): the loser's migration
+        // fails on a table the winner just made. Running them again finds them applied.
+        let mut attempts = 0;
+        loop {
+            match migrator.run(&pool).await {
+                Ok(()) => break,
+                Err(_) if dialect == Dialect::Sqlite && attempts < 10 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
         let row = sqlx::query("SELECT namespace FROM store WHERE id = 1")
             .fetch_one(&pool)
             .await?;

@@ -20,7 +20,17 @@ type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
 async fn bad_configuration_is_reported_plainly() {
     let dir = tempfile::tempdir().expect("dir");
     let sqlite = format!("sqlite://{}", dir.path().join("x.db").display());
+    let text_file = dir.path().join("notes.txt");
+    std::fs::write(&text_file, b"not a database\n".repeat(300)).expect("text file");
+    let text_url = format!("sqlite://{}", text_file.display());
     let cases: Vec<Case> = vec![
+        (
+            // A review saw 4 s of repeated errors, then "pool timed out".
+            "a database file that is not a database",
+            vec!["serve", "--listen", "127.0.0.1:0"],
+            vec![("DATABASE_URL", &text_url)],
+            "file is not a database",
+        ),
         (
             "unreachable redis",
             vec!["serve", "--listen", "127.0.0.1:0"],
@@ -775,6 +785,13 @@ async fn a_typo_in_a_store_path_is_an_error_not_a_new_empty_store() {
         let missing_db = empty.path().join("missing.db");
         let blank_db = empty.path().join("blank.db");
         std::fs::write(&blank_db, b"").expect("blank file");
+        let text_db = empty.path().join("notes.db");
+        std::fs::write(
+            &text_db,
+            b"these are not the tables you are looking for\n".repeat(100),
+        )
+        .expect("text file");
+        let text_url = format!("sqlite://{}", text_db.display());
         let missing_url = format!("sqlite://{}", missing_db.display());
         let blank_url = format!("sqlite://{}", blank_db.display());
         let redis_url = redis.url();
@@ -812,6 +829,12 @@ async fn a_typo_in_a_store_path_is_an_error_not_a_new_empty_store() {
                 "holds no flashsale schema",
             ),
             (
+                "reconcile on a file that is not a database",
+                vec!["reconcile"],
+                vec![("REDIS_URL", &redis_url), ("DATABASE_URL", &text_url)],
+                "file is not a database",
+            ),
+            (
                 "load on a DATABASE_URL of a missing file",
                 vec!["load", "--stock", "5", "--requests", "10", "--users", "10"],
                 vec![("REDIS_URL", &redis_url), ("DATABASE_URL", &missing_url)],
@@ -838,7 +861,15 @@ async fn a_typo_in_a_store_path_is_an_error_not_a_new_empty_store() {
             })
             .collect();
         left.sort();
-        assert_eq!(left, vec!["blank.db"], "a command created a store");
+        assert_eq!(
+            left,
+            vec!["blank.db", "notes.db"],
+            "a command created a store"
+        );
+        // A refused command leaves the files it was pointed at as they were (a review found
+        // an empty file turned into a 4 KB database in WAL mode).
+        assert_eq!(std::fs::metadata(&blank_db).expect("blank").len(), 0);
+        assert_eq!(std::fs::metadata(&text_db).expect("text").len(), 4_500);
 
         // A real store, asked about a coupon it does not have.
         let dir = tempfile::tempdir().expect("dir");

@@ -444,3 +444,33 @@ async fn a_redis_behind_sql_is_repaired_before_it_sells() {
     })
     .await;
 }
+
+/// Two fleets started at the same moment on a new SQLite file: one becomes the authority,
+/// the other is refused as another authority. A review saw the loser fail on the schema
+/// instead (1 run in 5: both created the tables at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fleets_starting_at_once_on_a_new_store_settle_one_authority() {
+    bounded(Duration::from_secs(90), async {
+        let (redis_a, redis_b) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("dir");
+            let (a, b) = tokio::join!(
+                Service::start(config(Side::Fleet(&redis_a.url()), Store::Sqlite(&dir))),
+                Service::start(config(Side::Fleet(&redis_b.url()), Store::Sqlite(&dir))),
+            );
+            let (winner, loser) = match (a, b) {
+                (Ok(winner), Err(loser)) | (Err(loser), Ok(winner)) => (winner, loser),
+                (a, b) => panic!("not one authority: {:?}, {:?}", a.err(), b.err()),
+            };
+            assert!(
+                matches!(&loser, ConfigError::Authority(e) if matches!(**e, AuthorityError::Foreign { .. })),
+                "{loser:?}"
+            );
+            winner.shutdown().await;
+        }
+    })
+    .await;
+}
