@@ -667,13 +667,14 @@ impl ClientBuilder {
 /// accepted with one warning: the check is a seatbelt, not a gate.
 async fn check_eviction_policy(connection: &Connection, target: &str, allowed: bool) -> Result<()> {
     let mut connection = connection.clone();
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+    // A map: RESP2 answers with a [name, value] list and RESP3 with a map; both read as one.
+    let reply: redis::RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(&mut connection)
         .await;
     let policy = match reply {
-        Ok(pair) => match pair.into_iter().nth(1) {
+        Ok(mut settings) => match settings.remove("maxmemory-policy") {
             Some(policy) => policy,
             None => {
                 tracing::warn!(%target, "the server did not report its maxmemory-policy; make sure it is noeviction");
