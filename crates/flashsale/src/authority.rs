@@ -69,13 +69,20 @@ static TIMING: std::sync::LazyLock<Timing> = std::sync::LazyLock::new(|| {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    match ms[..] {
+    let timing = match ms[..] {
         [beat, lease, silence] if beat > 0 && beat < lease && lease < silence => Timing {
             beat: Duration::from_millis(beat),
             lease: Duration::from_millis(lease),
             silence: Duration::from_millis(silence),
         },
         _ => defaults,
+    };
+    // A silent instance may have sent a write just before it went silent: the silence
+    // outlasts that write's fence, so it has landed or never will before a take-over.
+    let fence = timing.beat + crate::strategy::WRITE_WINDOW + crate::strategy::CLOCK_GRACE;
+    Timing {
+        silence: timing.silence.max(fence),
+        ..timing
     }
 });
 
@@ -164,8 +171,12 @@ pub enum Claim {
     /// Serve under the recorded authority, or become it if none is recorded (`serve`,
     /// `load`, `bench`).
     Establish,
-    /// Become the authority whatever is recorded (`serve --take-over-store`).
-    TakeOver,
+    /// Become the authority (`serve --take-over-store`): if the current one is released,
+    /// or, with `abandon` (`--abandon-old-authority`), whatever it holds.
+    TakeOver {
+        /// Take it although it was not released: its unstored orders are given up.
+        abandon: bool,
+    },
     /// Check only, write nothing (`reconcile`).
     Verify,
 }
@@ -215,13 +226,30 @@ pub enum AuthorityError {
         /// Where this instance's Redis is.
         ours: String,
     },
-    /// A take-over while instances still sell the store's stock.
+    /// A take-over of an authority that was not released.
+    #[error(
+        "the store {database} is sold from {owner} (since {since}), which was not released: \
+         its last instance has not stopped gracefully with every order stored, so its Redis \
+         may hold orders SQL lacks, and taking the store over now would sell their units \
+         again. Stop every instance using {owner} with SIGTERM (the last one stores every \
+         queued order and releases the store); if they were killed, start one on {owner} and \
+         stop it with SIGTERM. Only if {owner} is lost for good, add --abandon-old-authority: \
+         orders it held that SQL lacks are then lost and their units sold again",
+        owner = owner.location,
+        since = rfc3339(owner.since_ms)
+    )]
+    NotReleased {
+        /// The database, password masked.
+        database: String,
+        /// The authority the store records.
+        owner: AuthorityRecord,
+    },
+    /// An abandoning take-over while instances still sell the store's stock.
     #[error(
         "the store {database} is still being sold: an instance ({instance}, under \
          {owner}) reported {ago:.1} s ago. Two authorities must never sell at once: stop \
-         every instance with SIGTERM first (each stores its queued orders and leaves at \
-         once). If it was killed instead, it is taken for gone after {silence} s of \
-         silence",
+         every instance with SIGTERM, and take over without --abandon-old-authority. An \
+         instance that was killed is taken for gone after {silence} s of silence",
         owner = owner.location,
         ago = *ago_ms as f64 / 1000.0,
         silence = TIMING.silence.as_secs_f64()
@@ -256,10 +284,33 @@ pub async fn establish(
     claim: Claim,
     database: &str,
 ) -> Result<Option<AuthorityRecord>, AuthorityError> {
-    let key = db.keyspace().authority();
-    if claim == Claim::TakeOver {
-        return take_over(db, conn, location, database).await.map(Some);
+    if let Claim::TakeOver { abandon } = claim {
+        take_over(db, conn, location, database, abandon).await?;
     }
+    let Some(recorded) = resolve(db, conn, location, claim, database).await? else {
+        return Ok(None);
+    };
+    if claim != Claim::Verify && !db.occupy_authority(&recorded.id).await? {
+        // Taken over between the check and now.
+        let owner = db.authority().await?.unwrap_or(recorded);
+        return Err(AuthorityError::Foreign {
+            database: database.to_owned(),
+            owner,
+            ours: location.to_owned(),
+        });
+    }
+    Ok(Some(recorded))
+}
+
+/// Which authority this Redis serves for the store, as `claim` allows.
+async fn resolve(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    location: &str,
+    claim: Claim,
+    database: &str,
+) -> Result<Option<AuthorityRecord>, AuthorityError> {
+    let key = db.keyspace().authority();
     let marker: Option<String> = conn.get(&key).await?;
     let mut first_use = false;
     let recorded = match db.authority().await? {
@@ -275,8 +326,9 @@ pub async fn establish(
                     .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
                 location: location.to_owned(),
                 since_ms: now_millis(),
+                released: false,
             };
-            let recorded = db.record_authority(&ours, false).await?;
+            let recorded = db.record_first_authority(&ours).await?;
             first_use = recorded.id == ours.id;
             recorded
         }
@@ -355,51 +407,113 @@ pub async fn confirm(
     }
 }
 
-/// Makes this Redis the store's authority: its counters of the store are cleared, to be
-/// rebuilt from SQL and its own order streams, then its id is set, then the store records
-/// it. In this order, a take-over cut short leaves a Redis the store does not record,
-/// which is refused until the take-over is run again.
+/// Makes this Redis the store's authority, if the current one is released (its last
+/// instance stopped gracefully with every order stored) or `abandon` says to take it
+/// regardless, once every instance has been silent for the take-over silence.
+///
+/// The store records this Redis first, in one conditional statement, so of two take-overs
+/// at once, or a take-over and a start of the old authority, only one wins. Then the
+/// store's counters in this Redis are cleared, to be rebuilt from SQL and its own streams,
+/// and its id is set. A take-over cut short between the two leaves the store recorded
+/// and released: a start on this Redis is then refused or repaired at start, and the
+/// take-over can simply be run again.
 async fn take_over(
     db: &Db,
     conn: &mut distlock::Connection,
     location: &str,
     database: &str,
-) -> Result<AuthorityRecord, AuthorityError> {
+    abandon: bool,
+) -> Result<(), AuthorityError> {
     let now = now_millis();
+    let previous = db.authority().await?;
+    if let Some(previous) = previous.as_ref().filter(|previous| !previous.released) {
+        if !abandon {
+            return Err(AuthorityError::NotReleased {
+                database: database.to_owned(),
+                owner: previous.clone(),
+            });
+        }
+        let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
+        if let Some(instance) = db.live_instances(now - silence, now).await?.first() {
+            return Err(AuthorityError::StillInUse {
+                database: database.to_owned(),
+                owner: previous.clone(),
+                instance: instance.described.clone(),
+                ago_ms: now - instance.seen_ms,
+            });
+        }
+    }
     let ours = AuthorityRecord {
         id: uuid::Uuid::new_v4().simple().to_string(),
         location: location.to_owned(),
         since_ms: now,
+        released: true,
     };
-    let previous = db.authority().await?;
-    let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
-    let live = db.live_instances(now - silence, now).await?;
-    if let Some(instance) = live.first() {
-        return Err(AuthorityError::StillInUse {
+    if !db.take_over_authority(&ours, abandon).await? {
+        let owner = db.authority().await?.unwrap_or(ours);
+        return Err(AuthorityError::NotReleased {
             database: database.to_owned(),
-            owner: previous.unwrap_or_else(|| AuthorityRecord {
-                id: instance.authority.clone(),
-                location: "an unrecorded authority".to_owned(),
-                since_ms: 0,
-            }),
-            instance: instance.described.clone(),
-            ago_ms: now - instance.seen_ms,
+            owner,
         });
     }
-    for coupon in db.coupons_ending_after(i64::MIN).await? {
+    // Coupons whose sale ended keep their counters: nothing sells them any more.
+    for coupon in db.coupons_ending_after(now).await? {
         let keys = db.keyspace().coupon(coupon.id);
-        let () = conn.del(&keys.stock).await?;
-        let () = conn.del(&keys.buyers).await?;
-        let () = conn.del(&keys.claims).await?;
+        let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
     }
     let () = conn.set(db.keyspace().authority(), &ours.id).await?;
-    let recorded = db.record_authority(&ours, true).await?;
     tracing::warn!(
         previous = previous.map(|p| p.location).unwrap_or_else(|| "none".into()),
-        now = %recorded.location,
-        "took over the store's stock: its counters here will be rebuilt from SQL"
+        now = %ours.location,
+        abandon,
+        "took over the store's stock: its counters here are rebuilt from SQL"
     );
-    Ok(recorded)
+    Ok(())
+}
+
+/// Releases the store after this instance's graceful stop, if it was the last instance
+/// of authority `id` and every order event in the store's streams is stored: then a
+/// take-over may move the store without losing or reselling anything. Returns why not,
+/// when it did not.
+pub async fn release_if_last(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    id: &str,
+) -> Result<(), String> {
+    let now = now_millis();
+    let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
+    let live = db
+        .live_instances(now - silence, now)
+        .await
+        .map_err(|err| format!("the store could not be read: {err}"))?;
+    if let Some(instance) = live.first() {
+        return Err(format!(
+            "another instance ({}) still sells",
+            instance.described
+        ));
+    }
+    let watched = db
+        .coupons_ending_after(now - crate::worker::WATCH_AFTER_END_MS)
+        .await
+        .map_err(|err| format!("the store could not be read: {err}"))?;
+    for coupon in watched {
+        let keys = db.keyspace().coupon(coupon.id);
+        let backlog = crate::http::stream_backlog(conn, &keys)
+            .await
+            .map_err(|err| format!("Redis could not be read: {err}"))?;
+        let unstored = backlog.lag + backlog.pending;
+        if unstored > 0 {
+            return Err(format!(
+                "coupon {} has {unstored} order events not stored yet",
+                coupon.id
+            ));
+        }
+    }
+    match db.release_authority(id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the store records another authority".to_owned()),
+        Err(err) => Err(format!("the store could not be written: {err}")),
+    }
 }
 
 /// Where an instance's Redis is: the embedded mode's data directory, when it runs one,

@@ -175,6 +175,9 @@ pub struct ServiceConfig {
     /// Make this instance's Redis the store's stock authority, whatever the store records
     /// (`serve --take-over-store`; see [`crate::authority`]).
     pub take_over_store: bool,
+    /// With `take_over_store`: take the store although its authority was not released
+    /// (`--abandon-old-authority`).
+    pub abandon_old_authority: bool,
     /// Create the store (the data directory, the SQLite file, the schema) if it does not
     /// exist. Only `serve` does, and `load` and `bench` for their throwaway store; every
     /// other use refuses a store that is not there ([`DbError::NoStore`]).
@@ -205,6 +208,7 @@ impl ServiceConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             take_over_store: false,
+            abandon_old_authority: false,
             create_store: true,
         }
     }

@@ -531,13 +531,17 @@ pub struct AuthorityRecord {
     pub location: String,
     /// Since when, Unix ms.
     pub since_ms: i64,
+    /// Whether its last instance stopped gracefully with every order stored, so that a
+    /// take-over may move the store.
+    pub released: bool,
 }
 
 impl Db {
     /// The stock authority this store records; `None` until the store is first used.
     pub async fn authority(&self) -> Result<Option<AuthorityRecord>, DbError> {
         let row = sqlx::query(
-            "SELECT authority, authority_location, authority_since FROM store WHERE id = 1",
+            "SELECT authority, authority_location, authority_since, authority_released \
+             FROM store WHERE id = 1",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -551,38 +555,81 @@ impl Db {
                 since_ms: row
                     .try_get::<Option<i64>, _>("authority_since")?
                     .unwrap_or_default(),
+                released: row.try_get::<i32, _>("authority_released")? != 0,
             }),
             None => None,
         })
     }
 
-    /// Records `record` as the store's authority: only if none is recorded yet, or, with
-    /// `replace`, whatever is recorded. Returns the authority recorded afterwards, which
-    /// is another instance's when it recorded one first.
-    pub async fn record_authority(
+    /// Records `record` as the store's first authority, unless one is recorded already.
+    /// Returns the authority recorded afterwards: another instance's when it was first.
+    pub async fn record_first_authority(
         &self,
         record: &AuthorityRecord,
-        replace: bool,
     ) -> Result<AuthorityRecord, DbError> {
-        let only_if_unset = if replace {
-            ""
-        } else {
-            " AND authority IS NULL"
-        };
-        sqlx::query(&format!(
-            "UPDATE store SET authority = $1, authority_location = $2, authority_since = $3 \
-             WHERE id = 1{only_if_unset}"
-        ))
-        .bind(record.id.as_str())
-        .bind(record.location.as_str())
-        .bind(record.since_ms)
-        .execute(&self.pool)
-        .await?;
+        self.set_authority(record, "authority IS NULL").await?;
         self.authority().await?.ok_or_else(|| {
             DbError::Query(sqlx::Error::Protocol(
                 "the store's authority is unset right after it was recorded".into(),
             ))
         })
+    }
+
+    /// Records `record` as the store's authority, released (no instance of it sells yet),
+    /// if the current one is released or `abandon` says to take it regardless. One
+    /// statement, so of two take-overs at once only one succeeds. Returns whether this
+    /// one did.
+    pub async fn take_over_authority(
+        &self,
+        record: &AuthorityRecord,
+        abandon: bool,
+    ) -> Result<bool, DbError> {
+        let condition = if abandon {
+            "1 = 1"
+        } else {
+            "(authority IS NULL OR authority_released = 1)"
+        };
+        Ok(self.set_authority(record, condition).await? == 1)
+    }
+
+    async fn set_authority(
+        &self,
+        record: &AuthorityRecord,
+        condition: &str,
+    ) -> Result<u64, DbError> {
+        Ok(sqlx::query(&format!(
+            "UPDATE store SET authority = $1, authority_location = $2, authority_since = $3, \
+             authority_released = $4 WHERE id = 1 AND {condition}"
+        ))
+        .bind(record.id.as_str())
+        .bind(record.location.as_str())
+        .bind(record.since_ms)
+        .bind(i32::from(record.released))
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    /// Marks authority `id` in use (not released) if the store still records it; `false`
+    /// when another took the store over meanwhile.
+    pub async fn occupy_authority(&self, id: &str) -> Result<bool, DbError> {
+        self.mark_released(id, false).await
+    }
+
+    /// Marks authority `id` released, if the store still records it.
+    pub async fn release_authority(&self, id: &str) -> Result<bool, DbError> {
+        self.mark_released(id, true).await
+    }
+
+    async fn mark_released(&self, id: &str, released: bool) -> Result<bool, DbError> {
+        let changed =
+            sqlx::query("UPDATE store SET authority_released = $1 WHERE id = 1 AND authority = $2")
+                .bind(i32::from(released))
+                .bind(id)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        Ok(changed == 1)
     }
 }
 

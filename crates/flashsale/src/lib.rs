@@ -69,6 +69,7 @@ pub mod exit_code {
                     AuthorityError::Foreign { .. }
                         | AuthorityError::StaleRedis { .. }
                         | AuthorityError::StillInUse { .. }
+                        | AuthorityError::NotReleased { .. }
                 ) =>
             {
                 FOREIGN_STORE

@@ -61,6 +61,11 @@ pub struct ServeArgs {
     /// SQL.
     #[arg(long)]
     pub take_over_store: bool,
+    /// With --take-over-store: take the store although its authority was not released,
+    /// once every instance of it has been silent for 15s. Only for an old Redis lost for
+    /// good: orders it held that SQL lacks are lost, and their units sold again.
+    #[arg(long, requires = "take_over_store")]
+    pub abandon_old_authority: bool,
 }
 
 impl ServeArgs {
@@ -96,6 +101,7 @@ impl ServeArgs {
             shutdown_timeout: self.shutdown_timeout,
             read_timeout: self.read_timeout,
             take_over_store: self.take_over_store,
+            abandon_old_authority: self.abandon_old_authority,
             create_store: true,
         })
     }
@@ -140,9 +146,10 @@ pub async fn run(args: ServeArgs) -> CliResult {
                         log.join("\n")
                     )
                 } else if service.authority_moved() {
-                    "the store was taken over by another Redis (serve --take-over-store) while \
-                     this instance was frozen or cut off: it sells nothing more; storing its \
-                     queued orders and stopping"
+                    "the store was taken over by another Redis (serve --take-over-store \
+                     --abandon-old-authority) while this instance was frozen or cut off: it \
+                     sells nothing more, and stops without storing its queued orders, whose \
+                     units the new authority put back on sale"
                         .to_owned()
                 } else if service.store_lock_lost().await {
                     "the session holding the database's lock ended (a database restart, a \
@@ -157,8 +164,8 @@ pub async fn run(args: ServeArgs) -> CliResult {
                 // in flight still get their answers, and the worker stores what it can,
                 // both within the shutdown timeout.
                 eprintln!("flashsale: {why}");
-                let drained = if redis_died.is_some() {
-                    service.shutdown_without_redis().await
+                let drained = if redis_died.is_some() || service.authority_moved() {
+                    service.shutdown_without_drain().await
                 } else {
                     service.shutdown().await
                 };

@@ -41,6 +41,8 @@ pub struct Service {
     heartbeat: JoinHandle<()>,
     /// This instance's id in the store's beats.
     instance: String,
+    /// The id of the stock authority this instance sells under.
+    authority: String,
     /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
     store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
@@ -95,7 +97,9 @@ impl Service {
         let location =
             crate::authority::location(&redis_url, embedded.as_ref().map(Embedded::data_dir));
         let claim = if config.take_over_store {
-            Claim::TakeOver
+            Claim::TakeOver {
+                abandon: config.abandon_old_authority,
+            }
         } else {
             Claim::Establish
         };
@@ -200,6 +204,7 @@ impl Service {
             tenure,
             heartbeat,
             instance,
+            authority,
             store_lock,
             embedded,
         })
@@ -276,11 +281,13 @@ impl Service {
         self.stop(timeout, true).await
     }
 
-    /// Stops after this instance's private Redis died: requests in flight get their
-    /// answers (for at most the shutdown timeout, and at most [`REDIS_GONE_GRACE`]), and
-    /// nothing is drained, since nothing can be read. The append-only file keeps every
-    /// queued order for the next start.
-    pub async fn shutdown_without_redis(self) -> Drain {
+    /// Stops without draining: after this instance's private Redis died (nothing can be
+    /// read; the append-only file keeps every queued order for the next start), or after
+    /// the store was taken over from it (the new authority gave the units of its unstored
+    /// orders back to sale: storing them now would sell those units twice). Requests in
+    /// flight get their answers for at most the shutdown timeout, and at most
+    /// [`REDIS_GONE_GRACE`].
+    pub async fn shutdown_without_drain(self) -> Drain {
         let timeout = self.shutdown_timeout.min(REDIS_GONE_GRACE);
         self.stop(timeout, false).await
     }
@@ -305,8 +312,7 @@ impl Service {
                 worker.abort();
                 Drain::Incomplete {
                     read_not_stored: 0,
-                    reason: "Redis is gone; its queued order events are stored by the next start"
-                        .to_owned(),
+                    reason: "stopped without draining".to_owned(),
                 }
             }
             Some(worker) => worker.await.unwrap_or_else(|err| {
@@ -318,10 +324,22 @@ impl Service {
             }),
             None => Drain::Complete,
         };
-        // Gone from the store's beats: a take-over need not wait for this instance.
+        // Gone from the store's beats; the last instance to stop with everything stored
+        // releases the store, so that a take-over may move it.
         self.heartbeat.abort();
         if let Err(err) = self.state.db.leave(&self.instance).await {
-            tracing::warn!(error = %err, "could not remove this instance's beat; a take-over waits until it is silent");
+            tracing::warn!(error = %err, "could not remove this instance's beat");
+        }
+        if drain == Drain::Complete && !self.tenure.moved() {
+            let mut conn = self.state.locks.connection();
+            match crate::authority::release_if_last(&self.state.db, &mut conn, &self.authority)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!("released the store: `serve --take-over-store` may move it now")
+                }
+                Err(why) => tracing::info!(%why, "the store stays with this authority"),
+            }
         }
         self.state.db.close().await;
         // Any release of a dropped lock guard is sent before the client's runtime stops;

@@ -27,6 +27,8 @@ use crate::stock::ensure_group;
 /// How long after its sale ended a coupon's stream is still watched, so late entries and
 /// entries of a crashed worker are still stored.
 const WATCH_AFTER_END: Duration = Duration::from_secs(24 * 3600);
+/// [`WATCH_AFTER_END`] in Unix ms, for queries.
+pub const WATCH_AFTER_END_MS: i64 = 24 * 3600 * 1000;
 /// How often the list of coupons to watch is re-read from SQL, for coupons another
 /// instance created.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);

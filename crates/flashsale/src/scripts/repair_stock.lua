@@ -6,7 +6,9 @@
 -- "live" counter, so no reload happens; it would sell again units SQL already sold. Every
 -- buyer with an order id in the hash holds a unit, so the units left can never exceed the
 -- stock minus those buyers: lowering the counter to that bound never takes away a unit
--- that is for sale. Claims in progress (`~…`, listed in the claims set) hold no unit yet.
+-- that is for sale. Claims in progress (`~…`, listed in the claims set) hold no unit yet;
+-- a claim on a buyer SQL holds an order for is settled (a backup taken mid-sale keeps the
+-- claim of a sale that completed), so it is replaced by the order.
 --
 -- KEYS[1]  stock hash: segment -> units left
 -- KEYS[2]  buyers hash: user id -> order id (or a segmented claim "~…")
@@ -21,7 +23,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local added = 0
 for i = 2, #ARGV - 1, 2 do
-  added = added + redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+  local held = redis.call('HGET', KEYS[2], ARGV[i])
+  if not held or string.sub(held, 1, 1) == '~' then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    redis.call('ZREM', KEYS[3], ARGV[i])
+    added = added + 1
+  end
 end
 local holding = redis.call('HLEN', KEYS[2]) - redis.call('ZCARD', KEYS[3])
 local bound = math.max(tonumber(ARGV[1]) - holding, 0)

@@ -37,6 +37,9 @@ struct Pending {
     user_id: i64,
     order_id: String,
     deadline: Instant,
+    /// Whether this instance may still sell when the batch is formed: a purchase queued
+    /// while the process was frozen past a take-over must not be sold when it wakes.
+    tenure: Arc<crate::authority::Tenure>,
     reply: Reply,
 }
 
@@ -59,6 +62,7 @@ impl Batcher {
             user_id: sale.user_id,
             order_id: sale.order_id.clone(),
             deadline: sale.deadline,
+            tenure: sale.tenure.clone(),
             reply,
         };
         match self
@@ -146,6 +150,10 @@ fn admit(pending: Pending, batch: &mut Vec<Pending>) {
     }
     if Instant::now() >= pending.deadline {
         let _ = pending.reply.send(Ok(Reservation::Expired));
+        return;
+    }
+    if !pending.tenure.may_sell() {
+        let _ = pending.reply.send(Err(ReserveError::NotAuthority));
         return;
     }
     batch.push(pending);

@@ -348,6 +348,7 @@ impl Reserver {
                 i64::try_from((left + WRITE_WINDOW + CLOCK_GRACE).as_millis()).unwrap_or(i64::MAX),
             ),
             instance: self.instance.clone(),
+            tenure: self.tenure.clone(),
         };
         let mut conn = self.locks.connection();
         let outcome = match self.settings.strategy {
@@ -458,6 +459,8 @@ pub(crate) struct Sale {
     pub(crate) settle_by_ms: i64,
     /// The instance running the purchase, named in its claim.
     pub(crate) instance: std::sync::Arc<str>,
+    /// Whether the instance may still sell: checked again right before each write.
+    pub(crate) tenure: std::sync::Arc<crate::authority::Tenure>,
 }
 
 /// This process's name in claims: host and pid, so an operator can tell which instance
@@ -500,6 +503,9 @@ impl Sale {
     ) -> Result<Reservation, ReserveError> {
         if Instant::now() >= self.deadline {
             return Ok(Reservation::Expired);
+        }
+        if !self.tenure.may_sell() {
+            return Err(ReserveError::NotAuthority);
         }
         let fence_ms = fence_from_now();
         let recorded: redis::RedisResult<i64> = RECORD

@@ -60,7 +60,7 @@ pub(super) async fn reserve(reserver: &Reserver, sale: &Sale) -> Result<Reservat
     if matches!(
         outcome,
         Ok(Reservation::SoldOut | Reservation::Busy | Reservation::Expired)
-            | Err(ReserveError::Redis(_) | ReserveError::Lock(_))
+            | Err(ReserveError::Redis(_) | ReserveError::Lock(_) | ReserveError::NotAuthority)
     ) {
         // Nothing was sold: withdraw the claim, so a user who was turned away may come
         // back. Not after a lost write reply: resolving it decides the claim.
