@@ -30,6 +30,19 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
             reason: "longer than 64 KiB",
         });
     }
+    if Slot::for_key(tagged("p", name)) != Slot::for_key(name) {
+        // Redis hashes a key by the text between its first `{` and the first `}` after
+        // it, if that is not empty, or else by the whole key. A name with a stray `}`
+        // (`a}b`), an empty first `{}` (`a{}b`) or an unclosed `{` hashes whole, but its
+        // helper keys (`prefix:{a}b}`, `prefix:a{}b`) would not: on a Cluster every
+        // release would fail with CROSSSLOT and the lock stay held until its lease ran out.
+        return Err(Error::InvalidName {
+            name: name.to_owned(),
+            reason: "its helper keys would land in another Redis Cluster slot than the lock: \
+                     a `}` outside a hash tag, an empty `{}` or an unclosed `{`; give it a \
+                     hash tag such as `{order}42` or leave the braces out",
+        });
+    }
     Ok(())
 }
 
@@ -143,6 +156,38 @@ mod tests {
             token_key(FencingCounter::PerName, "{user:7}:cart"),
             "redisson_lock_token:{user:7}:cart"
         );
+    }
+
+    /// Redis's hash-tag rule decides the slot; every helper key must land in the lock's
+    /// (review: `a}b`, `order}42` and `a{}b` were accepted, and every release on a Cluster
+    /// failed with CROSSSLOT until the lease ran out).
+    #[test]
+    fn refuses_names_whose_helper_keys_would_land_in_another_slot() {
+        for name in ["a}b", "order}42", "a{}b", "{}", "{x", "x{", "}", "a{}{b}"] {
+            assert!(
+                matches!(validate_name(name), Err(Error::InvalidName { .. })),
+                "{name} accepted"
+            );
+        }
+        for name in [
+            "orders",
+            "{user:7}:cart",
+            "a{b}c",
+            "a{b}}c",
+            "{a}{}",
+            "é{ü}",
+        ] {
+            assert!(validate_name(name).is_ok(), "{name} refused");
+            let slot = Slot::for_key(name);
+            for key in [
+                release_channel(name),
+                unlock_latch(name, "r1"),
+                token_key(FencingCounter::PerName, name),
+                token_key(FencingCounter::PerSlot, name),
+            ] {
+                assert_eq!(Slot::for_key(&key), slot, "{name}: {key}");
+            }
+        }
     }
 
     #[test]

@@ -18,6 +18,22 @@ async fn an_empty_name_is_refused() {
     assert!(matches!(client.lock(""), Err(Error::InvalidName { .. })));
 }
 
+/// A name whose helper keys would hash to another Cluster slot than the lock is refused
+/// on every deployment, so a name that works on one Redis works on a Cluster too.
+#[tokio::test]
+async fn a_name_that_cannot_share_one_slot_is_refused() {
+    let server = server().await;
+    let client = client(&server).await;
+    for name in ["a}b", "order}42", "a{}b"] {
+        let refused = client.lock(name).expect_err("refused");
+        assert!(
+            matches!(refused, Error::InvalidName { .. }) && refused.to_string().contains("slot"),
+            "{name}: {refused}"
+        );
+    }
+    assert!(client.lock("{order}42").is_ok());
+}
+
 #[tokio::test]
 async fn zero_and_overflowing_durations_are_refused() {
     let server = server().await;
