@@ -66,6 +66,18 @@ struct Entry {
 }
 
 impl Entry {
+    /// What the lease running out means, for the log: a watchdog lease was not renewed in
+    /// time, while a fixed lease simply ran its length (no renewal was ever due).
+    fn expiry(&self) -> &'static str {
+        if self.renew {
+            "lease deadline passed without a successful renewal; the lock is lost"
+        } else if self.closing {
+            "lease deadline passed while the release was under way; the lock is no longer held"
+        } else {
+            "the fixed lease ran out while its guard was still held; the lock is lost"
+        }
+    }
+
     fn fire_at(&self) -> Instant {
         let margin = safety_margin(self.lease);
         self.deadline.checked_sub(margin).unwrap_or(self.deadline)
@@ -468,7 +480,8 @@ fn expire_overdue(shared: &Shared) {
         tracing::warn!(
             lock = %entry.key,
             owner = %entry.owner,
-            "lease deadline passed without a successful renewal; the lock is lost"
+            "{}",
+            entry.expiry()
         );
         entry.mark_lost();
     }
@@ -619,5 +632,37 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             );
             entry.mark_lost();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review: a fixed lease that simply ran out was logged as "passed without a
+    /// successful renewal", though no renewal was ever due.
+    #[test]
+    fn the_log_says_which_kind_of_lease_ran_out() {
+        let now = Instant::now();
+        let entry = |renew: bool, closing: bool| Entry {
+            key: "k".into(),
+            owner: "o".into(),
+            lease: Duration::from_secs(1),
+            deadline: now,
+            set_at: now,
+            renew,
+            renewing: false,
+            closing,
+            lost: false,
+            signal: None,
+        };
+        assert!(entry(true, false)
+            .expiry()
+            .contains("without a successful renewal"));
+        assert!(entry(false, false).expiry().contains("fixed lease ran out"));
+        assert!(!entry(false, false).expiry().contains("renewal"));
+        assert!(entry(false, true)
+            .expiry()
+            .contains("release was under way"));
     }
 }
