@@ -14,15 +14,21 @@
 //!   without persistence: the stock is then reloaded from SQL, as before) or another
 //!   server. It is taken for the first only when it is reached the way the authority was
 //!   recorded: the same URL (credentials left out), or the same embedded data directory.
-//! - **Moving on purpose** is `serve --take-over-store`: it clears this Redis's counters of
-//!   the store (they are rebuilt from SQL and this Redis's order stream), then records
-//!   this Redis.
+//! - **Moving on purpose** is `serve --take-over-store`, and only from a *released*
+//!   authority: its last instance stopped gracefully, with no other instance beating and
+//!   every order event of the store's streams stored ([`release_if_last`]). The take-over
+//!   records this Redis in one conditional statement, then clears this Redis's counters
+//!   of the store's open coupons (rebuilt from SQL and its own streams). An old Redis lost
+//!   for good is taken with `--abandon-old-authority`, once every instance has been
+//!   silent for [`TAKEOVER_SILENCE`]; what it held that SQL lacks is lost.
 //! - **Never two at once.** Every instance beats in the store every [`BEAT_EVERY`] and
-//!   removes its beat when it stops gracefully. A take-over is refused while any instance
-//!   beat in the last [`TAKEOVER_SILENCE`]; an instance sells only while its last beat
-//!   confirmed its authority within [`SALES_LEASE`], shorter than that silence. So an
-//!   instance that was frozen (SIGSTOP, a VM pause) past a take-over sells nothing when it
-//!   wakes: its next beat finds the store moved, and it stops.
+//!   removes its beat when it stops gracefully; it sells only while its last beat
+//!   confirmed its authority within [`SALES_LEASE`], shorter than that silence, checked
+//!   when a purchase arrives and again right before its write. So an instance frozen
+//!   (SIGSTOP, a VM pause) past an abandoning take-over sells nothing when it wakes: its
+//!   next beat finds the store moved, and it stops without storing its backlog.
+//! - **A Redis behind SQL** (a restored backup, a copied data directory) keeps the id but
+//!   not the sales since: each start repairs its counters (`stock::repair_stock`).
 //!
 //! [`Keyspace::authority`]: crate::keys::Keyspace::authority
 
