@@ -16,7 +16,7 @@
 //!   recorded: the same URL (credentials left out), or the same embedded data directory.
 //! - **Moving on purpose** is `serve --take-over-store`, and only from a *released*
 //!   authority: its last instance stopped gracefully, with no other instance beating and
-//!   every order event of the store's streams stored ([`release_if_last`]). The take-over
+//!   every order event of the store's streams stored (`Service::shutdown`). The take-over
 //!   records this Redis in one conditional statement, then clears this Redis's counters
 //!   of the store's open coupons (rebuilt from SQL and its own streams). An old Redis lost
 //!   for good is taken with `--abandon-old-authority`, once every instance has been
@@ -40,7 +40,7 @@ use redis::AsyncCommands;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::db::{AuthorityRecord, Db, DbError};
+use crate::db::{AuthorityRecord, Db, DbError, LiveInstance};
 use crate::model::now_millis;
 
 /// How often an instance records that it sells under its authority, and checks that the
@@ -85,7 +85,7 @@ static TIMING: std::sync::LazyLock<Timing> = std::sync::LazyLock::new(|| {
     };
     // A silent instance may have sent a write just before it went silent: the silence
     // outlasts that write's fence, so it has landed or never will before a take-over.
-    let fence = timing.beat + crate::strategy::WRITE_WINDOW + crate::strategy::CLOCK_GRACE;
+    let fence = timing.beat + crate::model::WRITE_WINDOW + crate::model::CLOCK_GRACE;
     Timing {
         silence: timing.silence.max(fence),
         ..timing
@@ -439,12 +439,11 @@ async fn take_over(
                 owner: previous.clone(),
             });
         }
-        let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
-        if let Some(instance) = db.live_instances(now - silence, now).await?.first() {
+        if let Some(instance) = an_instance_still_selling(db).await? {
             return Err(AuthorityError::StillInUse {
                 database: database.to_owned(),
                 owner: previous.clone(),
-                instance: instance.described.clone(),
+                instance: instance.described,
                 ago_ms: now - instance.seen_ms,
             });
         }
@@ -477,49 +476,15 @@ async fn take_over(
     Ok(())
 }
 
-/// Releases the store after this instance's graceful stop, if it was the last instance
-/// of authority `id` and every order event in the store's streams is stored: then a
-/// take-over may move the store without losing or reselling anything. Returns why not,
-/// when it did not.
-pub async fn release_if_last(
-    db: &Db,
-    conn: &mut distlock::Connection,
-    id: &str,
-) -> Result<(), String> {
+/// An instance that beat within the take-over silence, if any: the store is still sold.
+pub async fn an_instance_still_selling(db: &Db) -> Result<Option<LiveInstance>, DbError> {
     let now = now_millis();
     let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
-    let live = db
+    Ok(db
         .live_instances(now - silence, now)
-        .await
-        .map_err(|err| format!("the store could not be read: {err}"))?;
-    if let Some(instance) = live.first() {
-        return Err(format!(
-            "another instance ({}) still sells",
-            instance.described
-        ));
-    }
-    let watched = db
-        .coupons_ending_after(now - crate::worker::WATCH_AFTER_END_MS)
-        .await
-        .map_err(|err| format!("the store could not be read: {err}"))?;
-    for coupon in watched {
-        let keys = db.keyspace().coupon(coupon.id);
-        let backlog = crate::http::stream_backlog(conn, &keys)
-            .await
-            .map_err(|err| format!("Redis could not be read: {err}"))?;
-        let unstored = backlog.lag + backlog.pending;
-        if unstored > 0 {
-            return Err(format!(
-                "coupon {} has {unstored} order events not stored yet",
-                coupon.id
-            ));
-        }
-    }
-    match db.release_authority(id).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the store records another authority".to_owned()),
-        Err(err) => Err(format!("the store could not be written: {err}")),
-    }
+        .await?
+        .into_iter()
+        .next())
 }
 
 /// Where an instance's Redis is: the embedded mode's data directory, when it runs one,

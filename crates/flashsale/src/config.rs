@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::duration::{format_duration, parse_duration};
+
 use crate::db::DbError;
 use crate::strategy::{Strategy, StrategySettings};
 use crate::worker::WorkerSettings;
@@ -86,44 +88,6 @@ impl StrategyArgs {
             request_timeout: self.request_timeout,
             queue_limit: self.queue_limit,
         })
-    }
-}
-
-/// Parses a duration flag: a whole number and its unit, `500ms`, `10s`, `2m` or `1h`.
-/// Every duration flag takes this one syntax; a bare number is refused, since it could
-/// mean either milliseconds or seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, unit) = text.split_at(digits);
-    let expected = "expected a whole number and a unit: 500ms, 10s, 2m or 1h";
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: {expected}"))?;
-    let millis_per_unit = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "" => return Err(format!("{text:?} has no unit: {expected}")),
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; {expected}")),
-    };
-    number
-        .checked_mul(millis_per_unit)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
-}
-
-/// Writes a duration the way [`parse_duration`] reads it, in the largest unit that keeps
-/// it whole.
-pub fn format_duration(duration: Duration) -> String {
-    let ms = duration.as_millis();
-    match ms {
-        0 => "0ms".to_owned(),
-        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
-        ms => format!("{ms}ms"),
     }
 }
 
@@ -297,22 +261,9 @@ pub enum ConfigError {
         /// The holder's pid, when it could be read.
         holder: Option<u32>,
     },
-    /// The lock's lease is too short for the critical section it guards.
-    #[error(
-        "invalid --lock-lease: a lease of {} is shorter than {} × the critical section's \
-         p99 measured at start ({:.1} ms for a Redis check and a committed SQL write); a \
-         holder would routinely lose its lock mid-sale. Use at least --lock-lease {}ms",
-        format_duration(*lease),
-        crate::strategy::LEASE_HEADROOM,
-        p99.as_secs_f64() * 1000.0,
-        (p99.as_millis() + 1) * u128::from(crate::strategy::LEASE_HEADROOM)
-    )]
-    LeaseTooShort {
-        /// The configured lease.
-        lease: Duration,
-        /// The measured p99 of the critical section.
-        p99: Duration,
-    },
+    /// The lock strategy's lease does not fit its critical section.
+    #[error(transparent)]
+    Lease(#[from] crate::strategy::LeaseError),
     /// Another embedded instance uses this database.
     #[error(
         "the database {database} is in use by another flashsale serve in the embedded mode \
@@ -503,35 +454,6 @@ impl Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_duration_flag_reads_one_syntax_and_refuses_a_bare_number() {
-        let ms = Duration::from_millis;
-        for (text, duration) in [
-            ("500ms", ms(500)),
-            ("10s", ms(10_000)),
-            ("2m", ms(120_000)),
-            ("1h", ms(3_600_000)),
-            ("0ms", ms(0)),
-        ] {
-            assert_eq!(parse_duration(text), Ok(duration), "{text}");
-            assert_eq!(format_duration(duration), text);
-        }
-        for bad in [
-            "10",
-            "",
-            "s",
-            "1.5s",
-            "-1s",
-            "10 sec",
-            "10S",
-            "99999999999999999999h",
-        ] {
-            let refused = parse_duration(bad).expect_err(bad);
-            assert!(refused.contains(bad.trim()) || bad.is_empty(), "{refused}");
-        }
-        assert!(parse_duration("10").expect_err("bare").contains("no unit"));
-    }
 
     #[test]
     fn a_data_dir_with_url_syntax_in_its_name_names_that_directory() {

@@ -20,6 +20,7 @@ pub mod authority;
 pub mod bench;
 pub mod config;
 pub mod db;
+pub mod duration;
 pub mod embedded;
 pub mod error;
 pub mod http;

@@ -160,6 +160,14 @@ pub fn parse_order_id(order_id: &str) -> Option<(i64, i64)> {
     well_formed.then_some((coupon, user))
 }
 
+/// How long after a sale's write is sent Redis may still apply it: each write carries a
+/// fence this far ahead, past which Redis's clock makes it write nothing. A write whose
+/// reply was lost is decided once its fence has passed.
+pub const WRITE_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+/// How far Redis's clock may lag this host's before a fenced write could land after the
+/// service concluded it did not. Same host in the embedded mode; NTP in a fleet.
+pub const CLOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The current time in Unix milliseconds.
 pub fn now_millis() -> i64 {
     unix_millis(OffsetDateTime::now_utc())

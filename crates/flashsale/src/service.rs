@@ -332,9 +332,7 @@ impl Service {
         }
         if drain == Drain::Complete && !self.tenure.moved() {
             let mut conn = self.state.locks.connection();
-            match crate::authority::release_if_last(&self.state.db, &mut conn, &self.authority)
-                .await
-            {
+            match release_if_last(&self.state.db, &mut conn, &self.authority).await {
                 Ok(()) => {
                     tracing::info!("released the store: `serve --take-over-store` may move it now")
                 }
@@ -363,5 +361,43 @@ impl Drop for Service {
         if let Some(worker) = &self.worker {
             worker.abort();
         }
+    }
+}
+
+/// Releases the store after a graceful stop, if this was the last instance of authority
+/// `id` and every order event in the store's streams is stored: then a take-over may move
+/// the store without losing or reselling anything. Returns why not, when it did not.
+async fn release_if_last(db: &Db, conn: &mut distlock::Connection, id: &str) -> Result<(), String> {
+    let unreadable = |err: &dyn std::fmt::Display| format!("the store could not be read: {err}");
+    if let Some(instance) = crate::authority::an_instance_still_selling(db)
+        .await
+        .map_err(|err| unreadable(&err))?
+    {
+        return Err(format!(
+            "another instance ({}) still sells",
+            instance.described
+        ));
+    }
+    let watched = db
+        .coupons_ending_after(crate::model::now_millis() - crate::worker::WATCH_AFTER_END_MS)
+        .await
+        .map_err(|err| unreadable(&err))?;
+    for coupon in watched {
+        let keys = db.keyspace().coupon(coupon.id);
+        let backlog = crate::http::stream_backlog(conn, &keys)
+            .await
+            .map_err(|err| format!("Redis could not be read: {err}"))?;
+        let unstored = backlog.lag + backlog.pending;
+        if unstored > 0 {
+            return Err(format!(
+                "coupon {} has {unstored} order events not stored yet",
+                coupon.id
+            ));
+        }
+    }
+    match db.release_authority(id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the store records another authority".to_owned()),
+        Err(err) => Err(format!("the store could not be written: {err}")),
     }
 }

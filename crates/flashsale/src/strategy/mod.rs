@@ -29,13 +29,7 @@ use crate::metrics::Metrics;
 use crate::model::{new_order_id, now_millis, OrderEvent};
 use crate::scripts::{RECORD, UNCLAIM};
 
-/// How long after a sale's write is sent Redis may still apply it: each write carries a
-/// fence this far ahead, past which Redis's clock makes it write nothing. A write whose
-/// reply was lost is decided once its fence has passed.
-pub const WRITE_WINDOW: Duration = Duration::from_secs(2);
-/// How far Redis's clock may lag this host's before a fenced write could land after the
-/// service concluded it did not. Same host in the embedded mode; NTP in a fleet.
-pub const CLOCK_GRACE: Duration = Duration::from_millis(500);
+pub use crate::model::{CLOCK_GRACE, WRITE_WINDOW};
 /// How long a purchase whose reply was lost keeps asking Redis for its outcome after the
 /// fence passed, before it answers that the outcome is unknown.
 pub const RESOLVE_PATIENCE: Duration = Duration::from_secs(3);
@@ -50,30 +44,50 @@ pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(30);
 /// lease must be: the probe runs idle, and a rush slows the section down.
 pub const LEASE_HEADROOM: u32 = 2;
 
+/// Why the `lock` strategy's lease was refused at start.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The lease is too short for the critical section it guards.
+    #[error(
+        "invalid --lock-lease: a lease of {} is shorter than {LEASE_HEADROOM} × the critical \
+         section's p99 measured at start ({:.1} ms for a Redis check and a committed SQL \
+         write); a holder would routinely lose its lock mid-sale. Use at least --lock-lease {}ms",
+        crate::duration::format_duration(*lease),
+        p99.as_secs_f64() * 1000.0,
+        (p99.as_millis() + 1) * u128::from(LEASE_HEADROOM)
+    )]
+    TooShort {
+        /// The configured lease.
+        lease: Duration,
+        /// The measured p99 of the critical section.
+        p99: Duration,
+    },
+    /// The critical section could not be timed.
+    #[error("invalid --lock-lease: could not time the critical section: {0}")]
+    Unmeasured(#[source] ReserveError),
+}
+
 /// Refuses a `lock` lease that the critical section, timed on `locks` and `db` at start,
 /// would routinely outlast. Other strategies pass.
 pub async fn check_lease(
     settings: &StrategySettings,
     locks: &distlock::Client,
     db: &Db,
-) -> Result<(), crate::config::ConfigError> {
+) -> Result<(), LeaseError> {
     if settings.strategy != Strategy::Lock {
         return Ok(());
     }
-    let p99 = lock::critical_section_p99(locks, db).await.map_err(|err| {
-        crate::config::ConfigError::invalid(
-            "--lock-lease",
-            format!("could not time the critical section: {err}"),
-        )
-    })?;
+    let p99 = lock::critical_section_p99(locks, db)
+        .await
+        .map_err(LeaseError::Unmeasured)?;
     tracing::info!(p99_ms = p99.as_secs_f64() * 1000.0, lease = ?settings.lock_lease, "timed the lock strategy's critical section");
     lease_fits(settings.lock_lease, p99)
 }
 
 /// Whether `lease` covers a critical section whose p99 is `p99`, with [`LEASE_HEADROOM`].
-fn lease_fits(lease: Duration, p99: Duration) -> Result<(), crate::config::ConfigError> {
+fn lease_fits(lease: Duration, p99: Duration) -> Result<(), LeaseError> {
     if lease < p99 * LEASE_HEADROOM {
-        return Err(crate::config::ConfigError::LeaseTooShort { lease, p99 });
+        return Err(LeaseError::TooShort { lease, p99 });
     }
     Ok(())
 }
