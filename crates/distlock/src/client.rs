@@ -1407,6 +1407,16 @@ impl Client {
         self.inner.core.watchdog.tracked()
     }
 
+    /// For tests only: blocks the client's own runtime thread for `duration`, as a
+    /// machine too busy to schedule it would. Not part of the API.
+    #[doc(hidden)]
+    pub fn stall_background_for_tests(&self, duration: Duration) {
+        self.inner
+            .core
+            .background()
+            .spawn(async move { std::thread::sleep(duration) });
+    }
+
     /// Stops the client: waits for the releases of dropped guards and the lock operations
     /// in flight, then stops its background work (the watchdog, the pub/sub hub). Call it
     /// on a graceful exit.

@@ -84,6 +84,17 @@ pub(crate) fn token_key(counter: FencingCounter, name: &str) -> String {
     }
 }
 
+/// The counter `name` would use under the other [`FencingCounter`] setting. Every
+/// acquisition reads it and takes a token above both, so clients that count differently on
+/// one lock still hand out strictly increasing tokens.
+pub(crate) fn token_key_of_other(counter: FencingCounter, name: &str) -> String {
+    let other = match counter {
+        FencingCounter::PerSlot => FencingCounter::PerName,
+        FencingCounter::PerName => FencingCounter::PerSlot,
+    };
+    token_key(other, name)
+}
+
 /// For every hash slot, the smallest decimal number whose text hashes to it. Built once,
 /// on first use, by hashing numbers until every slot has one (about 180,000 hashes, a few
 /// milliseconds); redis-rs's own slot function, so it agrees with the cluster client.
@@ -182,6 +193,7 @@ mod tests {
             for key in [
                 release_channel(name),
                 unlock_latch(name, "r1"),
+                token_key_of_other(FencingCounter::PerSlot, name),
                 token_key(FencingCounter::PerName, name),
                 token_key(FencingCounter::PerSlot, name),
             ] {

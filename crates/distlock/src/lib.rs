@@ -63,7 +63,7 @@ pub use client::{Client, ClientBuilder};
 pub use connection::{Connection, RedisConnection};
 pub use error::{Error, NodeFailure, Result};
 pub use keys::FencingCounter;
-pub use lock::{Lock, LockGuard};
+pub use lock::{Lock, LockGuard, ReleaseOutcome};
 pub use multi_lock::{MultiLock, MultiLockGuard};
 pub use red_lock::{RedLock, RedLockGuard};
 pub use replica_sync::ReplicaSync;

@@ -24,7 +24,7 @@ use crate::engine::detach::Detached;
 use crate::engine::lease_set::LeaseSet;
 use crate::engine::watchdog::Lease;
 use crate::error::{is_connection_failure, Error, Result};
-use crate::keys::{release_channel, token_key, unlock_latch};
+use crate::keys::{release_channel, token_key, token_key_of_other, unlock_latch};
 use crate::scripts::{
     ScriptCall, FENCE_ADVANCE, LOCK_ACQUIRE, LOCK_FORCE_UNLOCK, LOCK_REENTER, LOCK_RELEASE,
     LOCK_RENEW,
@@ -60,7 +60,7 @@ pub(crate) const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// let lock = client.lock("reports:nightly")?;
 ///
 /// // Wait at most 5 s; hold for at most 10 s, with no renewal.
-/// let fixed = lock.clone().with_lease(Duration::from_secs(10));
+/// let fixed = lock.with_lease(Duration::from_secs(10));
 /// if let Some(guard) = fixed.try_lock_for(Duration::from_secs(5)).await? {
 ///     // Any other acquisition is kept out, even one from this very task...
 ///     assert!(lock.try_lock().await?.is_none());
@@ -79,9 +79,11 @@ pub(crate) const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 pub struct Lock {
     client: Client,
     name: Arc<str>,
-    /// The name's fencing counter and release channel, worked out once per handle rather
-    /// than on every acquisition.
+    /// The name's fencing counter, the counter the other [`FencingCounter`] setting would
+    /// use (read by every acquisition, so a mixed fleet never repeats a token) and its
+    /// release channel, worked out once per handle rather than on every acquisition.
     token_key: Arc<str>,
+    other_token_key: Arc<str>,
     channel: Arc<str>,
     lease: Option<Duration>,
 }
@@ -97,12 +99,15 @@ impl fmt::Debug for Lock {
 
 impl Lock {
     pub(crate) fn new(client: Client, name: String) -> Self {
-        let token_key = token_key(client.core().config().fencing_counter, &name).into();
+        let counter = client.core().config().fencing_counter;
+        let token_key = token_key(counter, &name).into();
+        let other_token_key = token_key_of_other(counter, &name).into();
         let channel = release_channel(&name).into();
         Self {
             client,
             name: name.into(),
             token_key,
+            other_token_key,
             channel,
             lease: None,
         }
@@ -113,18 +118,42 @@ impl Lock {
         &self.name
     }
 
-    /// Acquire with a fixed lease of `lease`, with no watchdog: the lock frees itself when
-    /// the lease runs out, released or not. Checked (non-zero, representable in
-    /// milliseconds) when an acquisition starts.
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
+    /// A handle on the same lock whose acquisitions take a fixed lease of `lease`, with no
+    /// watchdog: each such holding frees itself when its lease runs out, released or not
+    /// (re-entries and partial releases leave that deadline where it is; only
+    /// [`LockGuard::extend`] moves it). Checked (non-zero, representable in milliseconds)
+    /// when an acquisition starts.
+    ///
+    /// `self` is left as it was, so one handle serves acquisitions with different leases:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = distlock_testkit::RedisServer::start().await?;
+    /// # let client = distlock::Client::connect(&server.url()).await?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = client.lock("invoices")?;
+    /// let short = lock.with_lease(Duration::from_secs(5)).lock().await?;
+    /// short.release().await?;
+    /// let renewed = lock.lock().await?; // still watchdog mode
+    /// renewed.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_lease(&self, lease: Duration) -> Lock {
+        Lock {
+            lease: Some(lease),
+            ..self.clone()
+        }
     }
 
-    /// Acquire in watchdog mode (the default).
-    pub fn with_watchdog(mut self) -> Self {
-        self.lease = None;
-        self
+    /// A handle on the same lock whose acquisitions run in watchdog mode (the default).
+    pub fn with_watchdog(&self) -> Lock {
+        Lock {
+            lease: None,
+            ..self.clone()
+        }
     }
 
     /// Waits until the lock is acquired.
@@ -206,15 +235,23 @@ impl Lock {
     /// For recovery: if Redis lost its data (a restart without persistence, a failover to
     /// a lagging replica), tokens start again from 1 and a fenced resource refuses every
     /// holder until they pass the highest token it accepted. Pass that token here and
-    /// they are accepted at once. Tokens must stay below 2^53.
+    /// they are accepted at once.
+    ///
+    /// Tokens are exact up to `i64::MAX` (Redis counters are signed 64-bit), so `floor`
+    /// must be below `i64::MAX`, leaving at least one token to hand out; a larger one is
+    /// refused with [`Error::InvalidConfig`].
     pub async fn advance_fencing_counter(&self, floor: u64) -> Result<u64> {
-        if floor >= 1 << 53 {
+        if i64::try_from(floor).is_err() || floor == i64::MAX.unsigned_abs() {
             return Err(Error::InvalidConfig {
                 what: "fencing-counter floor",
-                reason: format!("must be below 2^53, not {floor}"),
+                reason: format!(
+                    "must be below i64::MAX ({}), so tokens stay exact and one is left to \
+                     hand out; not {floor}",
+                    i64::MAX
+                ),
             });
         }
-        let counter: i64 = self
+        let counter: u64 = self
             .client
             .core()
             .request(|mut connection| {
@@ -223,7 +260,7 @@ impl Lock {
                 async move { advance.invoke(&mut connection).await }
             })
             .await?;
-        Ok(counter.max(0).unsigned_abs())
+        Ok(counter)
     }
 
     pub(crate) fn client(&self) -> &Client {
@@ -252,6 +289,7 @@ impl Lock {
             core: Arc::clone(self.client.core()),
             name: Arc::clone(&self.name),
             token_key: Arc::clone(&self.token_key),
+            other_token_key: Arc::clone(&self.other_token_key),
             channel: Arc::clone(&self.channel),
             lease,
             lease_ms: to_millis("lease", lease)?,
@@ -265,6 +303,7 @@ pub(crate) struct LockAttempt {
     core: Arc<Core>,
     name: Arc<str>,
     token_key: Arc<str>,
+    other_token_key: Arc<str>,
     channel: Arc<str>,
     lease: Duration,
     lease_ms: u64,
@@ -290,13 +329,18 @@ impl Acquire for LockAttempt {
         let core = Arc::clone(&self.core);
         let name = Arc::clone(&self.name);
         let token_key = Arc::clone(&self.token_key);
+        let other_token_key = Arc::clone(&self.other_token_key);
         let channel = Arc::clone(&self.channel);
         let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
+        // The lease is counted from when the attempt was made, not from when it ran: a
+        // RedLock makes its masters' attempts right after it starts its clock, and their
+        // deadlines must not run past the validity it computes from that clock.
+        let sent_at = Instant::now();
         Box::pin(async move {
             let owner = core.next_owner();
             let mut connection = core.connection();
-            let sent_at = Instant::now();
-            let mut call = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 2);
+            let mut call =
+                ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key, &other_token_key], 2);
             call.arg(lease_ms).arg(&*owner);
             let reply = match core.synced() {
                 None => call.invoke::<i64>(&mut connection).await,
@@ -348,6 +392,7 @@ impl Acquire for LockAttempt {
                             ended: false,
                             lease,
                             lease_ms,
+                            fixed: !renew,
                         }),
                         lease_entry,
                     });
@@ -363,6 +408,10 @@ impl Acquire for LockAttempt {
 
     fn channel(&self) -> &str {
         &self.channel
+    }
+
+    fn queue(&self) -> &str {
+        &self.name
     }
 }
 
@@ -420,10 +469,13 @@ struct HoldState {
     holds: u32,
     /// The holding is over: released, or found lost by a release or re-entry.
     ended: bool,
-    /// The lease a partial release sets again: the one the holding was taken with, or
-    /// the one it was fixed to later.
+    /// The lease a partial release of a watchdog-mode holding sets again.
     lease: Duration,
     lease_ms: u64,
+    /// The lease is fixed (taken with one, or fixed later): nothing renews it, and
+    /// nothing but [`LockGuard::extend`] moves its deadline, so a partial release leaves
+    /// it as it is.
+    fixed: bool,
 }
 
 impl Holding {
@@ -445,10 +497,11 @@ impl Holding {
 
     /// Gives back one hold: a partial release while other holds remain, the final release
     /// when this is the last.
-    async fn give_back(self: Arc<Self>) -> Result<()> {
+    async fn give_back(self: Arc<Self>) -> Result<ReleaseOutcome> {
         let mut state = self.state.lock().await;
         if state.ended {
-            return Err(self.not_held());
+            // Only a loss ends a holding that still has a guard to release.
+            return Ok(ReleaseOutcome::AlreadyLost);
         }
         let left = state.holds.saturating_sub(1);
         let latch = (left == 0).then(|| unlock_latch(&self.name, self.core.next_request_id()));
@@ -462,7 +515,8 @@ impl Holding {
                 ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7);
             call.arg(&*self.owner)
                 .arg(left)
-                .arg(state.lease_ms)
+                // A fixed lease keeps its deadline; "0" tells the script to leave it.
+                .arg(if state.fixed { 0 } else { state.lease_ms })
                 .arg(RELEASE_MESSAGE)
                 .arg(if latch.is_some() {
                     self.core.config().unlock_latch_ttl_ms
@@ -507,18 +561,20 @@ impl Holding {
             Ok(-1) => {
                 state.ended = true;
                 self.lease_entry.mark_lost();
-                Err(self.not_held())
+                Ok(ReleaseOutcome::AlreadyLost)
             }
             Ok(0) => {
                 state.ended = true;
                 if let Some(latch) = latch {
                     self.core.latches().discard(self.core.background(), latch);
                 }
-                Ok(())
+                Ok(ReleaseOutcome::Released)
             }
             Ok(_) => {
-                self.lease_entry.extended(sent_at, state.lease);
-                Ok(())
+                if !state.fixed {
+                    self.lease_entry.extended(sent_at, state.lease);
+                }
+                Ok(ReleaseOutcome::Released)
             }
             Err(err) => {
                 if left == 0 {
@@ -577,18 +633,31 @@ impl Holding {
         }
     }
 
-    /// Turns a holding the watchdog renews into one with a fixed lease of `lease`,
-    /// counted from now: the watchdog stops renewing it (and nothing it sent earlier is
-    /// still in flight), then the lease is set on the server, if this owner still holds
-    /// it. A MultiLock does this for members with a fixed lease once it holds them all,
-    /// so that no member's lease runs out while a later member is awaited.
-    async fn fix_lease(&self, lease: Duration) -> Result<()> {
+    /// Sets a fixed lease of `lease`, counted from now, if this owner still holds the
+    /// lock: the server's expiry, the local deadline and the lost signal move together.
+    ///
+    /// A holding the watchdog renews is turned into a fixed one when `from` allows it:
+    /// the watchdog stops renewing it (and nothing it sent earlier is still in flight)
+    /// before the lease is set. A MultiLock does this for members with a fixed lease once
+    /// it holds them all, so that no member's lease runs out while a later member is
+    /// awaited. [`LockGuard::extend`] allows fixed holdings only.
+    async fn set_fixed_lease(&self, lease: Duration, from: LeaseMode) -> Result<()> {
         let lease_ms = to_millis("lease", lease)?;
         let mut state = self.state.lock().await;
         if state.ended || !self.lease_entry.is_trusted() {
             return Err(self.not_held());
         }
-        self.lease_entry.stop_renewing().await;
+        if !state.fixed {
+            if from == LeaseMode::Fixed {
+                return Err(Error::InvalidConfig {
+                    what: "LockGuard::extend",
+                    reason: "this holding is in watchdog mode, which the watchdog renews; \
+                             extend applies to a fixed lease (Lock::with_lease)"
+                        .into(),
+                });
+            }
+            self.lease_entry.stop_renewing().await;
+        }
         let mut connection = self.core.connection();
         let sent_at = Instant::now();
         let sent_on_home = connection.routes_home();
@@ -610,8 +679,64 @@ impl Holding {
         }
         state.lease = lease;
         state.lease_ms = lease_ms;
+        state.fixed = true;
         self.lease_entry.fixed(sent_at, lease);
+        // An extension whose reply came after the old deadline passed: the server has
+        // the new lease, but the holder may already have acted on the loss, and a lost
+        // signal is final. (A MultiLock member fixed to a lease shorter than a round trip
+        // is handed out lost, as a Lock with that lease would be.)
+        if from == LeaseMode::Fixed && !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
         Ok(())
+    }
+
+    /// Asks the server whether this owner still holds the lock; marks the holding lost
+    /// (firing its lost signal) if not.
+    async fn verify(&self) -> Result<bool> {
+        if !self.lease_entry.is_trusted() {
+            return Ok(false);
+        }
+        let exists = redis::cmd("HEXISTS")
+            .arg(&*self.name)
+            .arg(&*self.owner)
+            .clone();
+        let held: bool = self.core.query(&exists).await?;
+        if !held {
+            tracing::warn!(lock = %self.name, owner = %self.owner, "the server says this holding no longer owns the lock; the lock is lost");
+            self.lease_entry.mark_lost();
+        }
+        Ok(held && self.lease_entry.is_trusted())
+    }
+}
+
+/// Which holdings [`Holding::set_fixed_lease`] may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseMode {
+    /// Only a fixed lease: extending a watchdog-mode holding is a mistake.
+    Fixed,
+    /// A fixed lease, or a watchdog-mode holding turned into one.
+    FixedOrWatchdog,
+}
+
+/// What [`LockGuard::release`] found on the server. Both are normal outcomes: a program
+/// that reacted to [`LockGuard::lost`] already can release and go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The hold was given back; the last hold of a holding freed the lock and woke a
+    /// waiter.
+    Released,
+    /// The lock was no longer this holding's when the release came (its lease ran out, or
+    /// it was deleted or force-unlocked), so nothing was changed on the server. The lost
+    /// signal has fired. Work done under the lock since the loss was not protected by it;
+    /// the fencing token is what protects a store from it.
+    AlreadyLost,
+}
+
+impl ReleaseOutcome {
+    /// True if the lock had been lost before the release.
+    pub fn was_lost(self) -> bool {
+        self == ReleaseOutcome::AlreadyLost
     }
 }
 
@@ -655,8 +780,14 @@ impl Drop for Hold {
         let core = Arc::clone(&holding.core);
         core.background().spawn(async move {
             let name = Arc::clone(&holding.name);
-            if let Err(err) = holding.give_back().await {
-                tracing::warn!(lock = %name, error = %err, "background release of a dropped guard failed");
+            match holding.give_back().await {
+                Ok(ReleaseOutcome::Released) => {}
+                Ok(ReleaseOutcome::AlreadyLost) => {
+                    tracing::debug!(lock = %name, "a dropped guard's lock was already lost");
+                }
+                Err(err) => {
+                    tracing::warn!(lock = %name, error = %err, "background release of a dropped guard failed");
+                }
             }
         });
     }
@@ -721,7 +852,10 @@ impl LockGuard {
     /// Fixes the lease of a holding taken in watchdog mode to `lease` from now (see
     /// `Holding::fix_lease`). Fails with [`Error::NotHeld`] if it is no longer held.
     pub(crate) async fn fix_lease(&self, lease: Duration) -> Result<()> {
-        self.hold.holding().fix_lease(lease).await
+        self.hold
+            .holding()
+            .set_fixed_lease(lease, LeaseMode::FixedOrWatchdog)
+            .await
     }
 }
 
@@ -746,6 +880,14 @@ impl LockGuard {
         self.hold.holding().token
     }
 
+    /// The fencing token as an `i64`, for a SQL `BIGINT` column. Exact: a token never
+    /// exceeds `i64::MAX`, because Redis counters are signed 64-bit integers.
+    pub fn fencing_token_i64(&self) -> i64 {
+        // A token is parsed from a Redis integer, so it fits; saturating keeps the type
+        // honest without a panic path.
+        i64::try_from(self.hold.holding().token).unwrap_or(i64::MAX)
+    }
+
     /// How many guards of this holding are alive: 1, plus one per live re-entry.
     pub fn hold_count(&self) -> u32 {
         self.hold.holding().guards.load(Ordering::Acquire)
@@ -761,12 +903,13 @@ impl LockGuard {
         &self.hold.holding().owner
     }
 
-    /// How long the lease is sure to last, by the local clock: zero once it is lost.
+    /// How long the lease is sure to last, by the local clock: until the lost signal
+    /// fires (the deadline less a margin for clock drift); zero once it is lost.
     pub fn lease_remaining(&self) -> Duration {
         self.hold
             .holding()
             .lease_entry
-            .deadline()
+            .trusted_until()
             .map(|deadline| deadline.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::ZERO)
     }
@@ -776,10 +919,24 @@ impl LockGuard {
         !self.hold.holding().lease_entry.is_trusted()
     }
 
-    /// Completes as soon as the lock can no longer be trusted to be held: a renewal found
-    /// the key gone or owned by another, or the lease deadline came without a successful
-    /// renewal. It completes no later than the deadline the local clock computes. It never
+    /// Completes as soon as the lock can no longer be trusted to be held. It never
     /// completes after a normal release.
+    ///
+    /// A loss is noticed in one of these ways, and no later than this:
+    ///
+    /// | how it is noticed | when |
+    /// |---|---|
+    /// | the lease deadline comes without a renewal (a server or network that does not answer, a fixed lease that ran its length) | at the deadline, less a margin of 1 % + 5 ms, by the local clock |
+    /// | a watchdog renewal finds the key gone or another owner (deleted, force-unlocked, evicted, a failover that lost it) | at the next renewal: every third of the watchdog timeout (10 s by default) |
+    /// | a renewal the server's ACL refuses | at that renewal |
+    /// | [`LockGuard::verify`], [`reenter`](LockGuard::reenter), [`extend`](LockGuard::extend) or a release finds it gone | when that call's reply comes |
+    /// | the client shuts down | at once |
+    ///
+    /// A fixed lease is never renewed, so a lock deleted under it is noticed only at its
+    /// deadline or by one of the calls above. To notice sooner, call
+    /// [`LockGuard::verify`] before a step that must not run without the lock (one round
+    /// trip), or shorten the watchdog timeout
+    /// ([`ClientBuilder::watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)).
     ///
     /// The future watches the local clock itself, so the promise holds even if the
     /// client's background work cannot run.
@@ -795,9 +952,94 @@ impl LockGuard {
 
     /// The same signal as [`LockGuard::lost`], as a token to hand to other tasks. Each
     /// call gives a new token: cancelling it yourself (to stop a worker, say) affects
-    /// neither the guard nor other tokens. It costs no task.
+    /// neither the guard nor other tokens.
+    ///
+    /// It is cancelled by the lease deadline itself, not only by the client's watchdog: the
+    /// first call starts one small timer task on the caller's runtime (the client's own
+    /// when called outside one), which ends with the holding.
     pub fn lost_token(&self) -> CancellationToken {
         self.hold.holding().lease_entry.lost_token()
+    }
+
+    /// Asks the server, now, whether this holding still owns the lock: one round trip.
+    /// `Ok(false)` means it is lost, and the lost signal has fired. Use it before a step
+    /// that must not run without the lock, to notice a deletion or force-unlock before the
+    /// next renewal (or, for a fixed lease, before the deadline).
+    ///
+    /// `Ok(true)` says the server had it when it answered; the lease may still run out
+    /// right after. The fencing token is what protects a store.
+    pub async fn verify(&self) -> Result<bool> {
+        self.hold.holding().verify().await
+    }
+
+    /// Sets the fixed lease of this holding to run out `lease` from now (it may shorten
+    /// it too), if it is still this holding's on the server. The local deadline,
+    /// [`LockGuard::lease_remaining`] and the lost signal move with it.
+    ///
+    /// Fails with [`Error::NotHeld`] if the lock is no longer this holding's (the lost
+    /// signal has then fired), and with [`Error::InvalidConfig`] for a holding in
+    /// watchdog mode, which the watchdog renews.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = distlock_testkit::RedisServer::start().await?;
+    /// # let client = distlock::Client::connect(&server.url()).await?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = client.lock("import")?.with_lease(Duration::from_secs(10));
+    /// let guard = lock.lock().await?;
+    /// // The import takes longer than planned: ask for another minute.
+    /// guard.extend(Duration::from_secs(60)).await?;
+    /// assert!(guard.lease_remaining() > Duration::from_secs(50));
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        self.hold
+            .holding()
+            .set_fixed_lease(lease, LeaseMode::Fixed)
+            .await
+    }
+
+    /// Gives up this guard without releasing its hold: the lock stays taken on the server
+    /// until its lease runs out, and nothing is kept alive on the client (no renewal, no
+    /// release, no handle on the client). Returns how long the lease is sure to last, by
+    /// the local clock.
+    ///
+    /// For a job that must run at most once per period across hosts: take the lock with
+    /// a fixed lease of one period, do the work, and leave the lock to expire, so no host
+    /// runs it again before the period ends, whatever its clock says. In watchdog mode the
+    /// lock expires within the watchdog timeout of its last renewal.
+    ///
+    /// Other guards of the same holding (re-entries) stay valid; the hold left here keeps
+    /// the lock taken after they are released.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = distlock_testkit::RedisServer::start().await?;
+    /// # let client = distlock::Client::connect(&server.url()).await?;
+    /// use std::time::Duration;
+    ///
+    /// let hourly = client.lock("cron:hourly-report")?.with_lease(Duration::from_secs(3600));
+    /// if let Some(guard) = hourly.try_lock().await? {
+    ///     // ... run the report ...
+    ///     guard.leave_to_expire();
+    /// }
+    /// // Until the hour is up, no host takes it again.
+    /// assert!(hourly.try_lock().await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leave_to_expire(self) -> Duration {
+        let remaining = self.lease_remaining();
+        let LockGuard { hold, _client } = self;
+        // The hold is taken out without its release; its count stays on the server. The
+        // last guard gone stops the renewal, and dropping the holding ends its entry.
+        hold.take().guard_gone();
+        remaining
     }
 
     /// Takes one more hold on this guard's holding, for a nested section: the returned
@@ -824,11 +1066,13 @@ impl LockGuard {
     }
 
     /// Releases this hold: one hold fewer; the last hold frees the lock and wakes one
-    /// waiter. Fails with [`Error::NotHeld`] if the lease was lost in the meantime.
+    /// waiter. [`ReleaseOutcome::AlreadyLost`] says the lease had been lost in the
+    /// meantime (nothing was changed then); an error says the server could not be asked
+    /// (the lock then frees itself when its lease runs out, as nothing renews it).
     ///
     /// Cancel-safe: once started, the release completes even if this future is dropped.
     /// It works after [`Client::shutdown`] too: giving a lock back is always allowed.
-    pub async fn release(self) -> Result<()> {
+    pub async fn release(self) -> Result<ReleaseOutcome> {
         // The client handle lives until the release is done.
         let LockGuard { hold, _client } = self;
         let holding = hold.take();

@@ -28,7 +28,7 @@ use crate::duration::to_millis;
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, Result};
 use crate::lock::lease_set;
-use crate::lock::{Lock, LockGuard};
+use crate::lock::{Lock, LockGuard, ReleaseOutcome};
 
 /// A set of locks acquired together: all of them, or none.
 ///
@@ -111,7 +111,7 @@ impl MultiLock {
         }
         let collecting = members
             .iter()
-            .map(|member| member.clone().with_watchdog())
+            .map(|member| member.with_watchdog())
             .collect();
         Ok(Self {
             members,
@@ -272,9 +272,16 @@ impl MultiLockGuard {
     }
 
     /// Releases every member, all at once. Each is released even if another fails; the
-    /// first failure is returned ([`Error::NotHeld`] for a member whose lease was lost).
-    pub async fn release(self) -> Result<()> {
+    /// first failure is returned. [`ReleaseOutcome::AlreadyLost`] says at least one
+    /// member's lease had been lost (the set was no longer held).
+    pub async fn release(self) -> Result<ReleaseOutcome> {
         let outcomes = join_all(self.guards.into_iter().map(LockGuard::release)).await;
-        outcomes.into_iter().collect()
+        let mut set = ReleaseOutcome::Released;
+        for outcome in outcomes {
+            if outcome?.was_lost() {
+                set = ReleaseOutcome::AlreadyLost;
+            }
+        }
+        Ok(set)
     }
 }

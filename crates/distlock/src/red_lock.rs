@@ -33,9 +33,10 @@ use crate::client::{Client, Core};
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
 use crate::engine::detach::Detached;
 use crate::engine::lease_set::LeaseSet;
+use crate::engine::watchdog::safety_margin;
 use crate::error::{Error, NodeFailure, Result};
 use crate::lock::lease_set;
-use crate::lock::{Lock, LockAttempt, LockGuard};
+use crate::lock::{Lock, LockAttempt, LockGuard, ReleaseOutcome};
 
 /// The longest default per-node timeout: a master that takes longer is counted as down.
 const MAX_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -129,17 +130,22 @@ impl RedLock {
         })
     }
 
-    /// A fixed lease of `lease` on every master, with no watchdog.
-    pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
+    /// The same RedLock with a fixed lease of `lease` on every master, with no watchdog.
+    /// `self` is left as it was, as with [`Lock::with_lease`].
+    pub fn with_lease(&self, lease: Duration) -> RedLock {
+        RedLock {
+            lease: Some(lease),
+            ..self.clone()
+        }
     }
 
-    /// Watchdog mode (the default): each master's client renews its hold; the lease is
-    /// each client's watchdog timeout.
-    pub fn with_watchdog(mut self) -> Self {
-        self.lease = None;
-        self
+    /// The same RedLock in watchdog mode (the default): each master's client renews its
+    /// hold; the lease is each client's watchdog timeout.
+    pub fn with_watchdog(&self) -> RedLock {
+        RedLock {
+            lease: None,
+            ..self.clone()
+        }
     }
 
     /// How long one master may take to answer one attempt before it counts as failed.
@@ -192,8 +198,8 @@ impl RedLock {
             .iter()
             .map(|master| {
                 let master = match self.lease {
-                    Some(lease) => master.clone().with_lease(lease),
-                    None => master.clone().with_watchdog(),
+                    Some(lease) => master.with_lease(lease),
+                    None => master.with_watchdog(),
                 };
                 let attempt = master.attempt()?;
                 Ok((master, attempt))
@@ -205,6 +211,18 @@ impl RedLock {
             .map(|(_, attempt)| attempt.lease())
             .min()
             .unwrap_or_default();
+        // Each master's lease is trusted until its deadline less the safety margin (which
+        // covers the validity rule's drift): a lease no longer than that margin would
+        // only ever make guards that are lost as they are handed out.
+        if lease <= safety_margin(lease) {
+            return Err(Error::InvalidDuration {
+                what: "RedLock lease",
+                reason: format!(
+                    "{lease:?} leaves no validity after the clock-drift and timer margin of {:?}",
+                    safety_margin(lease)
+                ),
+            });
+        }
         let node_timeout = match self.node_timeout {
             Some(timeout) if timeout.is_zero() => {
                 return Err(Error::InvalidDuration {
@@ -345,16 +363,22 @@ impl Acquire for RedLockAttempt {
                 .and_then(|left| left.checked_sub(drift(lease)))
                 .filter(|left| !left.is_zero());
             if granted.len() >= quorum && validity.is_some() {
-                return Ok(Attempt::Acquired(RedLockGuard {
-                    name,
+                let guard = RedLockGuard {
+                    name: Arc::clone(&name),
                     quorum,
                     masters: masters.len(),
-                    guards: granted,
+                    guards: std::mem::take(&mut granted),
                     home: Arc::clone(&home),
                     node_timeout,
-                }));
-            }
-            if granted.len() >= quorum {
+                };
+                // The members' own margins may leave nothing of a lease that short: a guard
+                // that is lost as it is handed out protects nothing.
+                if !guard.is_lost() {
+                    return Ok(Attempt::Acquired(guard));
+                }
+                tracing::debug!(lock = %name, ?elapsed, ?lease, "RedLock majority has no validity left; giving it back");
+                drop(guard);
+            } else if granted.len() >= quorum {
                 tracing::debug!(lock = %name, ?elapsed, ?lease, "RedLock majority came too late; giving it back");
             }
             // Dropping the grants gives each back on its master's runtime, all at once.
@@ -379,6 +403,10 @@ impl Acquire for RedLockAttempt {
             .first()
             .map(|(_, attempt)| attempt.channel_arc().as_ref())
             .unwrap_or_default()
+    }
+
+    fn queue(&self) -> &str {
+        &self.name
     }
 
     fn other_channels(&self) -> &[(Arc<Core>, Arc<str>)] {
@@ -446,7 +474,9 @@ impl RedLockGuard {
         !self.leases().is_trusted()
     }
 
-    /// How long a majority is sure to hold it, by the local clock: zero once lost.
+    /// How long a majority is sure to hold it, by the local clock: zero once lost. Each
+    /// master's lease is counted from before the attempt was sent, less the clock-drift
+    /// allowance, so this never exceeds the RedLock validity (lease − elapsed − drift).
     pub fn lease_remaining(&self) -> Duration {
         self.leases().remaining()
     }
@@ -462,37 +492,35 @@ impl RedLockGuard {
         self.leases().lost_token()
     }
 
-    /// Releases on every master that granted it, all at once. Fails with
-    /// [`Error::NotHeld`] if fewer than a majority still held it.
+    /// Releases on every master that granted it, all at once.
+    /// [`ReleaseOutcome::AlreadyLost`] says fewer than a majority still held it; an error,
+    /// that too few masters answered to tell.
     ///
     /// Once a majority has released, the rest get at most the node timeout: a master that
     /// stalls does not hold up the caller for its whole retry window. Its release goes on
     /// in the background, and its client's shutdown waits for it.
-    pub async fn release(self) -> Result<()> {
+    pub async fn release(self) -> Result<ReleaseOutcome> {
         let RedLockGuard {
-            name,
             quorum,
             guards,
             home,
             node_timeout,
             ..
         } = self;
-        let owner = guards
-            .first()
-            .map(|guard| guard.owner().to_owned())
-            .unwrap_or_default();
         let started = Instant::now();
         // Each release runs to completion even when this future stops polling it.
         let mut releases: FuturesUnordered<_> =
             guards.into_iter().map(LockGuard::release).collect();
         let stragglers_deadline = home.background().sleep_until(started + node_timeout);
         tokio::pin!(stragglers_deadline);
-        let (mut released, mut failure) = (0, None);
+        let (mut released, mut failed, mut failure) = (0, 0, None);
         loop {
             tokio::select! {
                 outcome = releases.next() => match outcome {
-                    Some(Ok(())) => released += 1,
+                    Some(Ok(ReleaseOutcome::Released)) => released += 1,
+                    Some(Ok(ReleaseOutcome::AlreadyLost)) => {}
                     Some(Err(err)) => {
+                        failed += 1;
                         failure.get_or_insert(err);
                     }
                     None => break,
@@ -501,14 +529,12 @@ impl RedLockGuard {
             }
         }
         if released >= quorum {
-            return Ok(());
+            return Ok(ReleaseOutcome::Released);
         }
         match failure {
-            Some(Error::NotHeld { .. }) | None => Err(Error::NotHeld {
-                name: name.to_string(),
-                owner,
-            }),
-            Some(other) => Err(other),
+            // The masters that failed to answer could have made up a majority.
+            Some(err) if released + failed >= quorum => Err(err),
+            _ => Ok(ReleaseOutcome::AlreadyLost),
         }
     }
 }

@@ -41,12 +41,12 @@ async fn zero_and_overflowing_durations_are_refused() {
     bounded(LIMIT, async {
         let lock = client.lock("durations").unwrap();
         for lease in [Duration::ZERO, Duration::from_micros(10), Duration::MAX] {
-            let err = lock.clone().with_lease(lease).try_lock().await.unwrap_err();
+            let err = lock.with_lease(lease).try_lock().await.unwrap_err();
             assert!(
                 matches!(err, Error::InvalidDuration { what: "lease", .. }),
                 "{err}"
             );
-            let err = lock.clone().with_lease(lease).lock().await.unwrap_err();
+            let err = lock.with_lease(lease).lock().await.unwrap_err();
             assert!(matches!(err, Error::InvalidDuration { .. }), "{err}");
         }
         let err = lock.try_lock_for(Duration::MAX).await.unwrap_err();

@@ -61,12 +61,12 @@ async fn calls_on_masters(cluster: &RedisCluster, command: &str) -> u64 {
 async fn cycles_without_wait<F, Fut>(cluster: &RedisCluster, node: usize, rounds: usize, cycle: F)
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = distlock::Result<()>>,
+    Fut: std::future::Future<Output = distlock::Result<distlock::ReleaseOutcome>>,
 {
     let before = calls_on(cluster, node, "wait").await;
     for _ in 0..rounds {
         let started = Instant::now();
-        cycle().await.unwrap();
+        assert_eq!(cycle().await.unwrap(), distlock::ReleaseOutcome::Released);
         assert!(
             started.elapsed() < Duration::from_millis(500),
             "a cycle on a master without replicas waited: {:?}",
@@ -458,7 +458,10 @@ async fn auto_sync_waits_per_shard_for_the_replicas_the_cluster_lists() {
     let started = Instant::now();
     loop {
         match cycle().await {
-            Ok(()) => break,
+            Ok(outcome) => {
+                assert_eq!(outcome, distlock::ReleaseOutcome::Released);
+                break;
+            }
             Err(err) if err.is_connection_error() && started.elapsed() < LIMIT => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

@@ -101,7 +101,9 @@ async fn a_second_guard_of_one_task_survives_the_first_ones_release() {
                     second.release().await.unwrap();
                     panic!("round {round}: two guards of one lock at once");
                 }
-                (Some(winner), None) | (None, Some(winner)) => winner.release().await.unwrap(),
+                (Some(winner), None) | (None, Some(winner)) => {
+                    winner.release().await.unwrap();
+                }
                 (None, None) => panic!("round {round}: a free lock went to neither"),
             }
         }

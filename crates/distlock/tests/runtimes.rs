@@ -693,9 +693,6 @@ fn a_guard_and_its_lost_signal_work_outside_tokio() {
         "lost() fired {fired_after:?} into a 300 ms lease"
     );
     // The server may still have the lease's last milliseconds: either answer is right.
-    assert!(
-        matches!(released, Ok(()) | Err(distlock::Error::NotHeld { .. })),
-        "{released:?}"
-    );
+    assert!(released.is_ok(), "{released:?}");
     main.block_on(client.shutdown());
 }

@@ -187,3 +187,59 @@ async fn try_lock_does_not_jump_the_local_queue() {
     })
     .await;
 }
+
+/// Review: `X` and `{X}` share a release channel (Redisson's rule), and local waiters
+/// queued by channel, so `try_lock` on a free `{X}` answered busy while a task waited on
+/// `X`, and a release of `{X}` woke the `X` waiter instead of the `{X}` one, which slept
+/// up to a whole lease. Waiters now queue by lock.
+#[tokio::test]
+async fn locks_that_share_a_release_channel_queue_apart() {
+    let server = server().await;
+    let holder = client(&server).await;
+    let waiters = client(&server).await;
+    let conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held_plain = holder.lock("shared").unwrap().lock().await.unwrap();
+        let plain = waiters.lock("shared").unwrap();
+        let plain_waiter = tokio::spawn(async move { plain.lock().await });
+        until_subscribers(&conn, "redisson_lock__channel:{shared}", 1).await;
+
+        // `{shared}` is free: nobody queues for it, whatever waits on `shared`.
+        let braced = waiters.lock("{shared}").unwrap();
+        let free = braced.try_lock().await.unwrap();
+        free.expect("a free lock answered busy behind another lock's waiter")
+            .release()
+            .await
+            .unwrap();
+
+        // A release of `{shared}` wakes its own waiter, not the older `shared` one.
+        let held_braced = holder.lock("{shared}").unwrap().lock().await.unwrap();
+        let braced_waiter = tokio::spawn(async move { braced.lock().await });
+        // The waiter joins the client's existing subscription, which the server cannot
+        // show; give it time to park (if it has not, it finds the lock free: no false
+        // failure, only a weaker run).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        held_braced.release().await.unwrap();
+        let released_at = Instant::now();
+        let guard = bounded(Duration::from_secs(3), braced_waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        let handoff = released_at.elapsed();
+        assert!(
+            handoff < Duration::from_millis(500),
+            "the {{shared}} waiter took {handoff:?}"
+        );
+        assert!(!plain_waiter.is_finished(), "`shared` is still held");
+        guard.release().await.unwrap();
+        held_plain.release().await.unwrap();
+        bounded(Duration::from_secs(3), plain_waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+}

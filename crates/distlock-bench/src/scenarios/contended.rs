@@ -84,7 +84,9 @@ impl Implementation {
 impl Held {
     async fn release(self) -> BenchResult<()> {
         match self {
-            Held::Distlock(guard) => guard.release().await?,
+            Held::Distlock(guard) => {
+                guard.release().await?;
+            }
             Held::Rslock(manager, lock) => manager.unlock(&lock).await,
         }
         Ok(())

@@ -72,8 +72,13 @@ pub(crate) trait Acquire {
     fn attempt(&self) -> AttemptFuture<Self::Guard>;
 
     /// The channel on which releases of this primitive are published, on the client the
-    /// engine is given. Local waiters queue on it.
+    /// engine is given.
     fn channel(&self) -> &str;
+
+    /// What local waiters queue on: the primitive's key. Several primitives may share one
+    /// channel (Redisson's layout gives `X` and `{X}` one), but each has its own queue, so
+    /// a waiter never waits behind, or takes the wake-up of, a waiter for another lock.
+    fn queue(&self) -> &str;
 
     /// Channels of the same primitive on other clients, each announcing its releases too
     /// (a RedLock's other masters): a waiter wakes on a message on any of them, so one
@@ -143,7 +148,7 @@ pub(crate) async fn acquire<A: Acquire>(
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
         && deadline.is_none_or(|deadline| deadline > Instant::now());
-    if subscriptions.has_waiters(primitive.channel()) {
+    if subscriptions.has_waiters(primitive.channel(), primitive.queue()) {
         // Local waiters are queued: never try ahead of them. A caller that will not wait
         // is told "busy", as tokio's `try_lock` is while others wait.
         if !waiting_patiently {
@@ -165,17 +170,18 @@ pub(crate) async fn acquire<A: Acquire>(
             Err(err) => return Err(err),
         }
     }
-    let subscribing = async {
-        let main = subscriptions.subscribe(primitive.channel()).await;
-        let others = join_all(
-            primitive
-                .other_channels()
-                .iter()
-                .map(|(core, channel)| core.subscriptions().subscribe(channel)),
-        )
-        .await;
-        (main, others)
-    };
+    let subscribing =
+        async {
+            let main = subscriptions
+                .subscribe(primitive.channel(), primitive.queue())
+                .await;
+            let others =
+                join_all(primitive.other_channels().iter().map(|(core, channel)| {
+                    core.subscriptions().subscribe(channel, primitive.queue())
+                }))
+                .await;
+            (main, others)
+        };
     let (subscription, others) = tokio::select! {
         subscribed = subscribing => subscribed,
         _ = core.background().sleep_until_some(deadline) => {

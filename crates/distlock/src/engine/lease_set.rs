@@ -50,13 +50,13 @@ impl<'a> LeaseSet<'a> {
             >= self.quorum
     }
 
-    /// When the set stops being trusted unless renewed: the deadline by which all but
-    /// `quorum - 1` members will have run out. `None` once the set is lost.
+    /// When the set stops being trusted unless renewed: the moment by which all but
+    /// `quorum - 1` members will no longer be trusted. `None` once the set is lost.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let mut deadlines: Vec<Instant> = self
             .members
             .iter()
-            .filter_map(|lease| lease.deadline())
+            .filter_map(|lease| lease.trusted_until())
             .collect();
         if deadlines.len() < self.quorum {
             return None;

@@ -3,8 +3,13 @@
 //!
 //! Waiters register interest with [`Subscriptions::subscribe`], which returns once the
 //! server confirmed the SUBSCRIBE, so a release published after that cannot be missed.
-//! Each message wakes one local waiter, oldest first (tokio's `Notify::notify_one`); a
-//! waiter that is dropped after being woken hands the wake-up to the next one.
+//!
+//! Local waiters queue per lock, not per channel: Redisson's layout gives `X` and `{X}`
+//! one release channel, and a release message does not say which lock it frees. So each
+//! message wakes one waiter of every lock queued on its channel, oldest first (tokio's
+//! `Notify::notify_one`); a waiter woken for a lock still held looks, finds it busy, and
+//! waits again. A waiter that is dropped after being woken hands the wake-up to the next
+//! one of its lock.
 //!
 //! A task on the client's own runtime owns the connection (never the runtime of the first
 //! waiter, which may end long before the client does). When it breaks, the task reconnects with
@@ -81,12 +86,35 @@ struct Shared {
 struct ChannelEntry {
     state: Arc<ChannelState>,
     refs: usize,
+    /// The local waiters of each lock announced on this channel, by lock key.
+    queues: HashMap<String, Queue>,
+}
+
+/// The waiters of one lock.
+struct Queue {
+    wake: Arc<Notify>,
+    refs: usize,
 }
 
 struct ChannelState {
-    wake: Notify,
     /// Whether the server delivers this channel's messages.
     delivery: watch::Sender<Delivery>,
+}
+
+impl ChannelEntry {
+    /// Wakes one waiter of every lock on the channel (a release message).
+    fn wake_one_each(&self) {
+        for queue in self.queues.values() {
+            queue.wake.notify_one();
+        }
+    }
+
+    /// Wakes every waiter on the channel (messages may have been lost).
+    fn wake_all(&self) {
+        for queue in self.queues.values() {
+            queue.wake.notify_waiters();
+        }
+    }
 }
 
 /// What the server does with a channel's messages for this client.
@@ -100,12 +128,15 @@ enum Delivery {
     Denied,
 }
 
-/// One waiter's interest in a channel. Dropping it unsubscribes when it was the last.
+/// One waiter's interest in a lock's channel. Dropping it leaves the lock's queue, and
+/// unsubscribes when it was the channel's last.
 pub(crate) struct Subscription {
     shared: Arc<Shared>,
     channel: String,
+    queue: String,
     state: Arc<ChannelState>,
-    /// Other local waiters were already queued on the channel when this one joined.
+    wake: Arc<Notify>,
+    /// Other local waiters were already queued for the lock when this one joined.
     joined_a_queue: bool,
 }
 
@@ -144,34 +175,49 @@ impl Subscriptions {
         }
     }
 
-    /// Registers interest in `channel` and waits until the server confirmed the
-    /// subscription, or until the connection timeout passed (then the waiter still works,
-    /// by retrying when the holder's lease runs out: see [`Subscription::is_live`]).
+    /// Queues a waiter for the lock `queue`, whose releases are announced on `channel`,
+    /// and waits until the server confirmed the subscription, or until the connection
+    /// timeout passed (then the waiter still works, by retrying when the holder's lease
+    /// runs out: see [`Subscription::is_live`]).
     ///
     /// Cancel-safe: dropping the future drops the interest.
-    pub(crate) async fn subscribe(&self, channel: &str) -> Subscription {
+    pub(crate) async fn subscribe(&self, channel: &str, queue: &str) -> Subscription {
         self.start_hub();
-        let (state, joined_a_queue) = {
+        let (state, wake, joined_a_queue) = {
             let mut channels = self.shared.channels();
             let entry = channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| ChannelEntry {
                     state: Arc::new(ChannelState {
-                        wake: Notify::new(),
                         delivery: watch::Sender::new(Delivery::Pending),
                     }),
                     refs: 0,
+                    queues: HashMap::new(),
                 });
             entry.refs += 1;
             if entry.refs == 1 {
                 let _ = self.shared.nudge.send(());
             }
-            (Arc::clone(&entry.state), entry.refs > 1)
+            let waiters = entry
+                .queues
+                .entry(queue.to_owned())
+                .or_insert_with(|| Queue {
+                    wake: Arc::new(Notify::new()),
+                    refs: 0,
+                });
+            waiters.refs += 1;
+            (
+                Arc::clone(&entry.state),
+                Arc::clone(&waiters.wake),
+                waiters.refs > 1,
+            )
         };
         let subscription = Subscription {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
+            queue: queue.to_owned(),
             state,
+            wake,
             joined_a_queue,
         };
         let mut delivery = subscription.state.delivery.subscribe();
@@ -191,9 +237,12 @@ impl Subscriptions {
         subscription
     }
 
-    /// True if local waiters are queued on `channel` right now.
-    pub(crate) fn has_waiters(&self, channel: &str) -> bool {
-        self.shared.channels().contains_key(channel)
+    /// True if local waiters are queued for the lock `queue` on `channel` right now.
+    pub(crate) fn has_waiters(&self, channel: &str, queue: &str) -> bool {
+        self.shared
+            .channels()
+            .get(channel)
+            .is_some_and(|entry| entry.queues.contains_key(queue))
     }
 
     fn start_hub(&self) {
@@ -218,7 +267,7 @@ impl Subscription {
     /// A future that completes at the next wake-up for this waiter. Call
     /// `enable()` on it (pinned) before trying the lock, so a release in between counts.
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.state.wake.notified()
+        self.wake.notified()
     }
 
     /// True if other local waiters were queued when this one joined: it should wait for
@@ -238,6 +287,12 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let mut channels = self.shared.channels();
         if let Some(entry) = channels.get_mut(&self.channel) {
+            if let Some(waiters) = entry.queues.get_mut(&self.queue) {
+                waiters.refs = waiters.refs.saturating_sub(1);
+                if waiters.refs == 0 {
+                    entry.queues.remove(&self.queue);
+                }
+            }
             entry.refs = entry.refs.saturating_sub(1);
             if entry.refs == 0 {
                 channels.remove(&self.channel);
@@ -604,18 +659,18 @@ async fn subscribe(
 
 fn deliver(shared: &Shared, channel: &str) {
     if let Some(entry) = shared.channels().get(channel) {
-        entry.state.wake.notify_one();
+        entry.wake_one_each();
     }
 }
 
 fn wake_channel(shared: &Shared, channel: &str) {
     if let Some(entry) = shared.channels().get(channel) {
-        entry.state.wake.notify_waiters();
+        entry.wake_all();
     }
 }
 
 fn wake_everyone(shared: &Shared) {
     for entry in shared.channels().values() {
-        entry.state.wake.notify_waiters();
+        entry.wake_all();
     }
 }

@@ -63,6 +63,9 @@ struct Entry {
     /// The lost signal, created only when asked for: most holdings never are, and a
     /// process may hold many thousands of locks.
     signal: Option<CancellationToken>,
+    /// Ends the signal's own deadline timer (see [`Lease::lost_token`]) when the holding
+    /// ends.
+    signal_timer: Option<CancellationToken>,
 }
 
 impl Entry {
@@ -179,8 +182,23 @@ impl Lease {
 
     /// A new token, cancelled as soon as the lease can no longer be trusted (already
     /// cancelled if that has happened). Cancelling it affects nobody else.
+    ///
+    /// The watchdog cancels it when a renewal finds the lock gone, and a timer of its own
+    /// cancels it at the deadline: a worker that only checks the token must not act past
+    /// the deadline because the client's thread is starved. The timer runs on the
+    /// caller's runtime when there is one (the worker's, most likely, which is running if
+    /// the worker is), on the client's otherwise, and ends with the holding.
     pub(crate) fn lost_token(&self) -> CancellationToken {
-        self.with_entry(|entry| {
+        self.signal(true).unwrap_or_else(|| {
+            // The holding is over: a token that never fires.
+            CancellationToken::new()
+        })
+    }
+
+    /// A child of the entry's lost signal, made on first use; with `timed`, the signal's
+    /// deadline timer is started if it is not running yet.
+    fn signal(&self, timed: bool) -> Option<CancellationToken> {
+        let (child, start_timer) = self.with_entry(|entry| {
             let signal = entry.signal.get_or_insert_with(|| {
                 let signal = CancellationToken::new();
                 if entry.lost {
@@ -188,12 +206,62 @@ impl Lease {
                 }
                 signal
             });
-            signal.child_token()
-        })
-        .unwrap_or_else(|| {
-            // The holding is over: a token that never fires.
-            CancellationToken::new()
-        })
+            let child = signal.child_token();
+            let start_timer = timed && !entry.lost && entry.signal_timer.is_none();
+            let stop =
+                start_timer.then(|| entry.signal_timer.insert(CancellationToken::new()).clone());
+            (child, stop)
+        })?;
+        if let Some(stop) = start_timer {
+            self.start_signal_timer(stop);
+        }
+        Some(child)
+    }
+
+    /// Cancels the lost signal when the deadline (less the margin) comes, unless the
+    /// holding ends or a renewal moves the deadline first.
+    fn start_signal_timer(&self, stop: CancellationToken) {
+        let registry = Arc::clone(&self.shared.registry);
+        let id = self.id;
+        let client_runtime = lock_registry(&registry).runtime.clone();
+        let timer = async move {
+            loop {
+                let (fire, runtime) = {
+                    let mut registry = lock_registry(&registry);
+                    let runtime = registry.runtime.clone();
+                    let Some(entry) = registry.entries.get_mut(&id) else {
+                        return;
+                    };
+                    if entry.lost {
+                        return;
+                    }
+                    let fire = entry.fire_at();
+                    if fire <= Instant::now() {
+                        tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
+                        entry.mark_lost();
+                        return;
+                    }
+                    match runtime {
+                        Some(runtime) => (fire, runtime),
+                        // The client is gone; its shutdown marked every holding lost.
+                        None => return,
+                    }
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = sleep_until_on(&runtime, fire) => {}
+                }
+            }
+        };
+        match (tokio::runtime::Handle::try_current(), client_runtime) {
+            (Ok(current), _) => {
+                current.spawn(timer);
+            }
+            (Err(_), Some(client)) => {
+                client.spawn(timer);
+            }
+            (Err(_), None) => {}
+        }
     }
 
     /// True while the holding is not known lost and its deadline (less the safety
@@ -205,10 +273,11 @@ impl Lease {
             .unwrap_or(false)
     }
 
-    /// The local deadline of the lease, while the holding is trusted.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
+    /// Until when the lease is trusted by the local clock (its deadline less the safety
+    /// margin, when the lost signal fires), while the holding is trusted.
+    pub(crate) fn trusted_until(&self) -> Option<Instant> {
         let now = Instant::now();
-        self.with_entry(|entry| entry.is_trusted(now).then_some(entry.deadline))
+        self.with_entry(|entry| entry.is_trusted(now).then(|| entry.fire_at()))
             .flatten()
     }
 
@@ -219,7 +288,8 @@ impl Lease {
     pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
         let registry = Arc::clone(&self.shared.registry);
         let id = self.id;
-        let signal = self.lost_token();
+        // The future watches the clock itself: no timer task for it.
+        let signal = self.signal(false).unwrap_or_default();
         async move {
             loop {
                 if signal.is_cancelled() {
@@ -297,7 +367,10 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.shared.registry().entries.remove(&self.id);
+        let entry = self.shared.registry().entries.remove(&self.id);
+        if let Some(timer) = entry.and_then(|entry| entry.signal_timer) {
+            timer.cancel();
+        }
     }
 }
 
@@ -371,6 +444,7 @@ impl Watchdog {
             closing: false,
             lost: false,
             signal: None,
+            signal_timer: None,
         };
         let fire = entry.fire_at();
         let mut registry = self.shared.registry();
@@ -655,6 +729,7 @@ mod tests {
             closing,
             lost: false,
             signal: None,
+            signal_timer: None,
         };
         assert!(entry(true, false)
             .expiry()

@@ -4,13 +4,15 @@
 -- the highest token it accepted, and tokens must start above it again.
 --
 -- KEYS[1]  fencing-token counter
--- ARGV[1]  floor, a non-negative integer below 2^53 (Lua numbers are doubles)
+-- ARGV[1]  floor: a canonical decimal integer, 0 <= floor < 2^63 - 1 (checked by the
+--          client), compared as text so that it stays exact above 2^53
 --
--- Returns the counter's value afterwards: max(its value before, floor). Never lowers it.
-local current = tonumber(redis.call('get', KEYS[1]) or '0')
-local floor = tonumber(ARGV[1])
-if current < floor then
-    redis.call('set', KEYS[1], ARGV[1])
+-- Returns the counter's value afterwards, as decimal text: max(its value before, floor).
+-- Never lowers it.
+local current = redis.call('get', KEYS[1]) or '0'
+local floor = ARGV[1]
+if #floor > #current or (#floor == #current and floor > current) then
+    redis.call('set', KEYS[1], floor)
     return floor
 end
 return current

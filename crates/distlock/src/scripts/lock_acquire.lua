@@ -1,12 +1,16 @@
 -- Takes a free lease lock for a new owner and hands out a fencing token.
 --
 -- KEYS[1]  lock hash: field = owner, value = hold count; the key's PEXPIRE is the lease
--- KEYS[2]  fencing-token counter (never expires, so tokens keep increasing)
+-- KEYS[2]  this client's fencing-token counter (never expires, so tokens keep increasing)
+-- KEYS[3]  the lock's counter under the other FencingCounter setting: read, and written
+--          never (a fleet whose clients count differently must not repeat a token)
 -- ARGV[1]  lease, milliseconds
 -- ARGV[2]  owner, "<client uuid>:<n>", unique to this attempt
 --
--- Returns one integer, so the reply needs no array:
---   >= 1  the owner holds the lock now; the value is its fencing token
+-- Returns one value, so the reply needs no array:
+--   >= 1  the owner holds the lock now; the value is its fencing token (an integer, or
+--         the counter's decimal text once tokens reach 2^53, where a Lua number, which is
+--         a double, can no longer hold every integer)
 --      0  another owner holds it, with no expiry
 --   <= -1 another owner holds it; its lease has (-value - 1) ms left
 -- or fails with a NOPERM error, having written nothing, when the user's ACL refuses one
@@ -14,7 +18,11 @@
 --
 -- An owner is never reused, so its field exists only if this very attempt already ran (a
 -- reply lost, the command sent again): it then holds the lock and gets a fresh token.
--- A free lock costs four calls, a busy one three.
+-- A free lock costs five calls, a busy one three.
+--
+-- A token is one more than the larger of the two counters, so tokens strictly increase
+-- across every client of the lock, whichever counter each uses. A user whose ACL may not
+-- read the other counter skips that comparison (docs/safety.md lists the rights).
 --
 -- A refused call aborts a script but keeps what it wrote before, so every write is
 -- checked against the user's ACL before the first one (Redis >= 7.0 has acl_check_cmd).
@@ -24,6 +32,7 @@ local free = redis.call('exists', KEYS[1]) == 0
 if not free and redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1 - math.max(redis.call('pttl', KEYS[1]), -1)
 end
+local read_other = true
 if redis.acl_check_cmd then
     if not redis.acl_check_cmd('incr', KEYS[2]) then
         return redis.error_reply('NOPERM this user may not INCR the fencing counter ' .. KEYS[2])
@@ -32,8 +41,27 @@ if redis.acl_check_cmd then
             and redis.acl_check_cmd('pexpire', KEYS[1], ARGV[1])) then
         return redis.error_reply('NOPERM this user may not HSET and PEXPIRE the lock ' .. KEYS[1])
     end
+    read_other = redis.acl_check_cmd('get', KEYS[3])
+end
+if read_other then
+    -- Compared as text: both are canonical decimals, and a double could not tell two
+    -- counters apart above 2^53.
+    local other = redis.call('get', KEYS[3])
+    if other and string.match(other, '^[1-9]%d*$') then
+        local mine = redis.call('get', KEYS[2]) or '0'
+        if #other > #mine or (#other == #mine and other > mine) then
+            if redis.acl_check_cmd and not redis.acl_check_cmd('set', KEYS[2], other) then
+                return redis.error_reply('NOPERM this user may not SET the fencing counter ' .. KEYS[2])
+            end
+            redis.call('set', KEYS[2], other)
+        end
+    end
 end
 local token = redis.call('incr', KEYS[2])
+if token >= 9007199254740992 then
+    -- A double rounds above 2^53; the counter's own text is exact.
+    token = redis.call('get', KEYS[2])
+end
 if free then
     redis.call('hset', KEYS[1], ARGV[2], 1)
 end

@@ -7,7 +7,8 @@
 --          reply reads the first answer instead of a false "not held"
 -- ARGV[1]  owner
 -- ARGV[2]  the owner's hold count after this release (0 = free the lock)
--- ARGV[3]  lease, milliseconds: a partial release re-sets it, as Redisson's does
+-- ARGV[3]  lease, milliseconds: a partial release re-sets it, as Redisson's does, unless
+--          it is "0" (a fixed lease keeps its deadline)
 -- ARGV[4]  release message
 -- ARGV[5]  how long the latch is kept, milliseconds ("0": write no latch)
 -- ARGV[6]  "1" when this is a retry of a request that may have written its latch (only a
@@ -32,12 +33,15 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
 end
 if ARGV[2] ~= '0' then
     -- Checked first, as below: a refused PEXPIRE must not leave a new count behind.
+    local relet = ARGV[3] ~= '0'
     if redis.acl_check_cmd and not (redis.acl_check_cmd('hset', KEYS[1], ARGV[1], ARGV[2])
-            and redis.acl_check_cmd('pexpire', KEYS[1], ARGV[3])) then
+            and (not relet or redis.acl_check_cmd('pexpire', KEYS[1], ARGV[3]))) then
         return redis.error_reply('NOPERM this user may not HSET and PEXPIRE the lock ' .. KEYS[1])
     end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-    redis.call('pexpire', KEYS[1], ARGV[3])
+    if relet then
+        redis.call('pexpire', KEYS[1], ARGV[3])
+    end
     return tonumber(ARGV[2])
 end
 -- A refused call aborts a script but keeps what it wrote before, so the three writes are

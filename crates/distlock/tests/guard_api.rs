@@ -1,0 +1,307 @@
+//! The guard's API as users of rslock, redsync and Redisson expect it (issue 21): a lease
+//! per acquisition without consuming the handle, `extend`, leaving a lock to expire,
+//! release outcomes, asking the server now, and fencing tokens that stay exact.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bounded, client, raw, server, until_free};
+use distlock::{Client, Error, FencingCounter, ReleaseOutcome};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_lease_per_call_leaves_the_handle_usable() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("per-call").unwrap();
+        let fixed = lock
+            .with_lease(Duration::from_millis(700))
+            .lock()
+            .await
+            .unwrap();
+        assert!(pttl(&mut conn, "per-call").await <= 700);
+        fixed.release().await.unwrap();
+        // The same handle, still in watchdog mode.
+        let renewed = lock.lock().await.unwrap();
+        assert!(pttl(&mut conn, "per-call").await > 20_000);
+        renewed.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn extend_moves_the_servers_lease_the_local_deadline_and_the_lost_signal() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("extended").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_millis(300))
+            .lock()
+            .await
+            .unwrap();
+        let lost = guard.lost();
+        let token = guard.lost_token();
+        guard.extend(Duration::from_secs(5)).await.unwrap();
+        assert!(pttl(&mut conn, "extended").await > 4_000);
+        assert!(guard.lease_remaining() > Duration::from_secs(4));
+        // Past the first lease: still held, and no signal fired.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!guard.is_lost());
+        assert!(!token.is_cancelled());
+        assert!(lock.is_locked().await.unwrap());
+        // Shortening works too: the signal follows the new deadline.
+        guard.extend(Duration::from_millis(200)).await.unwrap();
+        let started = Instant::now();
+        bounded(Duration::from_secs(2), lost).await;
+        assert!(started.elapsed() < Duration::from_millis(400));
+        assert!(token.is_cancelled());
+        // The signal fires a margin early; once the server lets the key go too, the
+        // release finds it gone.
+        until_free(&lock).await;
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn extend_fails_typed_once_the_lock_is_not_the_guards() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("extend-lost").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_secs(30))
+            .lock()
+            .await
+            .unwrap();
+        assert!(lock.force_unlock().await.unwrap());
+        let err = guard.extend(Duration::from_secs(30)).await.unwrap_err();
+        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+        assert!(guard.is_lost());
+        assert!(!lock.is_locked().await.unwrap(), "extend wrote nothing");
+
+        let watched = lock.lock().await.unwrap();
+        let err = watched.extend(Duration::from_secs(1)).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(!watched.is_lost());
+        assert_eq!(watched.release().await.unwrap(), ReleaseOutcome::Released);
+    })
+    .await;
+}
+
+/// Review: a nested release reset a fixed lease to its full length, so a holding that
+/// kept re-entering never expired, against `with_lease`'s own promise.
+#[tokio::test]
+async fn a_nested_release_leaves_a_fixed_lease_where_it_was() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("nested-fixed").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_millis(800))
+            .lock()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let nested = guard.reenter().await.unwrap();
+        assert_eq!(nested.release().await.unwrap(), ReleaseOutcome::Released);
+        let left = pttl(&mut conn, "nested-fixed").await;
+        assert!(left <= 450, "the lease was reset to {left} ms");
+        assert!(guard.lease_remaining() <= Duration::from_millis(450));
+        bounded(Duration::from_secs(2), guard.lost()).await;
+        until_free(&lock).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lock_left_to_expire_stays_taken_until_its_lease_ends_and_keeps_nothing() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("cron:once").unwrap();
+        let started = Instant::now();
+        let guard = lock
+            .with_lease(Duration::from_millis(600))
+            .lock()
+            .await
+            .unwrap();
+        let reenter = guard.reenter().await.unwrap();
+        assert!(reenter.release().await.unwrap() == ReleaseOutcome::Released);
+        let left = guard.leave_to_expire();
+        assert!(left > Duration::ZERO && left <= Duration::from_millis(600));
+        assert_eq!(client.tracked_leases(), 0, "nothing renews or watches it");
+        assert!(lock.try_lock().await.unwrap().is_none());
+        assert!(pttl(&mut conn, "cron:once").await > 0);
+        // Nothing on the client holds it: a shutdown does not release it either.
+        client.shutdown().await;
+        let other = Client::connect(&server.url()).await.unwrap();
+        let next = other
+            .lock("cron:once")
+            .unwrap()
+            .try_lock_for(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free once the lease ran out");
+        assert!(started.elapsed() >= Duration::from_millis(550));
+        next.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_watchdog_lock_left_to_expire_is_no_longer_renewed() {
+    let server = server().await;
+    let client = common::client_with_watchdog(&server, Duration::from_millis(600)).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("left-watchdog").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let started = Instant::now();
+        guard.leave_to_expire();
+        assert_eq!(client.tracked_leases(), 0);
+        until_free(&lock).await;
+        assert!(started.elapsed() < Duration::from_millis(1_000));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn verify_notices_a_force_unlock_before_any_renewal() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("verified").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_secs(60))
+            .lock()
+            .await
+            .unwrap();
+        let token = guard.lost_token();
+        assert!(guard.verify().await.unwrap());
+        assert!(lock.force_unlock().await.unwrap());
+        assert!(!guard.verify().await.unwrap());
+        assert!(guard.is_lost());
+        assert!(token.is_cancelled());
+        bounded(Duration::from_millis(100), guard.lost()).await;
+        assert!(guard.release().await.unwrap().was_lost());
+    })
+    .await;
+}
+
+/// Review: Lua returns numbers through a double, so tokens repeated past 2^53.
+#[tokio::test]
+async fn fencing_tokens_stay_exact_and_increasing_up_to_i64_max() {
+    let server = server().await;
+    bounded(LIMIT, async {
+        for counter in [FencingCounter::PerSlot, FencingCounter::PerName] {
+            let client = Client::builder()
+                .fencing_counter(counter)
+                .connect(&server.url())
+                .await
+                .unwrap();
+            let lock = client.lock(format!("big-tokens:{counter:?}")).unwrap();
+            let floor = (1u64 << 53) - 1;
+            assert_eq!(lock.advance_fencing_counter(floor).await.unwrap(), floor);
+            let mut last = floor;
+            for _ in 0..4 {
+                let guard = lock.lock().await.unwrap();
+                assert_eq!(guard.fencing_token(), last + 1, "{counter:?}");
+                assert_eq!(guard.fencing_token_i64(), i64::try_from(last + 1).unwrap());
+                last = guard.fencing_token();
+                guard.release().await.unwrap();
+            }
+            // The last token Redis can count to.
+            let top = i64::MAX.unsigned_abs();
+            assert!(matches!(
+                lock.advance_fencing_counter(top).await,
+                Err(Error::InvalidConfig { .. })
+            ));
+            assert!(matches!(
+                lock.advance_fencing_counter(u64::MAX).await,
+                Err(Error::InvalidConfig { .. })
+            ));
+            assert_eq!(
+                lock.advance_fencing_counter(top - 1).await.unwrap(),
+                top - 1
+            );
+            let guard = lock.lock().await.unwrap();
+            assert_eq!(guard.fencing_token(), top);
+            assert_eq!(guard.fencing_token_i64(), i64::MAX);
+            guard.release().await.unwrap();
+            // No token is left: refused, never repeated or wrapped.
+            assert!(lock.try_lock().await.is_err());
+            assert!(
+                !lock.is_locked().await.unwrap(),
+                "a refused acquisition holds nothing"
+            );
+            client.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// Review: one client counting per slot and one per name handed out 1, 1, 2, 2, 3, 3.
+#[tokio::test]
+async fn clients_with_different_counter_settings_never_repeat_a_token() {
+    let server = server().await;
+    bounded(LIMIT, async {
+        let per_slot = Client::builder()
+            .fencing_counter(FencingCounter::PerSlot)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let per_name = Client::builder()
+            .fencing_counter(FencingCounter::PerName)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        let mut tokens = Vec::new();
+        for round in 0..12 {
+            let client = if round % 3 == 0 { &per_name } else { &per_slot };
+            let guard = client.lock("mixed-fleet").unwrap().lock().await.unwrap();
+            tokens.push(guard.fencing_token());
+            guard.release().await.unwrap();
+        }
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "tokens not strictly increasing: {tokens:?}"
+        );
+    })
+    .await;
+}
+
+/// Review: only the watchdog task cancelled `lost_token()`, so a worker checking the
+/// token alone acted past the deadline while the client's thread was starved.
+#[tokio::test]
+async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starved() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("starved").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_millis(300))
+            .lock()
+            .await
+            .unwrap();
+        let token = guard.lost_token();
+        let started = Instant::now();
+        client.stall_background_for_tests(Duration::from_millis(2_000));
+        token.cancelled().await;
+        let fired = started.elapsed();
+        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+        assert!(guard.is_lost());
+    })
+    .await;
+}
