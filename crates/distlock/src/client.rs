@@ -23,6 +23,7 @@ use crate::engine::latches::Latches;
 use crate::engine::subscriptions::Subscriptions;
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
+use crate::eviction::EvictionWatch;
 use crate::keys::{validate_name, FencingCounter};
 use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::replica_sync::{
@@ -161,8 +162,9 @@ impl ClientBuilder {
     /// (one replica, within 1 s) once the master has a replica connected, at connect or
     /// at a check every 5 s after it. An acquisition no replica acknowledged is given
     /// back: `try_lock` fails with [`Error::NotReplicated`], a waiting call tries again.
-    /// Not offered on a cluster yet (an explicit setting is refused there). See
-    /// docs/deployment.md for what each choice costs.
+    /// On a Redis Cluster it is decided per shard: `Auto` waits for a replica where the
+    /// cluster lists one for the lock's shard, and an explicit setting waits for its count
+    /// on every shard. See docs/deployment.md for what each choice costs.
     pub fn replica_sync(mut self, sync: ReplicaSync) -> Self {
         self.replica_sync = sync;
         self
@@ -179,7 +181,7 @@ impl ClientBuilder {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let certificates = redis::TlsCertificates {
+    /// let certificates = distlock::redis::TlsCertificates {
     ///     client_tls: None,
     ///     root_cert: Some(std::fs::read("/etc/redis/ca.crt")?),
     /// };
@@ -275,6 +277,9 @@ impl ClientBuilder {
     ///   as the seed.
     /// - `redis+cluster://[user:password@]host1:port1,host2:port2[/db]` (or
     ///   `rediss+cluster://`): a Redis Cluster, by its seed nodes.
+    /// - `redis+sentinel://[user:password@]host1:port1,host2:port2/service[/db]` (or
+    ///   `rediss+sentinel://`): the master that the sentinels name for `service`,
+    ///   followed through failovers.
     ///
     /// The connections reconnect by themselves after a failure. The lock API is the same
     /// whatever the deployment.
@@ -637,70 +642,23 @@ struct Connected {
 impl ClientBuilder {
     /// The checks every deployment gets (eviction policy, replica sync), then the client.
     async fn finish(self, connected: Connected) -> Result<Client> {
-        let Connected {
-            config,
-            servers,
-            connection,
-            background,
-            deployment,
-            checked_at,
-            target,
-        } = connected;
-        check_eviction_policy(&connection, &checked_at, self.allow_eviction).await?;
-        let synced = synced_writes(
-            self.replica_sync,
-            &connection,
-            &servers,
-            &config,
-            &background,
-            deployment.is_cluster(),
+        let eviction = EvictionWatch::check_at_connect(
+            &connected.connection,
+            &connected.checked_at,
+            self.allow_eviction,
         )
         .await?;
-        Ok(Client::start(
-            config, servers, connection, background, deployment, target, synced,
-        ))
+        let synced = synced_writes(
+            self.replica_sync,
+            &connected.connection,
+            &connected.servers,
+            &connected.config,
+            &connected.background,
+            connected.deployment.is_cluster(),
+        )
+        .await?;
+        Ok(Client::start(connected, synced, eviction))
     }
-}
-
-/// Refuses a server that may evict keys, unless the caller allowed it. A server that will
-/// not say (CONFIG is often renamed or forbidden on managed Redis and for ACL users) is
-/// accepted with one warning: the check is a seatbelt, not a gate.
-async fn check_eviction_policy(connection: &Connection, target: &str, allowed: bool) -> Result<()> {
-    let mut connection = connection.clone();
-    // A map: RESP2 answers with a [name, value] list and RESP3 with a map; both read as one.
-    let reply: redis::RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut connection)
-        .await;
-    let policy = match reply {
-        Ok(mut settings) => match settings.remove("maxmemory-policy") {
-            Some(policy) => policy,
-            None => {
-                tracing::warn!(%target, "the server did not report its maxmemory-policy; make sure it is noeviction");
-                return Ok(());
-            }
-        },
-        Err(err) => {
-            tracing::warn!(
-                %target,
-                error = %err,
-                "cannot read maxmemory-policy (CONFIG unavailable); make sure it is noeviction"
-            );
-            return Ok(());
-        }
-    };
-    if policy == "noeviction" {
-        return Ok(());
-    }
-    if allowed {
-        tracing::warn!(%target, %policy, "the server may evict lock keys; allowed by allow_eviction(true)");
-        return Ok(());
-    }
-    Err(Error::EvictionPolicy {
-        target: target.to_owned(),
-        policy,
-    })
 }
 
 /// Refuses certificates that could never verify a server: unparsable PEM, or a root
@@ -1133,6 +1091,8 @@ pub(crate) struct Core {
     synced: SyncSlot,
     /// How to reach the servers again, for connections of their own.
     servers: Servers,
+    /// Whether the server may evict keys, as last checked.
+    eviction: Arc<EvictionWatch>,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
 }
@@ -1212,6 +1172,12 @@ impl Core {
             return Err(Error::Shutdown);
         }
         Ok(())
+    }
+
+    /// Fails while the server is known to evict keys (see [`EvictionWatch`]): nothing new
+    /// is acquired where its key could be evicted.
+    pub(crate) fn ensure_keys_stay(&self) -> Result<()> {
+        self.eviction.ensure_safe()
     }
 
     /// Cancelled once the client starts shutting down.
@@ -1308,15 +1274,18 @@ impl Client {
         ClientBuilder::default()
     }
 
-    fn start(
-        config: Config,
-        servers: Servers,
-        connection: Connection,
-        background: Background,
-        deployment: Deployment,
-        target: String,
-        synced: SyncSlot,
-    ) -> Client {
+    fn start(connected: Connected, synced: SyncSlot, eviction: EvictionWatch) -> Client {
+        let Connected {
+            config,
+            servers,
+            connection,
+            background,
+            deployment,
+            target,
+            ..
+        } = connected;
+        let eviction = Arc::new(eviction);
+        eviction.keep_checking(connection.clone(), &background);
         let watchdog = Watchdog::start(
             connection.clone(),
             &config,
@@ -1347,6 +1316,7 @@ impl Client {
                     target,
                     synced,
                     servers,
+                    eviction,
                     closing: CancellationToken::new(),
                 }),
             }),

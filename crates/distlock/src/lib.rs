@@ -50,6 +50,7 @@ mod deployment;
 mod duration;
 mod engine;
 mod error;
+mod eviction;
 mod keys;
 mod lock;
 mod multi_lock;
@@ -67,3 +68,14 @@ pub use lock::{Lock, LockGuard, ReleaseOutcome};
 pub use multi_lock::{MultiLock, MultiLockGuard};
 pub use red_lock::{RedLock, RedLockGuard};
 pub use replica_sync::ReplicaSync;
+
+/// The redis-rs crate distlock is built on, re-exported so that what the API takes and
+/// returns ([`redis::Client`] for [`ClientBuilder::connect_with`],
+/// [`redis::TlsCertificates`], the connections of [`RedisConnection`], the
+/// [`redis::RedisError`] inside [`Error`]) can be named at the matching version without a
+/// dependency of your own.
+pub use redis;
+
+/// The token [`LockGuard::lost_token`] returns (tokio-util's), re-exported so that
+/// `distlock` and `tokio` are the only dependencies a user needs.
+pub use tokio_util::sync::CancellationToken;

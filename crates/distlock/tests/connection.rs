@@ -149,6 +149,61 @@ async fn a_server_that_may_evict_keys_is_refused_unless_allowed() {
     }
 }
 
+/// Review: the policy was checked only at connect, so a `CONFIG SET maxmemory-policy` to
+/// an evicting policy afterwards went unnoticed. It is read again while the client runs,
+/// and treated the way connect treats it: acquisitions are refused until it is undone.
+#[tokio::test]
+async fn an_evicting_policy_set_after_connect_refuses_acquisitions_until_undone() {
+    let server = RedisServer::start().await.unwrap();
+    let client = Client::connect(&server.url()).await.unwrap();
+    let admin = server.connection().await.unwrap();
+    bounded(LIMIT, async {
+        let lock = client.lock("evict-later").unwrap();
+        let held = lock.lock().await.unwrap();
+        let set_policy = |policy: &'static str| {
+            let mut admin = admin.clone();
+            async move {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("maxmemory-policy")
+                    .arg(policy)
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+            }
+        };
+        set_policy("allkeys-lru").await;
+        let other = lock.clone();
+        common::eventually(Duration::from_secs(10), "acquisitions refused", || {
+            let other = other.clone();
+            async move {
+                matches!(
+                    other.try_lock().await,
+                    Err(Error::EvictionPolicy { ref policy, .. }) if policy == "allkeys-lru"
+                )
+            }
+        })
+        .await;
+        // A lock already held is its holder's to release.
+        held.release().await.unwrap();
+        assert!(matches!(
+            lock.lock().await,
+            Err(Error::EvictionPolicy { .. })
+        ));
+        set_policy("noeviction").await;
+        common::eventually(
+            Duration::from_secs(10),
+            "acquisitions allowed again",
+            || {
+                let other = other.clone();
+                async move { matches!(other.try_lock().await, Ok(Some(_))) }
+            },
+        )
+        .await;
+    })
+    .await;
+}
+
 /// An ACL user that may not run CONFIG cannot be checked; it connects with a warning.
 #[tokio::test]
 async fn a_user_without_config_rights_connects_anyway() {

@@ -305,3 +305,24 @@ async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starve
     })
     .await;
 }
+
+/// Everything the API takes or returns is named through `distlock` itself, at the
+/// version it was built with (users had to add `redis` and `tokio-util` to name these).
+#[tokio::test]
+async fn the_public_types_are_named_from_distlock_alone() {
+    let server = server().await;
+    bounded(LIMIT, async {
+        let redis_client: distlock::redis::Client =
+            distlock::redis::Client::open(server.url()).unwrap();
+        let client = Client::builder().connect_with(redis_client).await.unwrap();
+        let guard = client.lock("re-exported").unwrap().lock().await.unwrap();
+        let token: distlock::CancellationToken = guard.lost_token();
+        assert!(!token.is_cancelled());
+        let _certificates = distlock::redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        };
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    })
+    .await;
+}

@@ -144,6 +144,7 @@ pub(crate) async fn acquire<A: Acquire>(
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
     core.ensure_open()?;
+    core.ensure_keys_stay()?;
     let subscriptions = core.subscriptions();
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
