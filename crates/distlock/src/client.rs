@@ -477,20 +477,19 @@ impl ClientBuilder {
             config.connection_timeout,
             config.tls_certificates.clone(),
         );
-        let (_, master) =
-            sentinel_master
-                .current()
-                .await
-                .map_err(|source| match source.kind() {
-                    redis::ErrorKind::Io if source.is_timeout() => Error::ConnectTimeout {
-                        target: target.clone(),
-                        after: config.connection_timeout,
-                    },
-                    _ => Error::Connect {
-                        target: target.clone(),
-                        source,
-                    },
-                })?;
+        let (_, master) = sentinel_master
+            .find_at_connect()
+            .await
+            .map_err(|source| match source.kind() {
+                redis::ErrorKind::Io if source.is_timeout() => Error::ConnectTimeout {
+                    target: target.clone(),
+                    after: config.connection_timeout,
+                },
+                _ => Error::Connect {
+                    target: target.clone(),
+                    source,
+                },
+            })?;
         let master_target = describe_target(&master);
         probe(&master, &config, &master_target).await?;
         let connect_error = |source| Error::Connect {

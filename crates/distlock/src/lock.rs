@@ -182,8 +182,10 @@ impl Lock {
         Ok(acquired.map(|hold| self.guard(hold)))
     }
 
-    /// Waits up to `timeout`; `Ok(None)` if the lock could not be had in that time. A zero
-    /// timeout tries once.
+    /// Waits up to `timeout`; `Ok(None)` if the lock was held by others until then. If the
+    /// last attempt before the timeout failed instead (the server unreachable, or no
+    /// replica acknowledging a grant under replica sync), that error is returned, so a
+    /// free lock is never reported busy. A zero timeout tries once.
     pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         let patience = Patience::within(timeout)?;
         let attempt = self.attempt()?;

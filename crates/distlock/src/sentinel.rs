@@ -135,6 +135,27 @@ impl SentinelMaster {
             .await
     }
 
+    /// The master, for a client that is connecting: the sentinels are asked until they
+    /// name one, within the connection timeout. Right after a failover they may name none
+    /// for a moment (the promoted server's entry is still flagged, or it does not answer
+    /// as a master yet), and a new client must not fail for that.
+    pub(crate) async fn find_at_connect(&self) -> RedisResult<(u64, redis::Client)> {
+        let deadline = tokio::time::Instant::now() + self.shared.connection_timeout;
+        loop {
+            let err = match self.current().await {
+                Ok(found) => return Ok(found),
+                Err(err) => err,
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(err);
+            }
+            tracing::debug!(error = %err, "the sentinels name no master yet; asking again");
+            // `current` asks again once its backoff has passed.
+            tokio::time::sleep(MIN_DISCOVERY_BACKOFF.min(deadline - now)).await;
+        }
+    }
+
     /// True while `generation` is the master as last found.
     fn is_current(&self, generation: u64) -> bool {
         self.shared.known.load(Ordering::Acquire) == generation
