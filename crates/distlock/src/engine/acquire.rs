@@ -191,10 +191,6 @@ pub(crate) async fn acquire<A: Acquire>(
         _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
     let mut backoff = MIN_ERROR_BACKOFF;
-    // The failure of the latest attempt, if it failed: a wait that ends then reports it
-    // rather than "busy" (the lock may be free, with no replica acknowledging, or the
-    // server unreachable).
-    let mut last_failure: Option<Error> = None;
     let mut my_turn = !subscription.joined_a_queue();
     let live = || subscription.is_live() || others.iter().any(Subscription::is_live);
     loop {
@@ -223,19 +219,20 @@ pub(crate) async fn acquire<A: Acquire>(
             wait(core, released, wake_at).await?;
             continue;
         }
-        let retry_after = match attempt(core, primitive).await {
+        // With the attempt's failure, if it failed: a wait that ends then reports it
+        // rather than "busy" (the lock may be free, with no replica acknowledging, or the
+        // server unreachable).
+        let (retry_after, failure) = match attempt(core, primitive).await {
             Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
                 backoff = MIN_ERROR_BACKOFF;
-                last_failure = None;
-                retry_after.unwrap_or(NO_HINT_RETRY)
+                (retry_after.unwrap_or(NO_HINT_RETRY), None)
             }
             Err(err) if err.is_connection_error() => {
                 tracing::warn!(error = %err, ?backoff, "acquire attempt failed while waiting; retrying");
                 let wait = backoff;
                 backoff = (backoff * 2).min(MAX_ERROR_BACKOFF);
-                last_failure = Some(err);
-                wait
+                (wait, Some(err))
             }
             Err(err) => return Err(err),
         };
@@ -247,7 +244,7 @@ pub(crate) async fn acquire<A: Acquire>(
         let mut wake_at = Instant::now() + retry_after;
         if let Some(deadline) = deadline {
             if deadline <= Instant::now() {
-                return last_failure.map_or(Ok(None), Err);
+                return failure.map_or(Ok(None), Err);
             }
             wake_at = wake_at.min(deadline);
         }
