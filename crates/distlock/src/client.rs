@@ -24,7 +24,7 @@ use crate::engine::subscriptions::Subscriptions;
 use crate::engine::watchdog::Watchdog;
 use crate::error::{Error, Result};
 use crate::eviction::EvictionWatch;
-use crate::keys::{validate_name, FencingCounter};
+use crate::keys::{validate_name, validate_prefix, FencingCounter};
 use crate::lock::{Lock, RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::replica_sync::{
     self, ReplicaSync, Resolved, SyncPolicy, SyncSlot, SyncedWrites, AUTO_RECHECK,
@@ -46,6 +46,7 @@ pub struct ClientBuilder {
     fencing_counter: FencingCounter,
     replica_sync: ReplicaSync,
     tls_certificates: Option<redis::TlsCertificates>,
+    key_prefix: String,
 }
 
 /// The unlock latch's TTL unless set: comfortably past the default release window (3 s).
@@ -61,6 +62,8 @@ pub(crate) struct Config {
     pub(crate) unlock_latch_ttl_ms: u64,
     pub(crate) renew_batch_size: usize,
     pub(crate) fencing_counter: FencingCounter,
+    /// Put before every key and channel the client writes (see `keys`); empty by default.
+    pub(crate) key_prefix: Arc<str>,
     /// For every TLS connection: cluster nodes and sentinels are connected to long after
     /// the builder is gone.
     pub(crate) tls_certificates: Option<redis::TlsCertificates>,
@@ -103,6 +106,7 @@ impl Default for ClientBuilder {
             fencing_counter: FencingCounter::PerSlot,
             replica_sync: ReplicaSync::Auto,
             tls_certificates: None,
+            key_prefix: String::new(),
         }
     }
 }
@@ -154,6 +158,36 @@ impl ClientBuilder {
     /// hash slot, so the keys left behind stay bounded however many names are locked.
     pub fn fencing_counter(mut self, counter: FencingCounter) -> Self {
         self.fencing_counter = counter;
+        self
+    }
+
+    /// Puts `prefix` before every key and channel the client writes: lock keys, release
+    /// channels, fencing counters and unlock latches. One Redis can then serve several
+    /// applications without their lock names meeting, and an ACL can grant one pattern
+    /// (`~billing:* &billing:*`). Empty by default.
+    ///
+    /// The lock `orders` under the prefix `billing:` is the key `billing:orders`, so a
+    /// Redisson client whose `NameMapper` adds the same prefix excludes it; but the helper
+    /// keys and channel are prefixed too (`billing:redisson_lock__channel:{billing:orders}`),
+    /// which Redisson's are not, so the two do not wake each other's waiters or share
+    /// fencing tokens. Keep the default for a fleet shared with Redisson. A prefix must
+    /// not contain `{` or `}` ([`Error::InvalidConfig`]), which would change the Cluster
+    /// slot of every key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = distlock_testkit::RedisServer::start().await?;
+    /// # let url = server.url();
+    /// let billing = distlock::Client::builder().key_prefix("billing:").connect(&url).await?;
+    /// let guard = billing.lock("orders")?.lock().await?;
+    /// assert_eq!(guard.name(), "orders");
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
         self
     }
 
@@ -228,6 +262,7 @@ impl ClientBuilder {
         if let Some(certificates) = &self.tls_certificates {
             check_certificates(certificates)?;
         }
+        validate_prefix(&self.key_prefix)?;
         to_millis("connection timeout", self.connection_timeout)?;
         to_millis("response timeout", self.response_timeout)?;
         let response_timeout = self.response_timeout;
@@ -255,6 +290,7 @@ impl ClientBuilder {
             renew_batch_size: self.renew_batch_size,
             fencing_counter: self.fencing_counter,
             tls_certificates: self.tls_certificates.clone(),
+            key_prefix: self.key_prefix.as_str().into(),
         };
         let window = config.release_window();
         if unlock_latch_ttl <= window {
@@ -1329,12 +1365,19 @@ impl Client {
 
     /// A handle on the lock called `name`. Nothing is sent to Redis until it is used.
     ///
-    /// The name is the Redis key of the lock, exactly as given, so a Redisson `RLock` of
+    /// The name is the Redis key of the lock, exactly as given (after the client's
+    /// [key prefix](ClientBuilder::key_prefix), if it has one), so a Redisson `RLock` of
     /// the same name excludes this one.
     pub fn lock(&self, name: impl Into<String>) -> Result<Lock> {
         let name = name.into();
         validate_name(&name)?;
-        Ok(Lock::new(self.clone(), name))
+        let prefix = &self.inner.core.config.key_prefix;
+        if prefix.is_empty() {
+            return Ok(Lock::new(self.clone(), name, 0));
+        }
+        let key = format!("{prefix}{name}");
+        validate_name(&key)?;
+        Ok(Lock::new(self.clone(), key, prefix.len()))
     }
 
     /// A clone of the command connection, for callers that want to run their own commands

@@ -1,9 +1,16 @@
 //! Key and channel names, following Redisson's layout so that Redisson and distlock
 //! exclude each other on the same lock name.
 //!
-//! Helper keys carry the lock name inside a hash tag (`prefix:{name}`) so every key of one
+//! Helper keys carry the lock name inside a hash tag (`kind:{name}`) so every key of one
 //! lock lands in the same Redis Cluster slot and one script may touch them all. A name that
-//! already contains `{` is used as is (`prefix:name`): its own tag then decides the slot.
+//! already contains `{` is used as is (`kind:name`): its own tag then decides the slot.
+//!
+//! With a key prefix `P` ([`ClientBuilder::key_prefix`](crate::ClientBuilder::key_prefix)),
+//! the lock's key is `P<name>` and every helper key and channel is `P` followed by the
+//! helper of that key: `P` + `redisson_lock__channel:{P<name>}`, and so on. Everything the
+//! library writes then starts with `P`, so one ACL pattern covers it, and every helper
+//! still hashes with the lock key. Without a prefix (the default) the layout is exactly
+//! Redisson's.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -16,7 +23,27 @@ use crate::error::{Error, Result};
 /// into every script call. The limit is generous but finite.
 const MAX_NAME_LEN: usize = 64 * 1024;
 
-/// Checks a user-supplied lock name.
+/// The longest key prefix: it is copied into every key and script call.
+const MAX_PREFIX_LEN: usize = 1024;
+
+/// Checks a key prefix: braces would change which part of each key Redis hashes.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    let refuse = |reason: &str| Error::InvalidConfig {
+        what: "key prefix",
+        reason: format!("{prefix:?}: {reason}"),
+    };
+    if prefix.contains(['{', '}']) {
+        return Err(refuse(
+            "must not contain `{` or `}`, which would change the Redis Cluster slot of every key",
+        ));
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(refuse("longer than 1 KiB"));
+    }
+    Ok(())
+}
+
+/// Checks a user-supplied lock name (and, under a prefix, the key it makes).
 pub(crate) fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidName {
@@ -75,24 +102,24 @@ pub enum FencingCounter {
     PerName,
 }
 
-/// The fencing-token counter of the lock `name`: never expired, so tokens keep increasing
-/// across holders.
-pub(crate) fn token_key(counter: FencingCounter, name: &str) -> String {
+/// The fencing-token counter of the lock whose key is `key`: never expired, so tokens
+/// keep increasing across holders.
+pub(crate) fn token_key(counter: FencingCounter, prefix: &str, key: &str) -> String {
     match counter {
-        FencingCounter::PerName => tagged("redisson_lock_token", name),
-        FencingCounter::PerSlot => format!("distlock_fence:{{{}}}", slot_tag(name)),
+        FencingCounter::PerName => format!("{prefix}{}", tagged("redisson_lock_token", key)),
+        FencingCounter::PerSlot => format!("{prefix}distlock_fence:{{{}}}", slot_tag(key)),
     }
 }
 
 /// The counter `name` would use under the other [`FencingCounter`] setting. Every
 /// acquisition reads it and takes a token above both, so clients that count differently on
 /// one lock still hand out strictly increasing tokens.
-pub(crate) fn token_key_of_other(counter: FencingCounter, name: &str) -> String {
+pub(crate) fn token_key_of_other(counter: FencingCounter, prefix: &str, key: &str) -> String {
     let other = match counter {
         FencingCounter::PerSlot => FencingCounter::PerName,
         FencingCounter::PerName => FencingCounter::PerSlot,
     };
-    token_key(other, name)
+    token_key(other, prefix, key)
 }
 
 /// For every hash slot, the smallest decimal number whose text hashes to it. Built once,
@@ -119,19 +146,19 @@ fn slot_tag(name: &str) -> u32 {
         .unwrap_or_default()
 }
 
-/// The channel on which a release of the lock `name` is published.
-pub(crate) fn release_channel(name: &str) -> String {
-    tagged("redisson_lock__channel", name)
+/// The channel on which a release of the lock whose key is `key` is published.
+pub(crate) fn release_channel(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("redisson_lock__channel", key))
 }
 
 /// The key caching the answer of one release request, so a retry after an ambiguous
 /// failure reads the first answer instead of a false "not held".
-pub(crate) fn unlock_latch(name: &str, request_id: impl std::fmt::Display) -> String {
+pub(crate) fn unlock_latch(prefix: &str, key: &str, request_id: impl std::fmt::Display) -> String {
     // One allocation: this runs on every final release.
-    if name.contains('{') {
-        format!("redisson_unlock_latch:{name}:{request_id}")
+    if key.contains('{') {
+        format!("{prefix}redisson_unlock_latch:{key}:{request_id}")
     } else {
-        format!("redisson_unlock_latch:{{{name}}}:{request_id}")
+        format!("{prefix}redisson_unlock_latch:{{{key}}}:{request_id}")
     }
 }
 
@@ -142,7 +169,7 @@ mod tests {
     #[test]
     fn per_slot_counters_share_the_lock_names_slot() {
         for name in ["orders", "coupon:42", "{user:7}:cart", "é", "x"] {
-            let key = token_key(FencingCounter::PerSlot, name);
+            let key = token_key(FencingCounter::PerSlot, "", name);
             assert_eq!(Slot::for_key(&key), Slot::for_key(name), "{name} -> {key}");
             assert!(key.len() <= "distlock_fence:{16383}".len() + 10, "{key}");
         }
@@ -151,12 +178,15 @@ mod tests {
     #[test]
     fn follows_redisson_layout() {
         assert_eq!(
-            token_key(FencingCounter::PerName, "orders"),
+            token_key(FencingCounter::PerName, "", "orders"),
             "redisson_lock_token:{orders}"
         );
-        assert_eq!(release_channel("orders"), "redisson_lock__channel:{orders}");
         assert_eq!(
-            unlock_latch("orders", "r1"),
+            release_channel("", "orders"),
+            "redisson_lock__channel:{orders}"
+        );
+        assert_eq!(
+            unlock_latch("", "orders", "r1"),
             "redisson_unlock_latch:{orders}:r1"
         );
     }
@@ -164,7 +194,7 @@ mod tests {
     #[test]
     fn keeps_a_users_own_hash_tag() {
         assert_eq!(
-            token_key(FencingCounter::PerName, "{user:7}:cart"),
+            token_key(FencingCounter::PerName, "", "{user:7}:cart"),
             "redisson_lock_token:{user:7}:cart"
         );
     }
@@ -191,15 +221,48 @@ mod tests {
             assert!(validate_name(name).is_ok(), "{name} refused");
             let slot = Slot::for_key(name);
             for key in [
-                release_channel(name),
-                unlock_latch(name, "r1"),
-                token_key_of_other(FencingCounter::PerSlot, name),
-                token_key(FencingCounter::PerName, name),
-                token_key(FencingCounter::PerSlot, name),
+                release_channel("", name),
+                unlock_latch("", name, "r1"),
+                token_key_of_other(FencingCounter::PerSlot, "", name),
+                token_key(FencingCounter::PerName, "", name),
+                token_key(FencingCounter::PerSlot, "", name),
             ] {
                 assert_eq!(Slot::for_key(&key), slot, "{name}: {key}");
             }
         }
+    }
+
+    /// Under a prefix every key and channel starts with it (one ACL pattern covers them)
+    /// and still hashes with the lock key.
+    #[test]
+    fn a_prefix_leads_every_key_and_keeps_them_in_one_slot() {
+        let prefix = "billing:";
+        for name in ["orders", "{user:7}:cart", "a{b}c", "é"] {
+            let key = format!("{prefix}{name}");
+            assert!(validate_name(&key).is_ok(), "{key}");
+            let slot = Slot::for_key(&key);
+            for helper in [
+                release_channel(prefix, &key),
+                unlock_latch(prefix, &key, "r1"),
+                token_key(FencingCounter::PerName, prefix, &key),
+                token_key(FencingCounter::PerSlot, prefix, &key),
+            ] {
+                assert!(helper.starts_with(prefix), "{helper}");
+                assert_eq!(Slot::for_key(&helper), slot, "{key}: {helper}");
+            }
+        }
+        assert_eq!(
+            release_channel(prefix, "billing:orders"),
+            "billing:redisson_lock__channel:{billing:orders}"
+        );
+        for bad in ["a{", "}", "{x}:"] {
+            assert!(matches!(
+                validate_prefix(bad),
+                Err(Error::InvalidConfig { .. })
+            ));
+        }
+        assert!(validate_prefix("").is_ok());
+        assert!(validate_prefix("app:v2:").is_ok());
     }
 
     #[test]

@@ -78,7 +78,10 @@ pub(crate) const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 #[derive(Clone)]
 pub struct Lock {
     client: Client,
+    /// The lock's Redis key: its name after the client's key prefix.
     name: Arc<str>,
+    /// How much of `name` is the prefix.
+    prefix_len: usize,
     /// The name's fencing counter, the counter the other [`FencingCounter`] setting would
     /// use (read by every acquisition, so a mixed fleet never repeats a token) and its
     /// release channel, worked out once per handle rather than on every acquisition.
@@ -98,14 +101,18 @@ impl fmt::Debug for Lock {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Client, name: String) -> Self {
-        let counter = client.core().config().fencing_counter;
-        let token_key = token_key(counter, &name).into();
-        let other_token_key = token_key_of_other(counter, &name).into();
-        let channel = release_channel(&name).into();
+    /// The lock whose Redis key is `key`, of which the first `prefix_len` bytes are the
+    /// client's key prefix.
+    pub(crate) fn new(client: Client, key: String, prefix_len: usize) -> Self {
+        let config = client.core().config();
+        let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
+        let token_key = token_key(counter, prefix, &key).into();
+        let other_token_key = token_key_of_other(counter, prefix, &key).into();
+        let channel = release_channel(prefix, &key).into();
         Self {
             client,
-            name: name.into(),
+            name: key.into(),
+            prefix_len,
             token_key,
             other_token_key,
             channel,
@@ -113,8 +120,14 @@ impl Lock {
         }
     }
 
-    /// The lock's name, which is also its Redis key.
+    /// The lock's name, as given to [`Client::lock`]. Its Redis key is the client's key
+    /// prefix followed by the name ([`Lock::key`]).
     pub fn name(&self) -> &str {
+        self.name.get(self.prefix_len..).unwrap_or(&self.name)
+    }
+
+    /// The lock's Redis key: the client's key prefix, if any, followed by its name.
+    pub fn key(&self) -> &str {
         &self.name
     }
 
@@ -506,7 +519,10 @@ impl Holding {
             return Ok(ReleaseOutcome::AlreadyLost);
         }
         let left = state.holds.saturating_sub(1);
-        let latch = (left == 0).then(|| unlock_latch(&self.name, self.core.next_request_id()));
+        let latch = (left == 0).then(|| {
+            let prefix = &self.core.config().key_prefix;
+            unlock_latch(prefix, &self.name, self.core.next_request_id())
+        });
         let mut connection = self.core.connection();
         let background = self.core.background();
         let mut attempt = 1;
@@ -895,9 +911,11 @@ impl LockGuard {
         self.hold.holding().guards.load(Ordering::Acquire)
     }
 
-    /// The lock's name.
+    /// The lock's name, as given to [`Client::lock`] (without the client's key prefix).
     pub fn name(&self) -> &str {
-        &self.hold.holding().name
+        let holding = self.hold.holding();
+        let prefix = holding.core.config().key_prefix.len();
+        holding.name.get(prefix..).unwrap_or(&holding.name)
     }
 
     /// The owner this holding is written under, `"<client id>:<n>"`.

@@ -216,7 +216,7 @@ impl MultiLock {
 
 /// The order every MultiLock acquires in: by name, then by deployment.
 fn order_key(lock: &Lock) -> (&str, &str) {
-    (lock.name(), lock.client().core().target())
+    (lock.key(), lock.client().core().target())
 }
 
 /// Proof that every member of a [`MultiLock`] is held. Dropping it releases them all in

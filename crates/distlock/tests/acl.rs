@@ -519,3 +519,102 @@ async fn a_refused_partial_release_keeps_the_hold_count() {
     .await;
     client.shutdown().await;
 }
+
+/// With a key prefix, one key pattern and one channel pattern are the whole ACL: every key
+/// and channel the client writes starts with the prefix (issue 21). Two prefixes on one
+/// server keep their locks apart.
+#[tokio::test]
+async fn under_a_key_prefix_one_pattern_is_the_whole_acl() {
+    let server = server().await;
+    let mut admin = raw(&server).await;
+    let mut rules: Vec<String> = documented_acl()
+        .into_iter()
+        .filter(|rule| !rule.starts_with('~') && !rule.starts_with('&'))
+        .collect();
+    rules.push("~billing:*".into());
+    rules.push("&billing:*".into());
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("billing")
+        .arg(&rules)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://billing:pw@127.0.0.1:{}/", server.port());
+    let connect = || {
+        Client::builder()
+            .watchdog_timeout(Duration::from_millis(600))
+            .key_prefix("billing:")
+            .connect(&url)
+    };
+    let holder = connect().await.unwrap();
+    let rival = connect().await.unwrap();
+    let elsewhere = Client::connect(&server.url()).await.unwrap();
+    bounded(LIMIT, async {
+        let lock = holder.lock("orders").unwrap();
+        assert_eq!((lock.name(), lock.key()), ("orders", "billing:orders"));
+        let guard = lock.lock().await.unwrap();
+        assert_eq!(guard.name(), "orders");
+        // Renewed, re-entered, fenced, handed off on a release message.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(!guard.is_lost());
+        guard.reenter().await.unwrap().release().await.unwrap();
+        assert!(lock.advance_fencing_counter(100).await.unwrap() >= 100);
+        // Another app's lock of the same name is another lock.
+        let other_app = elsewhere.lock("orders").unwrap().try_lock().await.unwrap();
+        assert!(other_app.is_some(), "the prefix keeps apps apart");
+        other_app.unwrap().release().await.unwrap();
+
+        let waiting = rival.lock("orders").unwrap();
+        let waiter = tokio::spawn(async move { waiting.lock().await });
+        until_subscribers(&admin, "billing:redisson_lock__channel:{billing:orders}", 1).await;
+        let handoff = handoff(guard, waiter).await;
+        assert!(
+            handoff < Duration::from_millis(200),
+            "handoff took {handoff:?}"
+        );
+        let forced = lock.lock().await.unwrap();
+        assert!(forced.fencing_token() > 100);
+        assert!(lock.force_unlock().await.unwrap());
+        assert!(forced.release().await.unwrap().was_lost());
+
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let strays: Vec<&String> = keys
+            .iter()
+            .filter(|key| !key.starts_with("billing:"))
+            // The unprefixed client's own counter and (briefly) its latch.
+            .filter(|key| !key.starts_with("distlock_fence:"))
+            .filter(|key| !key.starts_with("redisson_unlock_latch:{orders}:"))
+            .collect();
+        assert!(strays.is_empty(), "keys outside the prefix: {strays:?}");
+        assert!(
+            keys.iter()
+                .any(|key| key.starts_with("billing:distlock_fence:")),
+            "{keys:?}"
+        );
+    })
+    .await;
+    for client in [holder, rival, elsewhere] {
+        client.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_prefix_with_braces_is_refused() {
+    let server = server().await;
+    for prefix in ["{app}:", "app}", "a{"] {
+        let err = Client::builder()
+            .key_prefix(prefix)
+            .connect(&server.url())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidConfig { .. }),
+            "{prefix}: {err}"
+        );
+    }
+}
