@@ -32,6 +32,7 @@ use crate::replica_sync::{
 use crate::runtime::Background;
 use crate::scripts;
 use crate::sentinel::{FailoverLink, SentinelMaster};
+use crate::tls;
 
 /// Settings of a [`Client`], validated when the client is built.
 #[derive(Debug, Clone)]
@@ -45,7 +46,7 @@ pub struct ClientBuilder {
     allow_eviction: bool,
     fencing_counter: FencingCounter,
     replica_sync: ReplicaSync,
-    tls_certificates: Option<redis::TlsCertificates>,
+    tls_certificates: Option<tls::Certificates>,
     key_prefix: String,
 }
 
@@ -66,7 +67,7 @@ pub(crate) struct Config {
     pub(crate) key_prefix: Arc<str>,
     /// For every TLS connection: cluster nodes and sentinels are connected to long after
     /// the builder is gone.
-    pub(crate) tls_certificates: Option<redis::TlsCertificates>,
+    pub(crate) tls_certificates: Option<tls::Certificates>,
 }
 
 impl Config {
@@ -226,6 +227,7 @@ impl ClientBuilder {
     /// # Ok(())
     /// # }
     /// ```
+    #[cfg(feature = "tls")]
     pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
         self.tls_certificates = Some(certificates);
         self
@@ -237,12 +239,10 @@ impl ClientBuilder {
             return Ok(info);
         };
         let address = mask_password(&info.addr().to_string());
-        redis::Client::build_with_tls(info, certificates.clone())
-            .map(|client| client.get_connection_info().clone())
-            .map_err(|err| Error::InvalidConfig {
-                what: "TLS certificates",
-                reason: format!("cannot be used for {address}: {err}"),
-            })
+        tls::with_certificates(info, certificates).map_err(|err| Error::InvalidConfig {
+            what: "TLS certificates",
+            reason: format!("cannot be used for {address}: {err}"),
+        })
     }
 
     /// How many locks one renewal script extends. Default 200; at most 1000.
@@ -260,7 +260,7 @@ impl ClientBuilder {
             });
         }
         if let Some(certificates) = &self.tls_certificates {
-            check_certificates(certificates)?;
+            tls::check(certificates)?;
         }
         validate_prefix(&self.key_prefix)?;
         to_millis("connection timeout", self.connection_timeout)?;
@@ -362,8 +362,8 @@ impl ClientBuilder {
                 reason: err.to_string(),
             })?,
         };
-        ensure_tls_provider();
         let target = describe_target(&redis_client);
+        tls::prepare(&target, tls::is_tls(redis_client.get_connection_info()))?;
         let facts = probe(&redis_client, &config, &target).await?;
         if facts.cluster {
             tracing::info!(%target, "the server is a cluster node; connecting to its cluster");
@@ -418,7 +418,6 @@ impl ClientBuilder {
         seeds: impl IntoIterator<Item = S>,
     ) -> Result<Client> {
         let config = self.validate()?;
-        ensure_tls_provider();
         let mut infos = Vec::new();
         for seed in seeds {
             let seed = seed.as_ref();
@@ -435,6 +434,9 @@ impl ClientBuilder {
                 url: String::new(),
                 reason: "a cluster needs at least one seed node".into(),
             });
+        }
+        if let Some(seed) = infos.iter().find(|info| tls::is_tls(info)) {
+            tls::prepare(&mask_password(&seed.addr().to_string()), true)?;
         }
         // The first seed that answers is enough: the cluster client learns the rest.
         // Seeds are asked a few at a time, and the whole search is bounded by the
@@ -488,7 +490,6 @@ impl ClientBuilder {
     /// again. Waiters' pub/sub follows too.
     async fn connect_sentinel(self, spec: SentinelSpec) -> Result<Client> {
         let config = self.validate()?;
-        ensure_tls_provider();
         let sentinels = spec
             .sentinels
             .iter()
@@ -499,6 +500,7 @@ impl ClientBuilder {
             "master {:?} of sentinels {sentinels}",
             spec.service
         ));
+        tls::prepare(&target, spec.tls)?;
         if config.tls_certificates.is_some() && !spec.tls {
             return Err(Error::InvalidConfig {
                 what: "TLS certificates",
@@ -634,8 +636,8 @@ impl ClientBuilder {
         connection: impl Into<RedisConnection>,
     ) -> Result<Client> {
         let config = self.validate()?;
-        ensure_tls_provider();
         let target = describe_target(&redis_client);
+        tls::prepare(&target, tls::is_tls(redis_client.get_connection_info()))?;
         let background = Background::start()?;
         let connection =
             background_connection(&background, &redis_client, &config, Some(connection.into()))
@@ -695,32 +697,6 @@ impl ClientBuilder {
         Ok(Client::start(connected, synced, eviction))
     }
 }
-
-/// Refuses certificates that could never verify a server: unparsable PEM, or a root
-/// certificate with no certificate in it (redis-rs would trust nothing, and every connect
-/// would fail later with a vaguer error).
-fn check_certificates(certificates: &redis::TlsCertificates) -> Result<()> {
-    let invalid = |reason: String| Error::InvalidConfig {
-        what: "TLS certificates",
-        reason,
-    };
-    if let Some(root) = &certificates.root_cert {
-        if !root
-            .windows(PEM_CERTIFICATE.len())
-            .any(|window| window == PEM_CERTIFICATE)
-        {
-            return Err(invalid(
-                "the root certificate holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
-                    .into(),
-            ));
-        }
-    }
-    redis::Client::build_with_tls("rediss://127.0.0.1/", certificates.clone())
-        .map(drop)
-        .map_err(|err| invalid(err.to_string()))
-}
-
-const PEM_CERTIFICATE: &[u8] = b"-----BEGIN CERTIFICATE-----";
 
 /// Asks one cluster seed what it is: the seed as a target for messages, and its facts.
 async fn probe_seed(seed: redis::ConnectionInfo, config: &Config) -> Result<(String, ServerFacts)> {
@@ -951,16 +927,6 @@ async fn background_connection(
 fn home_runtime() -> Option<tokio::runtime::Id> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     (runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread).then(|| runtime.id())
-}
-
-/// rustls needs a process-wide crypto provider and redis-rs does not pick one; without it
-/// the first `rediss://` connection panics. Install ring's unless the application already
-/// installed a provider of its choice.
-fn ensure_tls_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may win the race to install one; either way a provider is set.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 /// Opens one short-lived connection and PINGs, so that a bad address, a refused

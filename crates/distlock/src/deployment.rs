@@ -49,7 +49,7 @@ pub(crate) fn cluster_client(
     if let Some(certificates) = &config.tls_certificates {
         // The seeds carry them too, but the cluster client connects to the nodes it
         // discovers with these alone.
-        builder = builder.certs(certificates.clone());
+        builder = crate::tls::for_cluster(builder, certificates);
     }
     if let Some(pushes) = pushes {
         builder = builder
@@ -397,13 +397,17 @@ mod tests {
         };
         assert_eq!(spec.password.as_deref(), Some("p@ss/w"));
         assert_eq!(spec.username, None);
-        let Endpoint::Sentinel(spec) =
-            parse_endpoint("rediss+sentinel://h1:26379/m?sentinel_password=s3")?
-        else {
-            panic!("not a sentinel endpoint");
-        };
-        assert_eq!(spec.sentinels, ["rediss://:s3@h1:26379"]);
-        assert!(spec.tls && spec.password.is_none());
+        // redis-rs parses a rediss:// address only when built with TLS.
+        #[cfg(feature = "tls")]
+        {
+            let Endpoint::Sentinel(spec) =
+                parse_endpoint("rediss+sentinel://h1:26379/m?sentinel_password=s3")?
+            else {
+                panic!("not a sentinel endpoint");
+            };
+            assert_eq!(spec.sentinels, ["rediss://:s3@h1:26379"]);
+            assert!(spec.tls && spec.password.is_none());
+        }
         for bad in [
             "redis+sentinel://h1:26379",
             "redis+sentinel://h1:26379/",

@@ -59,6 +59,7 @@ mod replica_sync;
 mod runtime;
 mod scripts;
 mod sentinel;
+mod tls;
 
 pub use client::{Client, ClientBuilder};
 pub use connection::{Connection, RedisConnection};

@@ -17,14 +17,15 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
-    TlsCertificates, Value,
+    Value,
 };
 
 use crate::deployment::SentinelSpec;
+use crate::tls::Certificates;
 
 impl SentinelSpec {
     /// A sentinel client that finds this master, trusting `certificates` over TLS.
-    fn client(&self, certificates: Option<&TlsCertificates>) -> RedisResult<SentinelClient> {
+    fn client(&self, certificates: Option<&Certificates>) -> RedisResult<SentinelClient> {
         let addresses = self
             .sentinels
             .iter()
@@ -49,14 +50,7 @@ impl SentinelSpec {
             }
         }
         if self.tls {
-            builder = builder
-                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-            if let Some(certificates) = certificates {
-                builder = builder
-                    .set_client_to_redis_certificates(certificates.clone())
-                    .set_client_to_sentinel_certificates(certificates.clone());
-            }
+            builder = crate::tls::for_sentinel(builder, certificates);
         }
         builder.build()
     }
@@ -75,7 +69,7 @@ pub(crate) struct SentinelMaster {
 struct MasterShared {
     spec: SentinelSpec,
     connection_timeout: Duration,
-    tls_certificates: Option<TlsCertificates>,
+    tls_certificates: Option<Certificates>,
     /// The generation of the master as last found, or 0 while it must be asked for
     /// again. Read on every command, so it is an atomic rather than behind the lock.
     known: AtomicU64,
@@ -108,7 +102,7 @@ impl SentinelMaster {
     pub(crate) fn new(
         spec: SentinelSpec,
         connection_timeout: Duration,
-        tls_certificates: Option<TlsCertificates>,
+        tls_certificates: Option<Certificates>,
     ) -> Self {
         Self {
             shared: Arc::new(MasterShared {

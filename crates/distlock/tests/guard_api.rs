@@ -318,6 +318,7 @@ async fn the_public_types_are_named_from_distlock_alone() {
         let guard = client.lock("re-exported").unwrap().lock().await.unwrap();
         let token: distlock::CancellationToken = guard.lost_token();
         assert!(!token.is_cancelled());
+        #[cfg(feature = "tls")]
         let _certificates = distlock::redis::TlsCertificates {
             client_tls: None,
             root_cert: None,
