@@ -1,6 +1,11 @@
-//! The client's own runtime: a thread with a current-thread tokio runtime, started at
-//! connect, on which every piece of background work runs: the watchdog, the pub/sub hub,
-//! the releases of dropped guards, and the connection that carries them.
+//! The clients' own runtime: a thread with a current-thread tokio runtime, started at the
+//! first connect, on which every piece of background work runs: the watchdogs, the pub/sub
+//! hubs, the releases of dropped guards, and the connections that carry them.
+//!
+//! One thread serves every client of the process (a five-master RedLock has five clients,
+//! and used to start five threads). Each client keeps its own tracker of work and its own
+//! services, so shutting one down touches no other. The thread ends when the last part of
+//! the last client is dropped, and the next connect starts another.
 //!
 //! Why a thread of its own rather than whatever runtime is current: a guard is dropped
 //! wherever the user's code happens to be, often as a runtime ends (the end of
@@ -16,7 +21,7 @@
 //! process exits.
 
 use std::future::Future;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -35,13 +40,57 @@ pub(crate) struct Background {
     tasks: TaskTracker,
     /// Cancelled at shutdown: stops the long-lived services (watchdog, hub).
     services: CancellationToken,
-    /// Cancelled when this is dropped (the client's last part is gone): ends the thread.
+    /// Keeps the shared thread running while this client has a part alive.
+    _shared: Arc<SharedThread>,
+}
+
+/// The thread every client's background work runs on, while any client holds it.
+struct SharedThread {
+    handle: Handle,
+    thread: ThreadId,
+    /// Cancelled when the last client lets go: ends the thread.
     stop: CancellationToken,
 }
 
+impl Drop for SharedThread {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The running shared thread, if a client holds it.
+static SHARED_THREAD: Mutex<Weak<SharedThread>> = Mutex::new(Weak::new());
+
 impl Background {
-    /// Starts the thread and its runtime.
+    /// Joins the shared thread, starting it if no client runs it now.
     pub(crate) fn start() -> Result<Self> {
+        let shared = {
+            // The lock only guards a pointer: a poisoned one is still consistent.
+            let mut slot = SHARED_THREAD
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            match slot.upgrade() {
+                Some(running) => running,
+                None => {
+                    let started = Arc::new(SharedThread::start()?);
+                    *slot = Arc::downgrade(&started);
+                    started
+                }
+            }
+        };
+        Ok(Self {
+            handle: shared.handle.clone(),
+            thread: shared.thread,
+            tasks: TaskTracker::new(),
+            services: CancellationToken::new(),
+            _shared: shared,
+        })
+    }
+}
+
+impl SharedThread {
+    /// Starts the thread and its runtime.
+    fn start() -> Result<Self> {
         let stop = CancellationToken::new();
         let (handle_tx, handle_rx) = mpsc::channel();
         let thread_stop = stop.clone();
@@ -75,12 +124,12 @@ impl Background {
         Ok(Self {
             handle,
             thread: thread.thread().id(),
-            tasks: TaskTracker::new(),
-            services: CancellationToken::new(),
             stop,
         })
     }
+}
 
+impl Background {
     pub(crate) fn handle(&self) -> &Handle {
         &self.handle
     }
@@ -295,8 +344,8 @@ async fn sleep_on_client_clock(handle: &Handle, deadline: Instant) {
 
 impl Drop for Background {
     fn drop(&mut self) {
-        // The client's last part is gone: nothing can hand the thread work any more.
+        // The client's last part is gone: its services stop. The thread ends with the
+        // last client's (`SharedThread`).
         self.services.cancel();
-        self.stop.cancel();
     }
 }

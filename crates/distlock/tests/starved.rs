@@ -1,0 +1,34 @@
+//! A client whose background thread cannot run. Its own test binary: the thread is shared
+//! by every client of the process, and stalling it would slow the other tests' clients.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bounded, client, server};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// Review: only the watchdog task cancelled `lost_token()`, so a worker checking the
+/// token alone acted past the deadline while the client's thread was starved.
+#[tokio::test]
+async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starved() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("starved").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_millis(300))
+            .lock()
+            .await
+            .unwrap();
+        let token = guard.lost_token();
+        let started = Instant::now();
+        client.stall_background_for_tests(Duration::from_millis(2_000));
+        token.cancelled().await;
+        let fired = started.elapsed();
+        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+        assert!(guard.is_lost());
+    })
+    .await;
+}
