@@ -354,9 +354,8 @@ impl Acquire for LockAttempt {
         Box::pin(async move {
             let owner = core.next_owner();
             let mut connection = core.connection();
-            let mut call =
-                ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key, &other_token_key], 2);
-            call.arg(lease_ms).arg(&*owner);
+            let mut call = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 3);
+            call.arg(lease_ms).arg(&*owner).arg(&*other_token_key);
             let reply = match core.synced() {
                 None => call.invoke::<i64>(&mut connection).await,
                 Some(synced) => match call.invoke_synced::<i64>(synced).await {

@@ -2,10 +2,14 @@
 --
 -- KEYS[1]  lock hash: field = owner, value = hold count; the key's PEXPIRE is the lease
 -- KEYS[2]  this client's fencing-token counter (never expires, so tokens keep increasing)
--- KEYS[3]  the lock's counter under the other FencingCounter setting: read, and written
---          never (a fleet whose clients count differently must not repeat a token)
 -- ARGV[1]  lease, milliseconds
 -- ARGV[2]  owner, "<client uuid>:<n>", unique to this attempt
+-- ARGV[3]  the lock's counter under the other FencingCounter setting, a key in the lock's
+--          slot: read, never written (a fleet whose clients count differently must not
+--          repeat a token). It is not declared in KEYS on purpose: it usually does not
+--          exist, and while a Cluster slot migrates Redis refuses (ASK, TRYAGAIN) a script
+--          whose declared keys are not all present, so declaring it would fail every
+--          acquisition of the slot until the migration ends.
 --
 -- Returns one value, so the reply needs no array:
 --   >= 1  the owner holds the lock now; the value is its fencing token (an integer, or
@@ -41,12 +45,12 @@ if redis.acl_check_cmd then
             and redis.acl_check_cmd('pexpire', KEYS[1], ARGV[1])) then
         return redis.error_reply('NOPERM this user may not HSET and PEXPIRE the lock ' .. KEYS[1])
     end
-    read_other = redis.acl_check_cmd('get', KEYS[3])
+    read_other = redis.acl_check_cmd('get', ARGV[3])
 end
 if read_other then
     -- Compared as text: both are canonical decimals, and a double could not tell two
     -- counters apart above 2^53.
-    local other = redis.call('get', KEYS[3])
+    local other = redis.call('get', ARGV[3])
     if other and string.match(other, '^[1-9]%d*$') then
         local mine = redis.call('get', KEYS[2]) or '0'
         if #other > #mine or (#other == #mine and other > mine) then
