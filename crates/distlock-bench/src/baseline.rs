@@ -44,6 +44,8 @@ pub async fn run(
             tokio::spawn(async move {
                 let key = format!("bench:raw:{caller}");
                 let token = format!("bench:raw:{caller}:token");
+                // The other fencing-counter setting's key, which every acquisition reads.
+                let other_counter = format!("bench:raw:{caller}:other-token");
                 let mut latencies = Latencies::new();
                 let mut request = 0u64;
                 while Instant::now() < until {
@@ -61,6 +63,7 @@ pub async fn run(
                                 .key(&token)
                                 .arg(30_000)
                                 .arg("bench:1")
+                                .arg(&other_counter)
                                 .invoke_async::<i64>(&mut connection)
                                 .await?;
                             // A final release, as the lock sends it: channel and latch as

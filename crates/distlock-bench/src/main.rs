@@ -33,6 +33,7 @@ enum Scenario {
     ReplicaSync,
     Cluster,
     Failover,
+    Network,
 }
 
 #[derive(Debug, Parser)]
@@ -117,6 +118,26 @@ async fn run(args: Args) -> BenchResult<()> {
     }
     if wanted(Scenario::Parallel) {
         emit(scenarios::parallel::run(&client, &peer, plan).await?);
+    }
+    if wanted(Scenario::Network) {
+        // Server time per cycle does not depend on the network: measured here, on
+        // loopback, in a task (as the uncontended scenario does), for every row.
+        let server_time = match stats.clone() {
+            Some(mut stats) => {
+                let (client, peer) = (client.clone(), Arc::clone(&peer));
+                let measured = tokio::spawn(async move {
+                    let distlock =
+                        scenarios::uncontended::distlock_cost(&client, &mut stats).await?;
+                    let rslock = scenarios::uncontended::rslock_cost(&peer, &mut stats).await?;
+                    BenchResult::Ok((distlock.server_micros, rslock.server_micros))
+                });
+                Some(measured.await??)
+            }
+            None => None,
+        };
+        for report in scenarios::network::run(&server, plan, server_time).await? {
+            emit(report);
+        }
     }
     if wanted(Scenario::Contended) {
         use scenarios::contended::{run, Implementation, NAME};

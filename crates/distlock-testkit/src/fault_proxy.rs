@@ -444,6 +444,34 @@ async fn discard(mut client: TcpStream) {
     }
 }
 
+/// tokio's timer ticks in whole milliseconds, so a 100 µs delay would come out as about
+/// 1 ms. The coarse part of a wait is left to the timer; the last millisecond is slept
+/// by a thread of the blocking pool, whose sleep the OS times to tens of microseconds
+/// (Linux's default timer slack is 50 µs).
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// Waits until `due`, to well under a millisecond.
+async fn wait_until(due: Instant) {
+    let now = Instant::now();
+    if due <= now {
+        return;
+    }
+    if due - now > 2 * TIMER_TICK {
+        tokio::time::sleep_until(due - TIMER_TICK).await;
+    }
+    let left = due.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return;
+    }
+    if tokio::task::spawn_blocking(move || std::thread::sleep(left))
+        .await
+        .is_err()
+    {
+        // The blocking pool is shutting down with the runtime: the timer will do.
+        tokio::time::sleep_until(due).await;
+    }
+}
+
 /// A chunk of bytes in a delay queue with the time it may be written.
 struct Chunk {
     due: Instant,
@@ -489,7 +517,7 @@ async fn pipe(
     };
     let writer = async move {
         while let Some(chunk) = queued.recv().await {
-            tokio::time::sleep_until(chunk.due).await;
+            wait_until(chunk.due).await;
             // A fault that began while the chunk waited drops it too:
             // a blackhole takes what is in flight.
             if !faults.borrow().forwards(&accepted) {

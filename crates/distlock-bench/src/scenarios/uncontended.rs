@@ -79,21 +79,9 @@ async fn costs(
     peer: &Arc<LockManager>,
     stats: &mut MultiplexedConnection,
 ) -> BenchResult<Vec<Figure>> {
-    let lock = client.lock("bench:cost")?;
     let connection = client.connection();
-    let distlock = cost::per_cycle(stats, &["evalsha", "eval", "unlink"], || async {
-        lock.lock().await?.release().await?;
-        Ok(())
-    })
-    .await?;
-    let rslock = cost::per_cycle(stats, &["set", "evalsha", "eval"], || async {
-        let held = peer
-            .lock("bench:cost:rslock", Duration::from_secs(30))
-            .await?;
-        peer.unlock(&held).await;
-        Ok(())
-    })
-    .await?;
+    let distlock = distlock_cost(client, stats).await?;
+    let rslock = rslock_cost(peer, stats).await?;
     let pings = cost::per_cycle(stats, &["ping"], || {
         let mut connection = connection.clone();
         async move {
@@ -127,4 +115,33 @@ async fn costs(
             "µs",
         ),
     ])
+}
+
+/// What one distlock lock cycle costs (the commands it sends itself: two scripts and the
+/// latch's UNLINK).
+pub async fn distlock_cost(
+    client: &Client,
+    stats: &mut MultiplexedConnection,
+) -> BenchResult<cost::Cost> {
+    let lock = client.lock("bench:cost")?;
+    cost::per_cycle(stats, &["evalsha", "eval", "unlink"], || async {
+        lock.lock().await?.release().await?;
+        Ok(())
+    })
+    .await
+}
+
+/// What one rslock lock cycle costs (SET NX PX, then its unlock script).
+pub async fn rslock_cost(
+    peer: &Arc<LockManager>,
+    stats: &mut MultiplexedConnection,
+) -> BenchResult<cost::Cost> {
+    cost::per_cycle(stats, &["set", "evalsha", "eval"], || async {
+        let held = peer
+            .lock("bench:cost:rslock", Duration::from_secs(30))
+            .await?;
+        peer.unlock(&held).await;
+        Ok(())
+    })
+    .await
 }
