@@ -189,11 +189,11 @@ pub(crate) async fn resolve(
         ReplicaSync::Auto if cluster => (1, AUTO_TIMEOUT),
         ReplicaSync::Auto => {
             let replication = info(connection, "replication").await;
-            let connected = replication.first().and_then(|replication| {
-                field(replication, "connected_slaves").and_then(|n| n.parse::<u32>().ok())
-            });
-            match connected {
-                Some(connected) if connected >= 1 => (1, AUTO_TIMEOUT),
+            match replication
+                .first()
+                .map(|replication| online_replicas(replication))
+            {
+                Some(online) if online >= 1 => (1, AUTO_TIMEOUT),
                 _ => return Ok(Resolved::NoReplicaYet),
             }
         }
@@ -262,6 +262,23 @@ fn holds_an_error(reply: &Value) -> bool {
         Value::Map(replies) => replies.iter().any(|(_, reply)| holds_an_error(reply)),
         _ => false,
     }
+}
+
+/// The replicas `INFO replication` lists as `state=online`: in sync and streaming.
+/// `connected_slaves` also counts a backup taken with `redis-cli --rdb` (or any client
+/// that asks for one copy of the data and leaves), listed as `wait_bgsave` or
+/// `send_bulk` and never online: counting it turned `Auto` on for good, and every lock
+/// write then failed with `NotReplicated` once the backup had gone.
+fn online_replicas(replication: &str) -> u32 {
+    let online = replication
+        .lines()
+        .filter(|line| line.starts_with("slave") && line.contains(':'))
+        .filter(|line| {
+            line.split(',')
+                .any(|field| field.trim_end() == "state=online")
+        })
+        .count();
+    u32::try_from(online).unwrap_or(u32::MAX)
 }
 
 fn field(info: &str, name: &str) -> Option<String> {
@@ -427,6 +444,17 @@ mod tests {
             aof,
             per_shard: false,
         }
+    }
+
+    #[test]
+    fn counts_only_online_replicas() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+                    slave0:ip=127.0.0.1,port=0,state=wait_bgsave,offset=0,lag=0\r\n\
+                    slave1:ip=10.0.0.2,port=6380,state=online,offset=42,lag=0\r\n\
+                    slave2:ip=10.0.0.3,port=6380,state=send_bulk,offset=0,lag=0\r\n\
+                    master_repl_offset:42\r\n";
+        assert_eq!(online_replicas(info), 1);
+        assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
     }
 
     #[test]

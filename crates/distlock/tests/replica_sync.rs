@@ -451,3 +451,58 @@ async fn an_acquisition_cancelled_during_its_wait_leaves_nothing_held() {
         guard.release().await.unwrap();
     }
 }
+
+/// Review: a backup taken with `redis-cli --rdb` is listed as a connected replica while
+/// it downloads (`state=wait_bgsave`), which turned `Auto` on for good; once the backup
+/// had gone, every lock write failed with `NotReplicated`. Only online replicas count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_download_does_not_turn_auto_sync_on() {
+    // Diskless sync with a long delay keeps the backup listed as a replica for the test.
+    let master = RedisServer::start_with_args(&[
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "30",
+    ])
+    .await
+    .expect("master");
+    let client = connect(&master.url(), ReplicaSync::Auto).await;
+    let backup_file = tempfile::NamedTempFile::new().unwrap();
+    let mut backup = std::process::Command::new("redis-cli")
+        .args(["-p", &master.port().to_string(), "--rdb"])
+        .arg(backup_file.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-cli is installed with redis-server");
+    let conn = master.connection().await.unwrap();
+    common::eventually(Duration::from_secs(10), "the backup listed", || {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok_and(|info| info.contains("connected_slaves:1"))
+        }
+    })
+    .await;
+    // Past one of Auto's rechecks (every 5 s) with the backup listed.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let _ = backup.kill();
+    let _ = backup.wait();
+    let lock = client.lock("backed-up").unwrap();
+    for _ in 0..3 {
+        let guard = bounded(LIMIT, lock.try_lock()).await;
+        let guard = guard
+            .unwrap_or_else(|err| panic!("a lock write after a backup: {err}"))
+            .expect("free");
+        guard.release().await.unwrap();
+    }
+    let stats = master.info_commandstats().await.unwrap();
+    assert_eq!(
+        stats.get("wait"),
+        None,
+        "sync turned on for a backup: {stats:?}"
+    );
+}
