@@ -8,7 +8,7 @@
 //! | `GET /api/orders/{id}` | the order: `stored` in SQL, or `queued` in Redis for the worker; 404 `order_not_found` |
 //! | `GET /api/coupons/{id}/stats` | stock, sold, remaining, orders stored and queued |
 //! | `GET /api/users/{id}/orders` | the user's stored orders |
-//! | `GET /healthz` | 200, or 503 naming what is down: Redis, a database write, the worker |
+//! | `GET /healthz` | 200, or 503 naming what is down: Redis, a database write, the worker, sales (the stock authority) |
 //! | `GET /ping`, `GET /metrics` | one Redis PING, Prometheus |
 //!
 //! Every refusal is an [`ApiError`]: a status and a JSON body with a stable code. Input
@@ -188,7 +188,7 @@ impl AppState {
         if outcome == Reservation::NotLoaded {
             // Redis lost the counter (or never had it): rebuild it from SQL and the stream,
             // under the loader lock, then try once more.
-            self.loader.ensure_loaded(coupon).await?;
+            self.loader.ensure_loaded(coupon, deadline).await?;
             outcome = self.reserver.reserve(coupon.id, user, deadline).await?;
         }
         self.metrics
@@ -248,7 +248,8 @@ async fn create_coupon(
     new.validate()
         .map_err(|err| ApiError::bad_request("invalid_field", err.to_string()))?;
     let coupon = state.db.create_coupon(&new, now_millis()).await?;
-    state.loader.ensure_loaded(&coupon).await?;
+    let load_by = tokio::time::Instant::now() + state.reserver.settings().request_timeout;
+    state.loader.ensure_loaded(&coupon, load_by).await?;
     state.remember(&coupon);
     Ok((StatusCode::CREATED, Json(coupon)).into_response())
 }
@@ -583,7 +584,15 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     } else {
         (json!({ "status": "none in this instance" }), true)
     };
-    let healthy = redis == "ok" && database == "ok" && worker_ok;
+    // An instance whose stock authority is not confirmed refuses every purchase: it is
+    // not healthy, whatever Redis and the database say (a load balancer must stop sending
+    // it buyers).
+    let sales = if state.reserver.may_sell() {
+        "ok"
+    } else {
+        "paused: this instance's stock authority is not confirmed (see docs/flashsale.md)"
+    };
+    let healthy = redis == "ok" && database == "ok" && worker_ok && sales == "ok";
     let status = if healthy {
         StatusCode::OK
     } else {
@@ -595,6 +604,7 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         "redis": redis,
         "database": database,
         "worker": worker,
+        "sales": sales,
     });
     (status, Json(body)).into_response()
 }

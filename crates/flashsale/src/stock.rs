@@ -108,18 +108,37 @@ impl StockLoader {
     }
 
     /// Loads `coupon` unless its counter is live, under the loader lock. For a new coupon,
-    /// and for a reservation that found no stock because Redis lost its data.
-    pub async fn ensure_loaded(&self, coupon: &Coupon) -> Result<bool, LoadError> {
-        let report = self.load_under_lock(std::slice::from_ref(coupon)).await?;
+    /// and for a reservation that found no stock because Redis lost its data. Waits for
+    /// the loader lock until `deadline` at most (a purchase's own deadline: a buyer must
+    /// not wait a minute behind a slow load), and never more than a minute.
+    pub async fn ensure_loaded(
+        &self,
+        coupon: &Coupon,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, LoadError> {
+        let wait = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(LOADER_LOCK_WAIT);
+        let report = self
+            .load_under_lock_within(std::slice::from_ref(coupon), wait)
+            .await?;
         Ok(!report.loaded.is_empty())
     }
 
     async fn load_under_lock(&self, coupons: &[Coupon]) -> Result<LoadReport, LoadError> {
+        self.load_under_lock_within(coupons, LOADER_LOCK_WAIT).await
+    }
+
+    async fn load_under_lock_within(
+        &self,
+        coupons: &[Coupon],
+        wait: Duration,
+    ) -> Result<LoadReport, LoadError> {
         let lock = self.locks.lock(self.db.keyspace().stock_loader_lock())?;
         let guard = lock
-            .try_lock_for(LOADER_LOCK_WAIT)
+            .try_lock_for(wait)
             .await?
-            .ok_or(LoadError::LockTimeout(LOADER_LOCK_WAIT))?;
+            .ok_or(LoadError::LockTimeout(wait))?;
         let mut outcome = Ok(());
         if !self.authority.is_empty() {
             let key = self.db.keyspace().authority();

@@ -142,3 +142,43 @@ async fn a_body_declared_too_large_gets_413_at_once() {
     })
     .await;
 }
+
+/// Review: a purchase that found its coupon's stock missing from Redis waited up to a
+/// minute for the loader lock, ignoring its own deadline. It now waits until its deadline
+/// at most, and is answered then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_waiting_for_a_stock_load_is_answered_at_its_deadline() {
+    bounded(Duration::from_secs(30), async {
+        let (service, redis, _dir) = impatient().await;
+        let (client, base) = (reqwest::Client::new(), service.base_url());
+        let coupon = common::open_coupon(&client, &base, 5).await;
+        let keyspace = service.db().keyspace().clone();
+        // Another instance is loading stock (it holds the loader lock), and Redis lost
+        // this coupon's counter.
+        let rival = distlock::Client::connect(&redis.url()).await.unwrap();
+        let loading = rival
+            .lock(keyspace.stock_loader_lock())
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let mut conn = redis.connection().await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&keyspace.coupon(coupon).stock)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let answer = common::buy(&client, &base, coupon, 1).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "answered after {took:?}");
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        loading.release().await.unwrap();
+        // Once the load can run, the purchase goes through.
+        let answer = common::buy(&client, &base, coupon, 1).await;
+        assert!(answer.status < 300, "{}", answer.body);
+        rival.shutdown().await;
+        service.shutdown().await;
+    })
+    .await;
+}

@@ -328,6 +328,12 @@ impl Reserver {
         self
     }
 
+    /// Whether this instance may sell now: its stock authority was confirmed recently
+    /// and has not moved (see [`crate::authority::Tenure`]). `/healthz` reports it.
+    pub fn may_sell(&self) -> bool {
+        self.tenure.may_sell()
+    }
+
     /// The settings it runs with.
     pub fn settings(&self) -> &StrategySettings {
         &self.settings
