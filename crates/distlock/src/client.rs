@@ -171,7 +171,11 @@ impl ClientBuilder {
     /// Redisson client whose `NameMapper` adds the same prefix excludes it; but the helper
     /// keys and channel are prefixed too (`billing:redisson_lock__channel:{billing:orders}`),
     /// which Redisson's are not, so the two do not wake each other's waiters or share
-    /// fencing tokens. Keep the default for a fleet shared with Redisson. A prefix must
+    /// fencing tokens. Keep the default for a fleet shared with Redisson. For the same
+    /// reason every distlock client of one application must use the same prefix: a
+    /// prefixed client's `orders` and an unprefixed client's `billing:orders` are one key
+    /// and exclude each other, but count tokens apart (both hand out token 1) and a
+    /// waiter on one side sleeps until the other side's lease runs out. A prefix must
     /// not contain `{` or `}` ([`Error::InvalidConfig`]), which would change the Cluster
     /// slot of every key.
     ///

@@ -352,6 +352,9 @@ impl Acquire for LockAttempt {
         // deadlines must not run past the validity it computes from that clock.
         let sent_at = Instant::now();
         Box::pin(async move {
+            // Checked here too, for composites that try a lock on several servers (a
+            // RedLock's masters) without the engine: each server's own policy counts.
+            core.ensure_keys_stay()?;
             let owner = core.next_owner();
             let mut connection = core.connection();
             let mut call = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 3);
@@ -677,6 +680,11 @@ impl Holding {
         }
         let mut connection = self.core.connection();
         let sent_at = Instant::now();
+        // Trusted no longer than the new lease from before it was sent, whatever becomes
+        // of the call: a lease that shortens it may reach the server even if the reply is
+        // lost or this future is dropped, and the holder must not trust the old deadline
+        // while another client can take the lock.
+        self.lease_entry.cap(sent_at, lease);
         let sent_on_home = connection.routes_home();
         let renewed = self
             .core
@@ -718,7 +726,12 @@ impl Holding {
             .arg(&*self.name)
             .arg(&*self.owner)
             .clone();
-        let held: bool = self.core.query(&exists).await?;
+        let held = match self.core.query::<bool>(&exists).await {
+            Ok(held) => held,
+            // Another kind of key at the lock's name: certainly not this holding's.
+            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => false,
+            Err(err) => return Err(err),
+        };
         if !held {
             tracing::warn!(lock = %self.name, owner = %self.owner, "the server says this holding no longer owns the lock; the lock is lost");
             self.lease_entry.mark_lost();
@@ -957,8 +970,11 @@ impl LockGuard {
     /// trip), or shorten the watchdog timeout
     /// ([`ClientBuilder::watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)).
     ///
-    /// The future watches the local clock itself, so the promise holds even if the
-    /// client's background work cannot run.
+    /// Awaited in a task, the future watches that runtime's clock itself, so the promise
+    /// holds even if the clients' background thread cannot run. Awaited directly in a
+    /// `block_on` body (the body of `#[tokio::main]`), it keeps time on the background
+    /// thread instead, and comes late if that thread is starved; spawn it, or use
+    /// [`LockGuard::lost_token`], to be independent of it.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let watch = self.hold.holding().lease_entry.watch();
         async move {

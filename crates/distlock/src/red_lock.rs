@@ -41,6 +41,11 @@ use crate::lock::{Lock, LockAttempt, LockGuard, ReleaseOutcome};
 /// The longest default per-node timeout: a master that takes longer is counted as down.
 const MAX_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// The shortest default per-node timeout: a tenth of a very short lease (under a
+/// millisecond, or a few) failed healthy masters on a busy machine. Leases too short for
+/// it are refused.
+const MIN_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(10);
+
 /// After a split vote (no majority, nobody holding it), contenders pause a random time
 /// below this before trying again, so that they do not split again in lockstep.
 const SPLIT_VOTE_JITTER: Duration = Duration::from_millis(50);
@@ -150,7 +155,8 @@ impl RedLock {
 
     /// How long one master may take to answer one attempt before it counts as failed.
     /// Keep it small next to the lease: every millisecond spent waiting is taken from the
-    /// validity. Default a tenth of the lease, at most 250 ms.
+    /// validity. Default a tenth of the lease, at least 10 ms and at most 250 ms. A lease no longer than
+    /// the node timeout plus 1 % + 5 ms is refused ([`Error::InvalidDuration`]).
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
         self
@@ -211,18 +217,6 @@ impl RedLock {
             .map(|(_, attempt)| attempt.lease())
             .min()
             .unwrap_or_default();
-        // Each master's lease is trusted until its deadline less the safety margin (which
-        // covers the validity rule's drift): a lease no longer than that margin would
-        // only ever make guards that are lost as they are handed out.
-        if lease <= safety_margin(lease) {
-            return Err(Error::InvalidDuration {
-                what: "RedLock lease",
-                reason: format!(
-                    "{lease:?} leaves no validity after the clock-drift and timer margin of {:?}",
-                    safety_margin(lease)
-                ),
-            });
-        }
         let node_timeout = match self.node_timeout {
             Some(timeout) if timeout.is_zero() => {
                 return Err(Error::InvalidDuration {
@@ -231,8 +225,27 @@ impl RedLock {
                 })
             }
             Some(timeout) => timeout,
-            None => (lease / 10).min(MAX_DEFAULT_NODE_TIMEOUT),
+            None => (lease / 10).clamp(MIN_DEFAULT_NODE_TIMEOUT, MAX_DEFAULT_NODE_TIMEOUT),
         };
+        // Each master's lease is trusted until its deadline less the safety margin (which
+        // covers the validity rule's drift), and an attempt may take the default node
+        // timeout: a lease no longer than both together could only make guards that are
+        // lost as they are handed out, or none at all. (A node timeout set by the caller
+        // is the caller's choice, longer than the lease even.)
+        let needed = match self.node_timeout {
+            Some(_) => safety_margin(lease),
+            None => safety_margin(lease) + node_timeout,
+        };
+        if lease <= needed {
+            return Err(Error::InvalidDuration {
+                what: "RedLock lease",
+                reason: format!(
+                    "{lease:?} leaves no validity after the clock-drift and timer margin of \
+                     {:?} and the default node timeout of {node_timeout:?}",
+                    safety_margin(lease)
+                ),
+            });
+        }
         let Some((first, _)) = masters.first() else {
             return Err(Error::InvalidConfig {
                 what: "RedLock masters",

@@ -172,6 +172,11 @@ async fn an_evicting_policy_set_after_connect_refuses_acquisitions_until_undone(
                     .unwrap();
             }
         };
+        // A wait that begins now, before the change, must not take the lock after it.
+        let waiting = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.lock().await })
+        };
         set_policy("allkeys-lru").await;
         let other = lock.clone();
         common::eventually(Duration::from_secs(10), "acquisitions refused", || {
@@ -186,6 +191,11 @@ async fn an_evicting_policy_set_after_connect_refuses_acquisitions_until_undone(
         .await;
         // A lock already held is its holder's to release.
         held.release().await.unwrap();
+        let waited = bounded(Duration::from_secs(5), waiting).await.unwrap();
+        assert!(
+            matches!(waited, Err(Error::EvictionPolicy { .. })),
+            "a waiter took the lock on an evicting server: {waited:?}"
+        );
         assert!(matches!(
             lock.lock().await,
             Err(Error::EvictionPolicy { .. })

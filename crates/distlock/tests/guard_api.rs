@@ -303,3 +303,123 @@ async fn the_public_types_are_named_from_distlock_alone() {
     })
     .await;
 }
+
+/// Review: an `extend` that shortened the lease and was cut short (its future dropped, or
+/// its reply timed out) reached the server, but the guard kept trusting the old deadline
+/// while another client took the lock.
+#[tokio::test]
+async fn an_extend_cut_short_never_leaves_two_holders() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("cut-short").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_secs(10))
+            .lock()
+            .await
+            .unwrap();
+        // Writes wait 300 ms on the server: the extension is queued, then applied.
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(300)
+            .arg("WRITE")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let cut = tokio::time::timeout(
+            Duration::from_millis(50),
+            guard.extend(Duration::from_millis(400)),
+        )
+        .await;
+        assert!(cut.is_err(), "the extension was cut short");
+        assert!(guard.lease_remaining() <= Duration::from_millis(400));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let other = client.lock("cut-short").unwrap().try_lock().await.unwrap();
+        assert!(
+            other.is_none() || guard.is_lost(),
+            "another client holds it while the guard still trusts it"
+        );
+    })
+    .await;
+}
+
+/// Review: `verify` answered a key of another type at the lock's name with an error
+/// instead of "not held".
+#[tokio::test]
+async fn verify_says_not_held_when_another_kind_of_key_took_the_name() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("retyped").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_secs(30))
+            .lock()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("retyped")
+            .arg("a string now")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!guard.verify().await.unwrap());
+        assert!(guard.is_lost());
+    })
+    .await;
+}
+
+/// Review: a garbage per-name counter (too large, or at i64::MAX) was copied into the
+/// shared per-slot counter, after which every acquisition of the slot failed for good; a
+/// negative counter made a token below 1, read as "busy", with the lock left held by an
+/// owner nobody tracked.
+#[tokio::test]
+async fn counters_that_are_not_tokens_never_spread_nor_leave_a_lock_behind() {
+    let server = server().await;
+    let per_slot = client(&server).await;
+    let per_name = Client::builder()
+        .fencing_counter(FencingCounter::PerName)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let mut conn = raw(&server).await;
+    let set = |key: &'static str, value: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    bounded(LIMIT, async {
+        for garbage in ["99999999999999999999", "9223372036854775807", "12abc", "-7"] {
+            set("redisson_lock_token:{x}", garbage).await;
+            let guard = per_slot.lock("x").unwrap().try_lock().await.unwrap();
+            assert!(guard.expect("free").fencing_token() >= 1, "{garbage}");
+            // The slot's counter still serves every name of the slot.
+            let other = per_slot.lock("{x}other").unwrap().try_lock().await.unwrap();
+            other.expect("free").release().await.unwrap();
+        }
+        for bad in ["-3", "not a number"] {
+            set("redisson_lock_token:{y}", bad).await;
+            let lock = per_name.lock("y").unwrap();
+            let err = lock.try_lock().await.unwrap_err();
+            assert!(matches!(err, Error::Redis(_)), "{bad}: {err}");
+            assert!(
+                !lock.is_locked().await.unwrap(),
+                "{bad}: a lock was left behind"
+            );
+            // The operator's recovery call repairs it.
+            assert_eq!(lock.advance_fencing_counter(10).await.unwrap(), 10);
+            let guard = lock.try_lock().await.unwrap().expect("free");
+            assert_eq!(guard.fencing_token(), 11);
+            guard.release().await.unwrap();
+        }
+    })
+    .await;
+    let _ = &mut conn;
+}

@@ -518,7 +518,10 @@ async fn lease_remaining_never_exceeds_the_redlock_validity() {
     let clients = clients_for(&urls(&servers), Duration::from_secs(30)).await;
     bounded(LIMIT, async {
         let mut granted = 0;
-        for lease_ms in [8, 12, 20, 50] {
+        for lease_ms in [20, 30, 50, 100] {
+            // Review: 6-10 ms leases were accepted with a node timeout under 1 ms, and
+            // failed healthy masters with QuorumUnavailable: the default node timeout is
+            // at least 10 ms now, and shorter leases are refused.
             let lease = Duration::from_millis(lease_ms);
             let lock = RedLock::new(NAME, &clients).unwrap().with_lease(lease);
             for _ in 0..20 {
@@ -540,7 +543,7 @@ async fn lease_remaining_never_exceeds_the_redlock_validity() {
         }
         assert!(granted > 0, "no lease long enough was ever granted");
         // A lease the margins leave nothing of is refused, not handed out lost.
-        for lease_ms in [1, 3, 5] {
+        for lease_ms in [1, 3, 5, 6, 7, 10, 15] {
             let lock = RedLock::new(NAME, &clients)
                 .unwrap()
                 .with_lease(Duration::from_millis(lease_ms));
@@ -549,4 +552,40 @@ async fn lease_remaining_never_exceeds_the_redlock_validity() {
         }
     })
     .await;
+}
+
+/// Review: only the first master's eviction policy was checked; with two of three
+/// masters evicting, a RedLock was granted by all three.
+#[tokio::test]
+async fn masters_that_may_evict_keys_refuse_a_redlock() {
+    let servers = masters(3).await;
+    let clients = clients_for(&urls(&servers), Duration::from_secs(30)).await;
+    for server in &servers[1..] {
+        let mut conn = server.connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let lock = RedLock::new(NAME, &clients).unwrap();
+    common::eventually(Duration::from_secs(10), "the RedLock refused", || {
+        let lock = lock.clone();
+        async move {
+            match lock.try_lock().await {
+                Ok(Some(guard)) => {
+                    let _ = guard.release().await;
+                    false
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            }
+        }
+    })
+    .await;
+    for server in &servers {
+        assert!(!lock_key_on(server).await, "a master kept a grant");
+    }
 }

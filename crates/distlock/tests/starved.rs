@@ -32,3 +32,39 @@ async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starve
     })
     .await;
 }
+
+/// Review: only the first `lost_token()` call started the deadline timer, on its caller's
+/// runtime; when that runtime ended, later tokens had no timer of their own.
+#[tokio::test]
+async fn the_deadline_timer_restarts_after_the_runtime_that_ran_it_ended() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("timer-runtime").unwrap();
+        let guard = lock
+            .with_lease(Duration::from_millis(400))
+            .lock()
+            .await
+            .unwrap();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let brief = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    brief.block_on(async { drop(guard.lost_token()) });
+                    // `brief` ends here, with the timer task it ran.
+                })
+                .join()
+                .unwrap();
+        });
+        let token = guard.lost_token();
+        let started = Instant::now();
+        client.stall_background_for_tests(Duration::from_millis(2_000));
+        token.cancelled().await;
+        let fired = started.elapsed();
+        assert!(fired < Duration::from_millis(700), "fired after {fired:?}");
+    })
+    .await;
+}

@@ -144,6 +144,7 @@ pub(crate) async fn acquire<A: Acquire>(
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
     core.ensure_open()?;
+    // Before any queueing: even a caller that would be told "busy" without trying.
     core.ensure_keys_stay()?;
     let subscriptions = core.subscriptions();
     let deadline = patience.deadline();
@@ -301,6 +302,9 @@ async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A:
 async fn attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Guard>> {
     let _in_flight = core.background().in_flight();
     core.ensure_open()?;
+    // Every attempt, not just the first: a wait that began before the server started to
+    // evict keys must not take a lock there either.
+    core.ensure_keys_stay()?;
     let outcome = Detached::from_boxed(core.background(), primitive.attempt()).await?;
     if matches!(outcome, Attempt::Acquired(_)) && core.ensure_open().is_err() {
         drop(outcome);

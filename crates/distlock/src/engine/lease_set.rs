@@ -104,8 +104,10 @@ impl<'a> LeaseSet<'a> {
         }
     }
 
-    /// A token cancelled when the set is lost. One small task on the first member's
-    /// client's runtime waits for it, and ends when the set is released.
+    /// A token cancelled when the set is lost. One small task waits for it, and ends when
+    /// the set is released: on the caller's runtime when there is one (it keeps time
+    /// there even while the clients' thread is starved), on the first member's client's
+    /// otherwise.
     pub(crate) fn lost_token(&self) -> CancellationToken {
         let token = CancellationToken::new();
         if !self.is_trusted() {
@@ -118,7 +120,9 @@ impl<'a> LeaseSet<'a> {
         };
         let watch = self.watch();
         let cancel = token.clone();
-        background.handle().spawn(async move {
+        let runtime =
+            tokio::runtime::Handle::try_current().unwrap_or_else(|_| background.handle().clone());
+        runtime.spawn(async move {
             tokio::select! {
                 lost = watch => {
                     if lost {

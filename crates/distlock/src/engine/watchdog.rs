@@ -224,7 +224,14 @@ impl Lease {
         let registry = Arc::clone(&self.shared.registry);
         let id = self.id;
         let client_runtime = lock_registry(&registry).runtime.clone();
+        // Should this task be dropped unfinished (its runtime ended, even before it first
+        // ran), the next call to `lost_token` starts another.
+        let gone = TimerGone {
+            registry: Arc::clone(&registry),
+            id,
+        };
         let timer = async move {
+            let _gone = gone;
             loop {
                 let (fire, runtime) = {
                     let mut registry = lock_registry(&registry);
@@ -352,6 +359,27 @@ impl Lease {
         }
     }
 
+    /// A command about to be sent at `sent_at` may set the lease to `lease`: until its
+    /// reply says otherwise, the lease is trusted no longer than that, if that is sooner
+    /// than the deadline now. The scheduler is told, so the lost signal comes on time.
+    pub(crate) fn cap(&self, sent_at: Instant, lease: Duration) {
+        let capped = sent_at.checked_add(lease);
+        let lowered = self
+            .with_entry(|entry| match capped {
+                Some(capped) if capped < entry.deadline => {
+                    entry.deadline = capped;
+                    // The margin is sized by the lease that sets the deadline.
+                    entry.lease = lease;
+                    true
+                }
+                _ => false,
+            })
+            .unwrap_or(false);
+        if lowered {
+            self.shared.changed.notify_one();
+        }
+    }
+
     /// A command sent at `sent_at` fixed the lease to `lease`, which may be shorter than
     /// the deadline before: the scheduler is told, so the lost signal comes on time.
     pub(crate) fn fixed(&self, sent_at: Instant, lease: Duration) {
@@ -362,6 +390,21 @@ impl Lease {
     /// The server said the owner no longer holds the lock.
     pub(crate) fn mark_lost(&self) {
         self.with_entry(Entry::mark_lost);
+    }
+}
+
+/// Clears an entry's record of its lost signal's timer when the timer task ends or is
+/// dropped.
+struct TimerGone {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+}
+
+impl Drop for TimerGone {
+    fn drop(&mut self) {
+        if let Some(entry) = lock_registry(&self.registry).entries.get_mut(&self.id) {
+            entry.signal_timer = None;
+        }
     }
 }
 

@@ -8,10 +8,13 @@
 --          client), compared as text so that it stays exact above 2^53
 --
 -- Returns the counter's value afterwards, as decimal text: max(its value before, floor).
--- Never lowers it.
+-- Never lowers a valid counter.
 local current = redis.call('get', KEYS[1]) or '0'
 local floor = ARGV[1]
-if #floor > #current or (#floor == #current and floor > current) then
+-- A counter that is not a canonical non-negative integer (something else wrote it) is
+-- replaced: this is the operator's recovery call.
+local canonical = current == '0' or string.match(current, '^[1-9]%d*$') ~= nil
+if not canonical or #floor > #current or (#floor == #current and floor > current) then
     redis.call('set', KEYS[1], floor)
     return floor
 end

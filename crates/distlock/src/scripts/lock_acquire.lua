@@ -26,7 +26,10 @@
 --
 -- A token is one more than the larger of the two counters, so tokens strictly increase
 -- across every client of the lock, whichever counter each uses. A user whose ACL may not
--- read the other counter skips that comparison (docs/safety.md lists the rights).
+-- read the other counter skips that comparison (docs/safety.md lists the rights). An
+-- other counter that is not a positive integer below 2^63 - 1 is ignored; an own counter
+-- that is not one is replaced by a usable other counter, and a token below 1 is refused
+-- (an error) before the lock is written.
 --
 -- A refused call aborts a script but keeps what it wrote before, so every write is
 -- checked against the user's ACL before the first one (Redis >= 7.0 has acl_check_cmd).
@@ -47,13 +50,22 @@ if redis.acl_check_cmd then
     end
     read_other = redis.acl_check_cmd('get', ARGV[3])
 end
+-- Counters are compared as text: a double cannot tell two counters apart above 2^53.
+-- A counter is a token source only if it is a positive integer below 2^63 - 1 (so one
+-- more token fits): anything else written there is not copied, and never spreads.
+local I64_MAX = '9223372036854775807'
+local function usable(counter)
+    return type(counter) == 'string' and string.match(counter, '^[1-9]%d*$') ~= nil
+        and (#counter < #I64_MAX or (#counter == #I64_MAX and counter < I64_MAX))
+end
+local function above(a, b)
+    return #a > #b or (#a == #b and a > b)
+end
 if read_other then
-    -- Compared as text: both are canonical decimals, and a double could not tell two
-    -- counters apart above 2^53.
     local other = redis.call('get', ARGV[3])
-    if other and string.match(other, '^[1-9]%d*$') then
-        local mine = redis.call('get', KEYS[2]) or '0'
-        if #other > #mine or (#other == #mine and other > mine) then
+    if usable(other) then
+        local mine = redis.call('get', KEYS[2])
+        if not usable(mine) or above(other, mine) then
             if redis.acl_check_cmd and not redis.acl_check_cmd('set', KEYS[2], other) then
                 return redis.error_reply('NOPERM this user may not SET the fencing counter ' .. KEYS[2])
             end
@@ -62,6 +74,11 @@ if read_other then
     end
 end
 local token = redis.call('incr', KEYS[2])
+if token < 1 then
+    -- Something wrote a negative counter: a token must be positive, and nothing of the
+    -- lock has been written yet.
+    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' is not positive; raise it with advance_fencing_counter')
+end
 if token >= 9007199254740992 then
     -- A double rounds above 2^53; the counter's own text is exact.
     token = redis.call('get', KEYS[2])
