@@ -31,6 +31,7 @@ use crate::replica_sync::{
 };
 use crate::runtime::Background;
 use crate::scripts;
+#[cfg(feature = "sentinel")]
 use crate::sentinel::{FailoverLink, SentinelMaster};
 use crate::tls;
 
@@ -492,6 +493,7 @@ impl ClientBuilder {
     /// Connects to the master a set of sentinels names, and follows it through failovers:
     /// after a broken connection or a READONLY reply, the next command asks the sentinels
     /// again. Waiters' pub/sub follows too.
+    #[cfg(feature = "sentinel")]
     async fn connect_sentinel(self, spec: SentinelSpec) -> Result<Client> {
         let config = self.validate()?;
         let sentinels = spec
@@ -578,6 +580,17 @@ impl ClientBuilder {
             target,
         })
         .await
+    }
+
+    /// Built without the `sentinel` feature: a Sentinel URL is refused.
+    #[cfg(not(feature = "sentinel"))]
+    async fn connect_sentinel(self, spec: SentinelSpec) -> Result<Client> {
+        Err(Error::InvalidUrl {
+            url: format!("redis+sentinel://…/{}", spec.service),
+            reason: "a Sentinel deployment, but distlock was built without its `sentinel` \
+                     feature"
+                .into(),
+        })
     }
 
     async fn start_cluster(
@@ -733,6 +746,7 @@ impl Servers {
                 .await?;
                 Ok(RedisConnection::Manager(manager).into())
             }
+            #[cfg(feature = "sentinel")]
             Servers::Sentinel(master) => Ok(Link::Sentinel(
                 FailoverLink::connect(master.clone(), response_timeout).await?,
             )),
@@ -1431,6 +1445,16 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(not(feature = "sentinel"))]
+    #[tokio::test]
+    async fn without_the_sentinel_feature_a_sentinel_url_is_refused() {
+        let err = Client::connect("redis+sentinel://127.0.0.1:1/mymaster")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+        assert!(err.to_string().contains("`sentinel` feature"), "{err}");
+    }
 
     #[test]
     fn refuses_bad_settings() {

@@ -22,6 +22,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
 use crate::cluster_link::{ClusterLink, WaitFor};
+#[cfg(feature = "sentinel")]
 use crate::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use std::sync::Arc;
@@ -64,6 +65,7 @@ impl From<ClusterConnection> for RedisConnection {
 #[derive(Clone)]
 pub(crate) enum Link {
     Redis(RedisConnection),
+    #[cfg(feature = "sentinel")]
     Sentinel(FailoverLink),
     Cluster(ClusterLink),
 }
@@ -80,6 +82,7 @@ impl Link {
             Link::Redis(RedisConnection::Manager(conn)) => conn,
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn,
             Link::Redis(RedisConnection::Cluster(conn)) => conn,
+            #[cfg(feature = "sentinel")]
             Link::Sentinel(conn) => conn,
             Link::Cluster(conn) => conn,
         }
@@ -280,6 +283,7 @@ impl ConnectionLike for Connection {
             Link::Redis(RedisConnection::Manager(conn)) => conn.get_db(),
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn.get_db(),
             Link::Redis(RedisConnection::Cluster(conn)) => conn.get_db(),
+            #[cfg(feature = "sentinel")]
             Link::Sentinel(conn) => conn.get_db(),
             Link::Cluster(conn) => conn.get_db(),
         }

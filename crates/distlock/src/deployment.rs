@@ -21,6 +21,7 @@ use redis::{ConnectionInfo, PushInfo, RedisResult};
 
 use crate::client::Config;
 use crate::error::{Error, Result};
+#[cfg(feature = "sentinel")]
 use crate::sentinel::SentinelMaster;
 
 /// How often one cluster command is sent again after a redirection it cannot follow at
@@ -277,6 +278,7 @@ pub(crate) enum Servers {
     /// One server.
     Standalone(redis::Client),
     /// The master a set of sentinels names, as the client's connections last found it.
+    #[cfg(feature = "sentinel")]
     Sentinel(SentinelMaster),
     /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`. Every
     /// command link opened on it shares `topology`.

@@ -58,6 +58,7 @@ mod red_lock;
 mod replica_sync;
 mod runtime;
 mod scripts;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod tls;
 

@@ -111,6 +111,7 @@ pub(crate) fn for_cluster(
     }
 }
 
+#[cfg(feature = "sentinel")]
 /// A sentinel client builder that uses TLS, with `certificates` if given, for the
 /// sentinels and the master.
 pub(crate) fn for_sentinel(

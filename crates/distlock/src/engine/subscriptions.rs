@@ -418,6 +418,7 @@ async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
             let (sink, stream) = redis.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
+        #[cfg(feature = "sentinel")]
         Servers::Sentinel(master) => {
             // Asked afresh at every reconnect: the hub may be the first to see a failover.
             let master = master.ask_sentinels().await?;
