@@ -12,11 +12,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncConnectionConfig;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "cluster")]
 use crate::cluster_link::{ClusterLink, Topology};
 use crate::connection::{Connection, Link, RedisConnection};
+#[cfg(feature = "cluster")]
+use crate::deployment::cluster_client;
 use crate::deployment::{
-    cluster_client, mask_password, parse_endpoint, shorten_for_errors, Deployment, Endpoint,
-    SentinelSpec, Servers,
+    mask_password, parse_endpoint, shorten_for_errors, Deployment, Endpoint, SentinelSpec, Servers,
 };
 use crate::duration::to_millis;
 use crate::engine::latches::Latches;
@@ -68,6 +70,7 @@ pub(crate) struct Config {
     pub(crate) key_prefix: Arc<str>,
     /// For every TLS connection: cluster nodes and sentinels are connected to long after
     /// the builder is gone.
+    #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
     pub(crate) tls_certificates: Option<tls::Certificates>,
 }
 
@@ -423,6 +426,9 @@ impl ClientBuilder {
         seeds: impl IntoIterator<Item = S>,
     ) -> Result<Client> {
         let config = self.validate()?;
+        if !cfg!(feature = "cluster") {
+            return Err(without_cluster("redis+cluster://…".to_owned()));
+        }
         let mut infos = Vec::new();
         for seed in seeds {
             let seed = seed.as_ref();
@@ -593,6 +599,7 @@ impl ClientBuilder {
         })
     }
 
+    #[cfg(feature = "cluster")]
     async fn start_cluster(
         self,
         config: Config,
@@ -636,6 +643,18 @@ impl ClientBuilder {
             target,
         })
         .await
+    }
+
+    /// Built without the `cluster` feature: a Redis Cluster is refused.
+    #[cfg(not(feature = "cluster"))]
+    async fn start_cluster(
+        self,
+        _config: Config,
+        _seeds: Vec<redis::ConnectionInfo>,
+        target: String,
+        _facts: ServerFacts,
+    ) -> Result<Client> {
+        Err(without_cluster(target))
     }
 
     /// Builds a client on a connection the caller already has. Calls made on the runtime
@@ -715,6 +734,14 @@ impl ClientBuilder {
     }
 }
 
+/// The refusal of a Redis Cluster by a build without the `cluster` feature.
+fn without_cluster(url: String) -> Error {
+    Error::InvalidUrl {
+        url,
+        reason: "a Redis Cluster, but distlock was built without its `cluster` feature".into(),
+    }
+}
+
 /// Asks one cluster seed what it is: the seed as a target for messages, and its facts.
 async fn probe_seed(seed: redis::ConnectionInfo, config: &Config) -> Result<(String, ServerFacts)> {
     let url = seed.addr().to_string();
@@ -750,6 +777,7 @@ impl Servers {
             Servers::Sentinel(master) => Ok(Link::Sentinel(
                 FailoverLink::connect(master.clone(), response_timeout).await?,
             )),
+            #[cfg(feature = "cluster")]
             Servers::Cluster {
                 seeds, topology, ..
             } => {
@@ -1009,7 +1037,8 @@ async fn probe(client: &redis::Client, config: &Config, target: &str) -> Result<
 struct ServerFacts {
     /// `cluster_enabled:1`: a Redis Cluster node.
     cluster: bool,
-    /// The major version, 0 when unknown.
+    /// The major version, 0 when unknown (it decides sharded pub/sub on a cluster).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     major_version: u32,
 }
 
@@ -1445,6 +1474,16 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(not(feature = "cluster"))]
+    #[tokio::test]
+    async fn without_the_cluster_feature_a_cluster_url_is_refused() {
+        let err = Client::connect("redis+cluster://127.0.0.1:1,127.0.0.1:2")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+        assert!(err.to_string().contains("`cluster` feature"), "{err}");
+    }
 
     #[cfg(not(feature = "sentinel"))]
     #[tokio::test]

@@ -19,9 +19,16 @@
 //! the fast home path rather than routing everything through the background thread.
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 
-use crate::cluster_link::{ClusterLink, WaitFor};
+#[cfg(feature = "cluster")]
+use crate::cluster_link::ClusterLink;
+#[cfg(feature = "cluster")]
+pub(crate) use crate::cluster_link::WaitFor;
+/// Gives the WAIT to send behind a synced write (see the cluster link's own).
+#[cfg(not(feature = "cluster"))]
+pub(crate) type WaitFor = dyn Fn(Option<u32>) -> Option<(Cmd, u32)> + Send + Sync;
 #[cfg(feature = "sentinel")]
 use crate::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
@@ -39,6 +46,7 @@ pub enum RedisConnection {
     Multiplexed(MultiplexedConnection),
     /// A Redis Cluster: routes each command by its first key, follows MOVED and ASK,
     /// retries TRYAGAIN, and reconnects to nodes by itself.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -54,6 +62,7 @@ impl From<MultiplexedConnection> for RedisConnection {
     }
 }
 
+#[cfg(feature = "cluster")]
 impl From<ClusterConnection> for RedisConnection {
     fn from(conn: ClusterConnection) -> Self {
         Self::Cluster(conn)
@@ -67,6 +76,7 @@ pub(crate) enum Link {
     Redis(RedisConnection),
     #[cfg(feature = "sentinel")]
     Sentinel(FailoverLink),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterLink),
 }
 
@@ -81,9 +91,11 @@ impl Link {
         match self {
             Link::Redis(RedisConnection::Manager(conn)) => conn,
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn,
+            #[cfg(feature = "cluster")]
             Link::Redis(RedisConnection::Cluster(conn)) => conn,
             #[cfg(feature = "sentinel")]
             Link::Sentinel(conn) => conn,
+            #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn,
         }
     }
@@ -118,6 +130,7 @@ impl Connection {
     }
 
     /// This connection with `home` as its home link (the caller's runtime's connection).
+    #[cfg(feature = "cluster")]
     pub(crate) fn with_home(self, home: Option<(Id, Link)>) -> Self {
         Self { home, ..self }
     }
@@ -163,8 +176,12 @@ impl Connection {
     /// of `write`'s slot (see [`ClusterLink::turn_looks_free`]); true elsewhere.
     pub(crate) fn turn_looks_free(&self, write: &Cmd) -> bool {
         match &self.background {
+            #[cfg(feature = "cluster")]
             Link::Cluster(link) => link.turn_looks_free(write),
-            _ => true,
+            _ => {
+                let _ = write;
+                true
+            }
         }
     }
 
@@ -176,18 +193,26 @@ impl Connection {
         write: &Cmd,
         wait: Arc<WaitFor>,
     ) -> Option<redis::RedisResult<(Value, Option<(Value, u32)>)>> {
-        let Link::Cluster(link) = &self.background else {
-            return None;
-        };
-        if matches!(self.route(), Route::Background) {
-            return Some(link.write_then_wait(write, &*wait).await);
+        #[cfg(not(feature = "cluster"))]
+        {
+            let _ = (write, wait);
+            None
         }
-        let (link, write) = (link.clone(), write.clone());
-        let sent = self
-            .background_runtime
-            .spawn(async move { link.write_then_wait(&write, &*wait).await })
-            .await;
-        Some(sent.map_err(handed_over_failed).and_then(|sent| sent))
+        #[cfg(feature = "cluster")]
+        {
+            let Link::Cluster(link) = &self.background else {
+                return None;
+            };
+            if matches!(self.route(), Route::Background) {
+                return Some(link.write_then_wait(write, &*wait).await);
+            }
+            let (link, write) = (link.clone(), write.clone());
+            let sent = self
+                .background_runtime
+                .spawn(async move { link.write_then_wait(&write, &*wait).await })
+                .await;
+            Some(sent.map_err(handed_over_failed).and_then(|sent| sent))
+        }
     }
 
     /// The home link (present whenever `route` says `Home`), or else the background one.
@@ -282,9 +307,11 @@ impl ConnectionLike for Connection {
         match &self.background {
             Link::Redis(RedisConnection::Manager(conn)) => conn.get_db(),
             Link::Redis(RedisConnection::Multiplexed(conn)) => conn.get_db(),
+            #[cfg(feature = "cluster")]
             Link::Redis(RedisConnection::Cluster(conn)) => conn.get_db(),
             #[cfg(feature = "sentinel")]
             Link::Sentinel(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.get_db(),
         }
     }

@@ -15,10 +15,13 @@
 //! published (sharded pub/sub on a Redis 7 cluster), and whether keys of different slots
 //! may share one command.
 
+#[cfg(feature = "cluster")]
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_routing::Slot;
+#[cfg(feature = "cluster")]
 use redis::{ConnectionInfo, PushInfo, RedisResult};
 
+#[cfg(feature = "cluster")]
 use crate::client::Config;
 use crate::error::{Error, Result};
 #[cfg(feature = "sentinel")]
@@ -27,15 +30,19 @@ use crate::sentinel::SentinelMaster;
 /// How often one cluster command is sent again after a redirection it cannot follow at
 /// once (TRYAGAIN while a slot migrates, CLUSTERDOWN during a failover) or a lost node.
 /// Every retry still ends within the response timeout, which bounds the whole command.
+#[cfg(feature = "cluster")]
 pub(crate) const CLUSTER_RETRIES: u32 = 12;
 /// Pauses between those retries, in milliseconds: short, because a migration moves a
 /// slot's few lock keys in a few milliseconds, and growing up to a quarter second.
+#[cfg(feature = "cluster")]
 pub(crate) const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
+#[cfg(feature = "cluster")]
 pub(crate) const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 250;
 
 /// A cluster client on `seeds` with the client's timeouts. With `pushes`, it speaks RESP3
 /// and sends every push (pub/sub messages, subscription confirmations, disconnections)
 /// there: that is how redis-rs carries pub/sub on a cluster.
+#[cfg(feature = "cluster")]
 pub(crate) fn cluster_client(
     seeds: &[ConnectionInfo],
     config: &Config,
@@ -282,6 +289,7 @@ pub(crate) enum Servers {
     Sentinel(SentinelMaster),
     /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`. Every
     /// command link opened on it shares `topology`.
+    #[cfg(feature = "cluster")]
     Cluster {
         seeds: Vec<ConnectionInfo>,
         topology: std::sync::Arc<crate::cluster_link::Topology>,
@@ -298,6 +306,7 @@ pub(crate) enum Deployment {
     /// A Redis Cluster. `sharded_pubsub`: the servers have SPUBLISH/SSUBSCRIBE (Redis 7),
     /// so a release message goes to the one shard that owns the lock, and Redisson's
     /// waiters on a 7+ cluster, which listen there, hear it too.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Cluster { sharded_pubsub: bool },
 }
 

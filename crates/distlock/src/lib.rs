@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod client;
+#[cfg(feature = "cluster")]
 mod cluster_link;
 mod connection;
 mod deployment;

@@ -373,6 +373,7 @@ impl Acquire for LockAttempt {
                             timeout: synced.policy().timeout,
                         });
                     }
+                    #[cfg(feature = "cluster")]
                     Err(err) if crate::cluster_link::never_sent(&err) => {
                         return Err(Error::NotReplicated {
                             name: name.to_string(),

@@ -95,6 +95,7 @@ pub(crate) fn with_certificates(
     }
 }
 
+#[cfg(feature = "cluster")]
 /// A cluster client builder that connects to every node it discovers with `certificates`.
 pub(crate) fn for_cluster(
     builder: redis::cluster::ClusterClientBuilder,

@@ -25,19 +25,24 @@ async fn replicated() -> (RedisServer, RedisServer) {
         .await
         .expect("replica");
     let mut conn = master.connection().await.expect("connection");
-    common::eventually(Duration::from_secs(10), "replica online", || {
+    until_replication_shows(&conn, "state=online").await;
+    let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    (master, replica)
+}
+
+/// Waits until the master's `INFO replication` contains `text`.
+async fn until_replication_shows(conn: &redis::aio::MultiplexedConnection, text: &str) {
+    common::eventually(Duration::from_secs(10), text, || {
         let mut conn = conn.clone();
         async move {
             redis::cmd("INFO")
                 .arg("replication")
                 .query_async::<String>(&mut conn)
                 .await
-                .is_ok_and(|info| info.contains("state=online"))
+                .is_ok_and(|info| info.contains(text))
         }
     })
     .await;
-    let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
-    (master, replica)
 }
 
 async fn connect(url: &str, sync: ReplicaSync) -> Client {
@@ -476,17 +481,7 @@ async fn a_backup_download_does_not_turn_auto_sync_on() {
         .spawn()
         .expect("redis-cli is installed with redis-server");
     let conn = master.connection().await.unwrap();
-    common::eventually(Duration::from_secs(10), "the backup listed", || {
-        let mut conn = conn.clone();
-        async move {
-            redis::cmd("INFO")
-                .arg("replication")
-                .query_async::<String>(&mut conn)
-                .await
-                .is_ok_and(|info| info.contains("connected_slaves:1"))
-        }
-    })
-    .await;
+    until_replication_shows(&conn, "connected_slaves:1").await;
     // Past one of Auto's rechecks (every 5 s) with the backup listed.
     tokio::time::sleep(Duration::from_millis(5_500)).await;
     let _ = backup.kill();

@@ -9,6 +9,12 @@ use common::{bounded, client, server};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// A guard on `name` with a fixed lease of `lease`.
+async fn held(client: &distlock::Client, name: &str, lease: Duration) -> distlock::LockGuard {
+    let lock = client.lock(name).unwrap();
+    lock.with_lease(lease).lock().await.unwrap()
+}
+
 /// Review: only the watchdog task cancelled `lost_token()`, so a worker checking the
 /// token alone acted past the deadline while the client's thread was starved.
 #[tokio::test]
@@ -16,12 +22,7 @@ async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starve
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
-        let lock = client.lock("starved").unwrap();
-        let guard = lock
-            .with_lease(Duration::from_millis(300))
-            .lock()
-            .await
-            .unwrap();
+        let guard = held(&client, "starved", Duration::from_millis(300)).await;
         let token = guard.lost_token();
         let started = Instant::now();
         client.stall_background_for_tests(Duration::from_millis(2_000));
@@ -40,12 +41,7 @@ async fn the_deadline_timer_restarts_after_the_runtime_that_ran_it_ended() {
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
-        let lock = client.lock("timer-runtime").unwrap();
-        let guard = lock
-            .with_lease(Duration::from_millis(400))
-            .lock()
-            .await
-            .unwrap();
+        let guard = held(&client, "timer-runtime", Duration::from_millis(400)).await;
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {

@@ -38,13 +38,18 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
-use redis::{PushInfo, PushKind, RedisResult};
+use redis::RedisResult;
+#[cfg(feature = "cluster")]
+use redis::{PushInfo, PushKind};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::deployment::{cluster_client, Servers};
+#[cfg(feature = "cluster")]
+use crate::deployment::cluster_client;
+use crate::deployment::Servers;
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
 
@@ -305,6 +310,7 @@ impl Drop for Subscription {
 /// The sending half of the hub's connection.
 enum Sink {
     Classic(PubSubSink),
+    #[cfg(feature = "cluster")]
     Cluster {
         connection: ClusterConnection,
         sharded: bool,
@@ -314,10 +320,13 @@ enum Sink {
 /// The receiving half: messages, and on a cluster the other pushes.
 enum Events {
     Classic(PubSubStream),
+    #[cfg(feature = "cluster")]
     Cluster(mpsc::UnboundedReceiver<PushInfo>),
 }
 
 /// What the connection told the hub.
+// Only a cluster's pushes carry the events beyond messages.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 enum Event {
     /// A message on a channel.
     Message(String),
@@ -348,6 +357,7 @@ impl Sink {
             Sink::Classic(sink) if on => sink.subscribe(channels).await,
             Sink::Classic(sink) => sink.unsubscribe(channels).await,
             // One channel per command: the channels of one SSUBSCRIBE must share a slot.
+            #[cfg(feature = "cluster")]
             Sink::Cluster {
                 connection,
                 sharded,
@@ -373,6 +383,7 @@ impl Sink {
                 tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await,
                 Ok(Ok(_))
             ),
+            #[cfg(feature = "cluster")]
             Sink::Cluster { .. } => true,
         }
     }
@@ -386,6 +397,7 @@ impl Events {
                 .next()
                 .await
                 .map(|message| Event::Message(message.get_channel_name().to_owned())),
+            #[cfg(feature = "cluster")]
             Events::Cluster(pushes) => {
                 let push = pushes.recv().await?;
                 let channel = || match push.data.first() {
@@ -425,6 +437,7 @@ async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
             let (sink, stream) = master.get_async_pubsub().await?.split();
             Ok((Sink::Classic(sink), Events::Classic(stream)))
         }
+        #[cfg(feature = "cluster")]
         Servers::Cluster {
             seeds,
             sharded,
