@@ -396,7 +396,7 @@ async fn counters_that_are_not_tokens_never_spread_nor_leave_a_lock_behind() {
         }
     };
     bounded(LIMIT, async {
-        for garbage in ["99999999999999999999", "9223372036854775807", "12abc", "-7"] {
+        for garbage in ["99999999999999999999", "12abc", "-7", "007", "1.5"] {
             set("redisson_lock_token:{x}", garbage).await;
             let guard = per_slot.lock("x").unwrap().try_lock().await.unwrap();
             assert!(guard.expect("free").fencing_token() >= 1, "{garbage}");
@@ -404,6 +404,12 @@ async fn counters_that_are_not_tokens_never_spread_nor_leave_a_lock_behind() {
             let other = per_slot.lock("{x}other").unwrap().try_lock().await.unwrap();
             other.expect("free").release().await.unwrap();
         }
+        // A per-name counter at its last token refuses its own lock (no token can be
+        // above it), and nothing else: the slot's counter still serves the other names.
+        set("redisson_lock_token:{x}", "9223372036854775807").await;
+        assert!(per_slot.lock("x").unwrap().try_lock().await.is_err());
+        let other = per_slot.lock("{x}other").unwrap().try_lock().await.unwrap();
+        other.expect("free").release().await.unwrap();
         for bad in ["-3", "not a number"] {
             set("redisson_lock_token:{y}", bad).await;
             let lock = per_name.lock("y").unwrap();
@@ -422,4 +428,42 @@ async fn counters_that_are_not_tokens_never_spread_nor_leave_a_lock_behind() {
     })
     .await;
     let _ = &mut conn;
+}
+
+/// Second review: a counter at i64::MAX (its last token handed out) was taken for garbage
+/// and lowered to the other setting's smaller counter, so tokens went backwards (2 after
+/// i64::MAX). It must stay, and the next acquisition be refused.
+#[tokio::test]
+async fn a_counter_at_its_last_token_is_never_lowered() {
+    let server = server().await;
+    let per_name = Client::builder()
+        .fencing_counter(FencingCounter::PerName)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let per_slot = client(&server).await;
+    bounded(LIMIT, async {
+        per_name
+            .lock("last")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let lock = per_slot.lock("last").unwrap();
+        let top = i64::MAX.unsigned_abs();
+        lock.advance_fencing_counter(top - 1).await.unwrap();
+        let guard = lock.lock().await.unwrap();
+        assert_eq!(guard.fencing_token(), top);
+        guard.release().await.unwrap();
+        assert!(lock.try_lock().await.is_err(), "no token is left");
+        // Nor for the other setting: its counter is far lower, but a token must be above
+        // every token of the lock.
+        let other = per_name.lock("last").unwrap();
+        assert!(other.try_lock().await.is_err(), "a token below i64::MAX");
+        assert!(!lock.is_locked().await.unwrap());
+    })
+    .await;
 }

@@ -64,3 +64,33 @@ async fn the_deadline_timer_restarts_after_the_runtime_that_ran_it_ended() {
     })
     .await;
 }
+
+/// Second review: `lost_token()` asked once in a runtime that stays alive but is never
+/// driven again parked the only deadline timer there; later tokens had none running.
+#[tokio::test]
+async fn a_runtime_nobody_drives_does_not_hold_up_the_lost_token() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let guard = held(&client, "idle-runtime", Duration::from_millis(300)).await;
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| idle.block_on(async { drop(guard.lost_token()) }))
+                .join()
+                .unwrap();
+        });
+        let token = guard.lost_token();
+        let started = Instant::now();
+        client.stall_background_for_tests(Duration::from_millis(2_000));
+        token.cancelled().await;
+        let fired = started.elapsed();
+        assert!(fired < Duration::from_millis(700), "fired after {fired:?}");
+        // A runtime may not be dropped inside another's task.
+        std::thread::spawn(move || drop(idle)).join().unwrap();
+    })
+    .await;
+}

@@ -63,9 +63,12 @@ struct Entry {
     /// The lost signal, created only when asked for: most holdings never are, and a
     /// process may hold many thousands of locks.
     signal: Option<CancellationToken>,
-    /// Ends the signal's own deadline timer (see [`Lease::lost_token`]) when the holding
+    /// Ends the signal's own deadline timers (see [`Lease::lost_token`]) when the holding
     /// ends.
     signal_timer: Option<CancellationToken>,
+    /// The runtimes a deadline timer of the signal runs on: one per runtime that asked for
+    /// a token, since a runtime may stop being driven (or end) while another still is.
+    timer_runtimes: Vec<tokio::runtime::Id>,
 }
 
 impl Entry {
@@ -185,9 +188,10 @@ impl Lease {
     ///
     /// The watchdog cancels it when a renewal finds the lock gone, and a timer of its own
     /// cancels it at the deadline: a worker that only checks the token must not act past
-    /// the deadline because the client's thread is starved. The timer runs on the
-    /// caller's runtime when there is one (the worker's, most likely, which is running if
-    /// the worker is), on the client's otherwise, and ends with the holding.
+    /// the deadline because the client's thread is starved. A timer runs on each runtime
+    /// that asked for a token (the worker's, most likely, which is running if the worker
+    /// is; a runtime that is no longer driven cannot hold up another's), on the client's
+    /// when asked outside one, and each ends with the holding.
     pub(crate) fn lost_token(&self) -> CancellationToken {
         self.signal(true).unwrap_or_else(|| {
             // The holding is over: a token that never fires.
@@ -198,6 +202,11 @@ impl Lease {
     /// A child of the entry's lost signal, made on first use; with `timed`, the signal's
     /// deadline timer is started if it is not running yet.
     fn signal(&self, timed: bool) -> Option<CancellationToken> {
+        // The timer runs on the caller's runtime, or the client's outside of one.
+        let runtime = match tokio::runtime::Handle::try_current() {
+            Ok(current) => Some(current),
+            Err(_) => self.shared.registry().runtime.clone(),
+        };
         let (child, start_timer) = self.with_entry(|entry| {
             let signal = entry.signal.get_or_insert_with(|| {
                 let signal = CancellationToken::new();
@@ -207,28 +216,38 @@ impl Lease {
                 signal
             });
             let child = signal.child_token();
-            let start_timer = timed && !entry.lost && entry.signal_timer.is_none();
-            let stop =
-                start_timer.then(|| entry.signal_timer.insert(CancellationToken::new()).clone());
-            (child, stop)
+            let start_timer = match &runtime {
+                Some(runtime)
+                    if timed && !entry.lost && !entry.timer_runtimes.contains(&runtime.id()) =>
+                {
+                    entry.timer_runtimes.push(runtime.id());
+                    let stop = entry
+                        .signal_timer
+                        .get_or_insert_with(CancellationToken::new)
+                        .clone();
+                    Some((runtime.clone(), stop))
+                }
+                _ => None,
+            };
+            (child, start_timer)
         })?;
-        if let Some(stop) = start_timer {
-            self.start_signal_timer(stop);
+        if let Some((runtime, stop)) = start_timer {
+            self.start_signal_timer(&runtime, stop);
         }
         Some(child)
     }
 
     /// Cancels the lost signal when the deadline (less the margin) comes, unless the
     /// holding ends or a renewal moves the deadline first.
-    fn start_signal_timer(&self, stop: CancellationToken) {
+    fn start_signal_timer(&self, on: &tokio::runtime::Handle, stop: CancellationToken) {
         let registry = Arc::clone(&self.shared.registry);
         let id = self.id;
-        let client_runtime = lock_registry(&registry).runtime.clone();
         // Should this task be dropped unfinished (its runtime ended, even before it first
         // ran), the next call to `lost_token` starts another.
         let gone = TimerGone {
             registry: Arc::clone(&registry),
             id,
+            runtime: on.id(),
         };
         let timer = async move {
             let _gone = gone;
@@ -260,15 +279,7 @@ impl Lease {
                 }
             }
         };
-        match (tokio::runtime::Handle::try_current(), client_runtime) {
-            (Ok(current), _) => {
-                current.spawn(timer);
-            }
-            (Err(_), Some(client)) => {
-                client.spawn(timer);
-            }
-            (Err(_), None) => {}
-        }
+        on.spawn(timer);
     }
 
     /// True while the holding is not known lost and its deadline (less the safety
@@ -393,17 +404,20 @@ impl Lease {
     }
 }
 
-/// Clears an entry's record of its lost signal's timer when the timer task ends or is
-/// dropped.
+/// Clears an entry's record of a lost signal's timer on `runtime` when the timer task ends
+/// or is dropped (its runtime ended), so a later `lost_token` there starts another.
 struct TimerGone {
     registry: Arc<Mutex<Registry>>,
     id: u64,
+    runtime: tokio::runtime::Id,
 }
 
 impl Drop for TimerGone {
     fn drop(&mut self) {
         if let Some(entry) = lock_registry(&self.registry).entries.get_mut(&self.id) {
-            entry.signal_timer = None;
+            entry
+                .timer_runtimes
+                .retain(|runtime| *runtime != self.runtime);
         }
     }
 }
@@ -488,6 +502,7 @@ impl Watchdog {
             lost: false,
             signal: None,
             signal_timer: None,
+            timer_runtimes: Vec::new(),
         };
         let fire = entry.fire_at();
         let mut registry = self.shared.registry();
@@ -773,6 +788,7 @@ mod tests {
             lost: false,
             signal: None,
             signal_timer: None,
+            timer_runtimes: Vec::new(),
         };
         assert!(entry(true, false)
             .expiry()

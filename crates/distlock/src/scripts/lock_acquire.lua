@@ -28,8 +28,9 @@
 -- across every client of the lock, whichever counter each uses. A user whose ACL may not
 -- read the other counter skips that comparison (docs/safety.md lists the rights). An
 -- other counter that is not a positive integer below 2^63 - 1 is ignored; an own counter
--- that is not one is replaced by a usable other counter, and a token below 1 is refused
--- (an error) before the lock is written.
+-- that is not a positive integer is replaced by a usable other counter, or else refused
+-- (an error) before anything is written. An own counter at 2^63 - 1 has no token left:
+-- INCR fails, and it is never lowered.
 --
 -- A refused call aborts a script but keeps what it wrote before, so every write is
 -- checked against the user's ACL before the first one (Redis >= 7.0 has acl_check_cmd).
@@ -51,34 +52,39 @@ if redis.acl_check_cmd then
     read_other = redis.acl_check_cmd('get', ARGV[3])
 end
 -- Counters are compared as text: a double cannot tell two counters apart above 2^53.
--- A counter is a token source only if it is a positive integer below 2^63 - 1 (so one
--- more token fits): anything else written there is not copied, and never spreads.
+-- A counter holds a canonical positive integer up to 2^63 - 1; the other one is a token
+-- source only below that, so that one more token fits. Anything else written there is
+-- never copied, and never spreads.
 local I64_MAX = '9223372036854775807'
-local function usable(counter)
+local function canonical(counter)
     return type(counter) == 'string' and string.match(counter, '^[1-9]%d*$') ~= nil
-        and (#counter < #I64_MAX or (#counter == #I64_MAX and counter < I64_MAX))
+        and (#counter < #I64_MAX or (#counter == #I64_MAX and counter <= I64_MAX))
 end
 local function above(a, b)
     return #a > #b or (#a == #b and a > b)
 end
+local mine = redis.call('get', KEYS[2])
+local mine_ok = mine == false or mine == '0' or canonical(mine)
 if read_other then
     local other = redis.call('get', ARGV[3])
-    if usable(other) then
-        local mine = redis.call('get', KEYS[2])
-        if not usable(mine) or above(other, mine) then
-            if redis.acl_check_cmd and not redis.acl_check_cmd('set', KEYS[2], other) then
-                return redis.error_reply('NOPERM this user may not SET the fencing counter ' .. KEYS[2])
-            end
-            redis.call('set', KEYS[2], other)
+    if other == I64_MAX then
+        -- The other setting handed out the last token there is: none can be above it.
+        return redis.error_reply('ERR the fencing counter ' .. ARGV[3] .. ' has handed out its last token')
+    end
+    if canonical(other) and (mine == false or not mine_ok or above(other, mine)) then
+        if redis.acl_check_cmd and not redis.acl_check_cmd('set', KEYS[2], other) then
+            return redis.error_reply('NOPERM this user may not SET the fencing counter ' .. KEYS[2])
         end
+        redis.call('set', KEYS[2], other)
+        mine_ok = true
     end
 end
-local token = redis.call('incr', KEYS[2])
-if token < 1 then
-    -- Something wrote a negative counter: a token must be positive, and nothing of the
-    -- lock has been written yet.
-    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' is not positive; raise it with advance_fencing_counter')
+if not mine_ok then
+    -- Something else wrote the counter (negative, not a number): nothing is written, and
+    -- tokens go on only once an operator raises it.
+    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' is not a positive integer; raise it with advance_fencing_counter')
 end
+local token = redis.call('incr', KEYS[2])
 if token >= 9007199254740992 then
     -- A double rounds above 2^53; the counter's own text is exact.
     token = redis.call('get', KEYS[2])
