@@ -330,6 +330,11 @@ impl ClientBuilder {
     pub async fn connect(self, url: &str) -> Result<Client> {
         match parse_endpoint(url)? {
             Endpoint::Single(single) => {
+                if single.starts_with("rediss:") {
+                    // Said here: without TLS, redis-rs refuses the URL without naming
+                    // the feature that would take it.
+                    tls::prepare(&mask_password(url), true)?;
+                }
                 let info = redis::IntoConnectionInfo::into_connection_info(single.as_str())
                     .map_err(|err| Error::InvalidUrl {
                         url: mask_password(url),
@@ -1474,6 +1479,14 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn without_the_tls_feature_a_rediss_url_names_the_feature() {
+        let err = Client::connect("rediss://127.0.0.1:1/").await.unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+        assert!(err.to_string().contains("`tls` feature"), "{err}");
+    }
 
     #[cfg(not(feature = "cluster"))]
     #[tokio::test]

@@ -15,6 +15,11 @@
 //! majority quorum ([`LeaseSet`]), so an extension holds only while a majority renewed in
 //! time.
 //!
+//! A master whose server may evict keys refuses its part of every attempt, as a client
+//! refuses such a server for a plain lock, and counts as a failed master: a majority of
+//! healthy masters outvotes it. The first master is the exception: the RedLock waits on
+//! its client, so its refusal fails the whole attempt with [`Error::EvictionPolicy`].
+//!
 //! There is no fencing token. Each master's counter increases on its own, so the tokens a
 //! majority hands out are not ordered across holders: a larger token on one master says
 //! nothing about another. See docs/deployment.md for when RedLock is still the right tool.
