@@ -9,6 +9,32 @@ use common::{bounded, client, server};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// Asks `guard` for a lost token in `runtime`, from a thread of its own (as a sync
+/// wrapper's `block_on` would), and lets go of the token at once.
+fn token_asked_in(runtime: &tokio::runtime::Runtime, guard: &distlock::LockGuard) {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime.block_on(async { drop(guard.lost_token()) }))
+            .join()
+            .unwrap();
+    });
+}
+
+/// Stalls the client's background thread and checks that a token asked for now fires
+/// within `limit` all the same: by its own timer on this runtime.
+async fn fires_while_stalled(
+    client: &distlock::Client,
+    guard: &distlock::LockGuard,
+    limit: Duration,
+) {
+    let token = guard.lost_token();
+    let started = Instant::now();
+    client.stall_background_for_tests(Duration::from_millis(2_000));
+    token.cancelled().await;
+    let fired = started.elapsed();
+    assert!(fired < limit, "fired after {fired:?}");
+}
+
 /// A guard on `name` with a fixed lease of `lease`.
 async fn held(client: &distlock::Client, name: &str, lease: Duration) -> distlock::LockGuard {
     let lock = client.lock(name).unwrap();
@@ -23,12 +49,7 @@ async fn the_lost_token_fires_at_the_deadline_while_the_clients_thread_is_starve
     let client = client(&server).await;
     bounded(LIMIT, async {
         let guard = held(&client, "starved", Duration::from_millis(300)).await;
-        let token = guard.lost_token();
-        let started = Instant::now();
-        client.stall_background_for_tests(Duration::from_millis(2_000));
-        token.cancelled().await;
-        let fired = started.elapsed();
-        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+        fires_while_stalled(&client, &guard, Duration::from_millis(600)).await;
         assert!(guard.is_lost());
     })
     .await;
@@ -42,25 +63,15 @@ async fn the_deadline_timer_restarts_after_the_runtime_that_ran_it_ended() {
     let client = client(&server).await;
     bounded(LIMIT, async {
         let guard = held(&client, "timer-runtime", Duration::from_millis(400)).await;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let brief = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
-                    brief.block_on(async { drop(guard.lost_token()) });
-                    // `brief` ends here, with the timer task it ran.
-                })
-                .join()
-                .unwrap();
-        });
-        let token = guard.lost_token();
-        let started = Instant::now();
-        client.stall_background_for_tests(Duration::from_millis(2_000));
-        token.cancelled().await;
-        let fired = started.elapsed();
-        assert!(fired < Duration::from_millis(700), "fired after {fired:?}");
+        let brief = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        token_asked_in(&brief, &guard);
+        // `brief` ends, with the timer task it ran (from a thread: a runtime may not be
+        // dropped inside another's task).
+        std::thread::spawn(move || drop(brief)).join().unwrap();
+        fires_while_stalled(&client, &guard, Duration::from_millis(700)).await;
     })
     .await;
 }
@@ -77,19 +88,8 @@ async fn a_runtime_nobody_drives_does_not_hold_up_the_lost_token() {
             .enable_all()
             .build()
             .unwrap();
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| idle.block_on(async { drop(guard.lost_token()) }))
-                .join()
-                .unwrap();
-        });
-        let token = guard.lost_token();
-        let started = Instant::now();
-        client.stall_background_for_tests(Duration::from_millis(2_000));
-        token.cancelled().await;
-        let fired = started.elapsed();
-        assert!(fired < Duration::from_millis(700), "fired after {fired:?}");
-        // A runtime may not be dropped inside another's task.
+        token_asked_in(&idle, &guard);
+        fires_while_stalled(&client, &guard, Duration::from_millis(700)).await;
         std::thread::spawn(move || drop(idle)).join().unwrap();
     })
     .await;
