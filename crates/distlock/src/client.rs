@@ -1391,11 +1391,11 @@ impl Client {
         validate_name(&name)?;
         let prefix = &self.inner.core.config.key_prefix;
         if prefix.is_empty() {
-            return Ok(Lock::new(self.clone(), name, 0));
+            return Ok(Lock::new(self.clone(), name));
         }
         let key = format!("{prefix}{name}");
         validate_name(&key)?;
-        Ok(Lock::new(self.clone(), key, prefix.len()))
+        Ok(Lock::new(self.clone(), key))
     }
 
     /// A clone of the command connection, for callers that want to run their own commands

@@ -80,8 +80,6 @@ pub struct Lock {
     client: Client,
     /// The lock's Redis key: its name after the client's key prefix.
     name: Arc<str>,
-    /// How much of `name` is the prefix.
-    prefix_len: usize,
     /// The name's fencing counter, the counter the other [`FencingCounter`] setting would
     /// use (read by every acquisition, so a mixed fleet never repeats a token) and its
     /// release channel, worked out once per handle rather than on every acquisition.
@@ -101,9 +99,8 @@ impl fmt::Debug for Lock {
 }
 
 impl Lock {
-    /// The lock whose Redis key is `key`, of which the first `prefix_len` bytes are the
-    /// client's key prefix.
-    pub(crate) fn new(client: Client, key: String, prefix_len: usize) -> Self {
+    /// The lock whose Redis key is `key`: the client's key prefix, then the name.
+    pub(crate) fn new(client: Client, key: String) -> Self {
         let config = client.core().config();
         let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
         let token_key = token_key(counter, prefix, &key).into();
@@ -112,7 +109,6 @@ impl Lock {
         Self {
             client,
             name: key.into(),
-            prefix_len,
             token_key,
             other_token_key,
             channel,
@@ -123,7 +119,8 @@ impl Lock {
     /// The lock's name, as given to [`Client::lock`]. Its Redis key is the client's key
     /// prefix followed by the name ([`Lock::key`]).
     pub fn name(&self) -> &str {
-        self.name.get(self.prefix_len..).unwrap_or(&self.name)
+        let prefix = self.client.core().config().key_prefix.len();
+        self.name.get(prefix..).unwrap_or(&self.name)
     }
 
     /// The lock's Redis key: the client's key prefix, if any, followed by its name.
