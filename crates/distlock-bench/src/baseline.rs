@@ -14,10 +14,16 @@ use tokio::time::Instant;
 use crate::stats::Latencies;
 
 static NOOP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/noop.lua")));
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../distlock/src/scripts/lock_acquire.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../distlock/src/scripts/lock_release.lua")));
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(
+        "../../distlock/src/primitives/lock/scripts/lock_acquire.lua"
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(
+        "../../distlock/src/primitives/lock/scripts/lock_release.lua"
+    ))
+});
 
 /// Which raw load a baseline task runs.
 #[derive(Debug, Clone, Copy)]

@@ -34,43 +34,39 @@
 //!
 //! # Layout of the crate
 //!
-//! - [`Client`]: connection, configuration, and the per-client background tasks;
-//! - `engine`: the acquisition loop, the shared pub/sub subscriptions, the watchdog;
-//! - [`Lock`] / [`LockGuard`]: the lease lock (one holder per acquisition, explicit
-//!   re-entry), a thin layer over the engine;
-//! - `runtime`: the client's own runtime, where all background work runs;
-//! - `scripts/*.lua`: every command that must be atomic, one file each.
+//! Four layers, each importing only the ones below it (docs/design.md draws them):
+//!
+//! - `client/`: the builder and the public [`Client`] facade, which assembles the rest;
+//! - `primitives/`: one module per primitive ([`Lock`], [`RedLock`], [`MultiLock`]), each
+//!   a thin layer that states its keys, scripts (`scripts/*.lua`, one file each) and
+//!   lease kinds;
+//! - `engine/`: the acquisition loop, the shared pub/sub subscriptions, the renewal
+//!   scheduler, the session every primitive shares;
+//! - `transport/`: connections to standalone, Sentinel and Cluster deployments, pub/sub,
+//!   replica sync, server checks and script calls; it knows nothing of locks;
+//!
+//! and under them all, the leaves: `config`, `error`, `duration`, and `runtime` (the
+//! clients' own thread, where all background work runs).
 
 #![warn(missing_docs)]
 
 mod client;
-#[cfg(feature = "cluster")]
-mod cluster_link;
-mod connection;
-mod deployment;
+mod config;
 mod duration;
 mod engine;
 mod error;
-mod eviction;
-mod keys;
-mod lock;
-mod multi_lock;
-mod red_lock;
-mod replica_sync;
+mod primitives;
 mod runtime;
-mod scripts;
-#[cfg(feature = "sentinel")]
-mod sentinel;
-mod tls;
+mod transport;
 
 pub use client::{Client, ClientBuilder};
-pub use connection::{Connection, RedisConnection};
+pub use config::FencingCounter;
 pub use error::{Error, NodeFailure, Result};
-pub use keys::FencingCounter;
-pub use lock::{Lock, LockGuard, ReleaseOutcome};
-pub use multi_lock::{MultiLock, MultiLockGuard};
-pub use red_lock::{RedLock, RedLockGuard};
-pub use replica_sync::ReplicaSync;
+pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};
+pub use primitives::multi_lock::{MultiLock, MultiLockGuard};
+pub use primitives::red_lock::{RedLock, RedLockGuard};
+pub use transport::connection::{Connection, RedisConnection};
+pub use transport::replica_sync::ReplicaSync;
 
 /// The redis-rs crate distlock is built on, re-exported so that what the API takes and
 /// returns ([`redis::Client`] for [`ClientBuilder::connect_with`],

@@ -44,9 +44,9 @@ use futures_util::future::{join_all, select, select_all};
 use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
-use crate::client::Core;
 use crate::engine::detach::Detached;
-use crate::engine::subscriptions::Subscription;
+use crate::engine::session::Core;
+use crate::engine::subscriptions::{Subscription, WakeRule};
 use crate::error::{Error, Result};
 
 /// What one attempt found.
@@ -79,6 +79,11 @@ pub(crate) trait Acquire {
     /// channel (Redisson's layout gives `X` and `{X}` one), but each has its own queue, so
     /// a waiter never waits behind, or takes the wake-up of, a waiter for another lock.
     fn queue(&self) -> &str;
+
+    /// What a message on the channel means for this primitive's local waiters.
+    fn wake_rule(&self) -> WakeRule {
+        WakeRule::OneOrAll
+    }
 
     /// Channels of the same primitive on other clients, each announcing its releases too
     /// (a RedLock's other masters): a waiter wakes on a message on any of them, so one
@@ -172,18 +177,21 @@ pub(crate) async fn acquire<A: Acquire>(
             Err(err) => return Err(err),
         }
     }
-    let subscribing =
-        async {
-            let main = subscriptions
-                .subscribe(primitive.channel(), primitive.queue())
-                .await;
-            let others =
-                join_all(primitive.other_channels().iter().map(|(core, channel)| {
-                    core.subscriptions().subscribe(channel, primitive.queue())
-                }))
-                .await;
-            (main, others)
-        };
+    let subscribing = async {
+        let main = subscriptions
+            .subscribe(
+                primitive.channel(),
+                primitive.queue(),
+                primitive.wake_rule(),
+            )
+            .await;
+        let others = join_all(primitive.other_channels().iter().map(|(core, channel)| {
+            core.subscriptions()
+                .subscribe(channel, primitive.queue(), primitive.wake_rule())
+        }))
+        .await;
+        (main, others)
+    };
     let (subscription, others) = tokio::select! {
         subscribed = subscribing => subscribed,
         _ = core.background().sleep_until_some(deadline) => {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 
-use crate::connection::Connection;
 use crate::runtime::Background;
+use crate::transport::connection::Connection;
 
 /// At most this many keys per UNLINK, so one command never blocks Redis for long.
 const MAX_PER_COMMAND: usize = 500;

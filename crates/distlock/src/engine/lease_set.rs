@@ -14,7 +14,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::watchdog::Lease;
+use crate::engine::renewal::lease::Lease;
 use crate::runtime::Background;
 
 /// A quorum over member leases, borrowed from the guards that own them.

@@ -36,22 +36,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::aio::{PubSubSink, PubSubStream};
-#[cfg(feature = "cluster")]
-use redis::cluster_async::ClusterConnection;
-use redis::RedisResult;
-#[cfg(feature = "cluster")]
-use redis::{PushInfo, PushKind};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-#[cfg(feature = "cluster")]
-use crate::deployment::cluster_client;
-use crate::deployment::Servers;
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
+use crate::transport::pubsub::{open, Event, Sink};
+use crate::transport::servers::Servers;
 
 /// Reconnect backoff bounds: fast enough to catch a restarted server, slow enough not to
 /// spin against a dead one.
@@ -99,6 +91,29 @@ struct ChannelEntry {
 struct Queue {
     wake: Arc<Notify>,
     refs: usize,
+    /// What a message on the channel means for them.
+    rule: WakeRule,
+}
+
+/// What a message on a channel means for the local waiters of one primitive: a primitive
+/// states its rule, the hub applies it to each message. Waiters are woken oldest first,
+/// and a waiter woken for nothing looks at the primitive, finds it busy and waits again,
+/// so a rule that wakes too many costs round trips, never correctness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WakeRule {
+    /// Redisson's lock channels: `1` wakes every waiter (a read-write lock's write
+    /// release, which may let many readers in), anything else wakes one.
+    OneOrAll,
+}
+
+impl WakeRule {
+    /// How many waiters `payload` wakes; `None` for all of them.
+    fn waking(self, payload: &[u8]) -> Option<usize> {
+        match self {
+            WakeRule::OneOrAll if payload == b"1" => None,
+            WakeRule::OneOrAll => Some(1),
+        }
+    }
 }
 
 struct ChannelState {
@@ -108,9 +123,15 @@ struct ChannelState {
 
 impl ChannelEntry {
     /// Wakes one waiter of every lock on the channel (a release message).
-    fn wake_one_each(&self) {
+    fn deliver(&self, payload: &[u8]) {
         for queue in self.queues.values() {
-            queue.wake.notify_one();
+            match queue.rule.waking(payload) {
+                None => queue.wake.notify_waiters(),
+                // A count far above the waiters is as good as all of them; tokio's
+                // `notify_one` keeps at most one wake-up for a waiter yet to come.
+                Some(count) if count > queue.refs => queue.wake.notify_waiters(),
+                Some(count) => (0..count).for_each(|_| queue.wake.notify_one()),
+            }
         }
     }
 
@@ -186,7 +207,12 @@ impl Subscriptions {
     /// runs out: see [`Subscription::is_live`]).
     ///
     /// Cancel-safe: dropping the future drops the interest.
-    pub(crate) async fn subscribe(&self, channel: &str, queue: &str) -> Subscription {
+    pub(crate) async fn subscribe(
+        &self,
+        channel: &str,
+        queue: &str,
+        rule: WakeRule,
+    ) -> Subscription {
         self.start_hub();
         let (state, wake, joined_a_queue) = {
             let mut channels = self.shared.channels();
@@ -209,6 +235,7 @@ impl Subscriptions {
                 .or_insert_with(|| Queue {
                     wake: Arc::new(Notify::new()),
                     refs: 0,
+                    rule,
                 });
             waiters.refs += 1;
             (
@@ -307,157 +334,6 @@ impl Drop for Subscription {
     }
 }
 
-/// The sending half of the hub's connection.
-enum Sink {
-    Classic(PubSubSink),
-    #[cfg(feature = "cluster")]
-    Cluster {
-        connection: ClusterConnection,
-        sharded: bool,
-    },
-}
-
-/// The receiving half: messages, and on a cluster the other pushes.
-enum Events {
-    Classic(PubSubStream),
-    #[cfg(feature = "cluster")]
-    Cluster(mpsc::UnboundedReceiver<PushInfo>),
-}
-
-/// What the connection told the hub.
-// Only a cluster's pushes carry the events beyond messages.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-enum Event {
-    /// A message on a channel.
-    Message(String),
-    /// The server confirmed a subscription: the first, or one redis-rs renewed after a
-    /// node's connection broke or a slot moved.
-    Subscribed(String),
-    /// The server ended a subscription (cluster only): the hub's own unsubscribing, or a
-    /// slot that moved to another master, whose sharded channels the old one drops.
-    Unsubscribed(String),
-    /// One node's connection broke (cluster only; redis-rs reconnects and resubscribes).
-    NodeLost,
-    /// Nothing the hub acts on.
-    Other,
-}
-
-impl Sink {
-    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
-        self.set(channels, true).await
-    }
-
-    async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
-        self.set(channels, false).await
-    }
-
-    /// Subscribes to `channels` (`on`), or unsubscribes from them.
-    async fn set(&mut self, channels: &[String], on: bool) -> RedisResult<()> {
-        match self {
-            Sink::Classic(sink) if on => sink.subscribe(channels).await,
-            Sink::Classic(sink) => sink.unsubscribe(channels).await,
-            // One channel per command: the channels of one SSUBSCRIBE must share a slot.
-            #[cfg(feature = "cluster")]
-            Sink::Cluster {
-                connection,
-                sharded,
-            } => {
-                for channel in channels {
-                    match (on, *sharded) {
-                        (true, true) => connection.ssubscribe(channel).await?,
-                        (true, false) => connection.subscribe(channel).await?,
-                        (false, true) => connection.sunsubscribe(channel).await?,
-                        (false, false) => connection.unsubscribe(channel).await?,
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// True if the connection still answers. A cluster connection watches its nodes and
-    /// reconnects by itself; the hub does not second-guess it.
-    async fn healthy(&mut self, timeout: Duration) -> bool {
-        match self {
-            Sink::Classic(sink) => matches!(
-                tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await,
-                Ok(Ok(_))
-            ),
-            #[cfg(feature = "cluster")]
-            Sink::Cluster { .. } => true,
-        }
-    }
-}
-
-impl Events {
-    /// The next event; `None` when the connection is gone for good.
-    async fn next(&mut self) -> Option<Event> {
-        match self {
-            Events::Classic(stream) => stream
-                .next()
-                .await
-                .map(|message| Event::Message(message.get_channel_name().to_owned())),
-            #[cfg(feature = "cluster")]
-            Events::Cluster(pushes) => {
-                let push = pushes.recv().await?;
-                let channel = || match push.data.first() {
-                    Some(redis::Value::BulkString(bytes)) => {
-                        Some(String::from_utf8_lossy(bytes).into_owned())
-                    }
-                    _ => None,
-                };
-                Some(match push.kind {
-                    PushKind::Message | PushKind::SMessage => {
-                        channel().map_or(Event::Other, Event::Message)
-                    }
-                    PushKind::Subscribe | PushKind::SSubscribe => {
-                        channel().map_or(Event::Other, Event::Subscribed)
-                    }
-                    PushKind::Unsubscribe | PushKind::SUnsubscribe => {
-                        channel().map_or(Event::Other, Event::Unsubscribed)
-                    }
-                    PushKind::Disconnection => Event::NodeLost,
-                    _ => Event::Other,
-                })
-            }
-        }
-    }
-}
-
-async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
-    match source {
-        Servers::Standalone(redis) => {
-            let (sink, stream) = redis.get_async_pubsub().await?.split();
-            Ok((Sink::Classic(sink), Events::Classic(stream)))
-        }
-        #[cfg(feature = "sentinel")]
-        Servers::Sentinel(master) => {
-            // Asked afresh at every reconnect: the hub may be the first to see a failover.
-            let master = master.ask_sentinels().await?;
-            let (sink, stream) = master.get_async_pubsub().await?.split();
-            Ok((Sink::Classic(sink), Events::Classic(stream)))
-        }
-        #[cfg(feature = "cluster")]
-        Servers::Cluster {
-            seeds,
-            sharded,
-            config,
-            ..
-        } => {
-            let (pushes, events) = mpsc::unbounded_channel();
-            let client = cluster_client(seeds, config, Some(pushes))?;
-            let connection = client.get_async_connection().await?;
-            Ok((
-                Sink::Cluster {
-                    connection,
-                    sharded: *sharded,
-                },
-                Events::Cluster(events),
-            ))
-        }
-    }
-}
-
 async fn run_hub(shared: Arc<Shared>, source: Servers, mut nudges: mpsc::UnboundedReceiver<()>) {
     let mut backoff = MIN_BACKOFF;
     let mut first_attempt = true;
@@ -509,7 +385,7 @@ async fn run_hub(shared: Arc<Shared>, source: Servers, mut nudges: mpsc::Unbound
                         }
                     }
                     event = events.next() => match event {
-                        Some(Event::Message(channel)) => deliver(&shared, &channel),
+                        Some(Event::Message { channel, payload }) => deliver(&shared, &channel, &payload),
                         // A renewed subscription follows a gap in which messages were
                         // lost: the channel's waiters look again.
                         Some(Event::Subscribed(channel)) => wake_channel(&shared, &channel),
@@ -671,9 +547,9 @@ async fn subscribe(
     true
 }
 
-fn deliver(shared: &Shared, channel: &str) {
+fn deliver(shared: &Shared, channel: &str, payload: &[u8]) {
     if let Some(entry) = shared.channels().get(channel) {
-        entry.wake_one_each();
+        entry.deliver(payload);
     }
 }
 

@@ -23,14 +23,14 @@ use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
 #[cfg(feature = "cluster")]
-use crate::cluster_link::ClusterLink;
+use crate::transport::cluster::link::ClusterLink;
 #[cfg(feature = "cluster")]
-pub(crate) use crate::cluster_link::WaitFor;
+pub(crate) use crate::transport::cluster::link::WaitFor;
 /// Gives the WAIT to send behind a synced write (see the cluster link's own).
 #[cfg(not(feature = "cluster"))]
 pub(crate) type WaitFor = dyn Fn(Option<u32>) -> Option<(Cmd, u32)> + Send + Sync;
 #[cfg(feature = "sentinel")]
-use crate::sentinel::FailoverLink;
+use crate::transport::sentinel::FailoverLink;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 use std::sync::Arc;
 use tokio::runtime::{Handle, Id};

@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::duration::to_millis;
 use crate::engine::lease_set::LeaseSet;
 use crate::error::{Error, Result};
-use crate::lock::lease_set;
-use crate::lock::{Lock, LockGuard, ReleaseOutcome};
+use crate::primitives::lock::lease_set;
+use crate::primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 
 /// A set of locks acquired together: all of them, or none.
 ///
@@ -216,7 +216,7 @@ impl MultiLock {
 
 /// The order every MultiLock acquires in: by name, then by deployment.
 fn order_key(lock: &Lock) -> (&str, &str) {
-    (lock.key(), lock.client().core().target())
+    (lock.key(), lock.session().core().target())
 }
 
 /// Proof that every member of a [`MultiLock`] is held. Dropping it releases them all in

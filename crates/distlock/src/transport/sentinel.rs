@@ -20,8 +20,8 @@ use redis::{
     Value,
 };
 
-use crate::deployment::SentinelSpec;
-use crate::tls::Certificates;
+use crate::config::Certificates;
+use crate::transport::endpoint::SentinelSpec;
 
 impl SentinelSpec {
     /// A sentinel client that finds this master, trusting `certificates` over TLS.
@@ -50,7 +50,7 @@ impl SentinelSpec {
             }
         }
         if self.tls {
-            builder = crate::tls::for_sentinel(builder, certificates);
+            builder = crate::transport::tls::for_sentinel(builder, certificates);
         }
         builder.build()
     }

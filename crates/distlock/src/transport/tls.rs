@@ -10,16 +10,8 @@
 //! Built without the feature, a TLS URL is refused with [`Error::InvalidUrl`] and the
 //! certificates type is empty, so no code path can hold one.
 
+use crate::config::Certificates;
 use crate::error::{Error, Result};
-
-/// Certificates for TLS connections: a private CA, a client certificate.
-#[cfg(feature = "tls")]
-pub(crate) type Certificates = redis::TlsCertificates;
-
-/// Without TLS there are no certificates to hold.
-#[cfg(not(feature = "tls"))]
-#[derive(Clone, Debug)]
-pub(crate) enum Certificates {}
 
 /// True if `info` is a TLS address (`rediss://`).
 pub(crate) fn is_tls(info: &redis::ConnectionInfo) -> bool {

@@ -1,5 +1,4 @@
-//! The kinds of Redis deployment a [`Client`](crate::Client) can talk to, and the URLs
-//! that name them.
+//! The URLs that name a deployment, parsed before anything is connected:
 //!
 //! - `redis://host:port/db` or `rediss://…`: one server. If that server turns out to be a
 //!   cluster node, the client switches to cluster mode with it as the seed, so pointing
@@ -11,61 +10,9 @@
 //!   URL are the data nodes'; sentinels that need their own take `sentinel_username` and
 //!   `sentinel_password` query parameters.
 //!
-//! What differs between deployments is small, and decided here: how a release is
-//! published (sharded pub/sub on a Redis 7 cluster), and whether keys of different slots
-//! may share one command.
+//! Whatever echoes a URL back in an error masks its password and shortens it here.
 
-#[cfg(feature = "cluster")]
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_routing::Slot;
-#[cfg(feature = "cluster")]
-use redis::{ConnectionInfo, PushInfo, RedisResult};
-
-#[cfg(feature = "cluster")]
-use crate::client::Config;
 use crate::error::{Error, Result};
-#[cfg(feature = "sentinel")]
-use crate::sentinel::SentinelMaster;
-
-/// How often one cluster command is sent again after a redirection it cannot follow at
-/// once (TRYAGAIN while a slot migrates, CLUSTERDOWN during a failover) or a lost node.
-/// Every retry still ends within the response timeout, which bounds the whole command.
-#[cfg(feature = "cluster")]
-pub(crate) const CLUSTER_RETRIES: u32 = 12;
-/// Pauses between those retries, in milliseconds: short, because a migration moves a
-/// slot's few lock keys in a few milliseconds, and growing up to a quarter second.
-#[cfg(feature = "cluster")]
-pub(crate) const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 5;
-#[cfg(feature = "cluster")]
-pub(crate) const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 250;
-
-/// A cluster client on `seeds` with the client's timeouts. With `pushes`, it speaks RESP3
-/// and sends every push (pub/sub messages, subscription confirmations, disconnections)
-/// there: that is how redis-rs carries pub/sub on a cluster.
-#[cfg(feature = "cluster")]
-pub(crate) fn cluster_client(
-    seeds: &[ConnectionInfo],
-    config: &Config,
-    pushes: Option<tokio::sync::mpsc::UnboundedSender<PushInfo>>,
-) -> RedisResult<ClusterClient> {
-    let mut builder = ClusterClientBuilder::new(seeds.to_vec())
-        .connection_timeout(config.connection_timeout)
-        .response_timeout(config.response_timeout)
-        .retries(CLUSTER_RETRIES)
-        .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
-        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS);
-    if let Some(certificates) = &config.tls_certificates {
-        // The seeds carry them too, but the cluster client connects to the nodes it
-        // discovers with these alone.
-        builder = crate::tls::for_cluster(builder, certificates);
-    }
-    if let Some(pushes) = pushes {
-        builder = builder
-            .use_protocol(redis::ProtocolVersion::RESP3)
-            .push_sender(pushes);
-    }
-    builder.build()
-}
 
 /// A deployment, as a URL names it, before anything is connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,91 +225,6 @@ pub(crate) fn shorten_for_errors(text: String) -> String {
     short
 }
 
-/// How to reach a connected client's servers again: for its pub/sub hub, for the
-/// connections synced writes use, and for dedicated connections handed to callers.
-#[derive(Clone)]
-pub(crate) enum Servers {
-    /// One server.
-    Standalone(redis::Client),
-    /// The master a set of sentinels names, as the client's connections last found it.
-    #[cfg(feature = "sentinel")]
-    Sentinel(SentinelMaster),
-    /// A cluster, by its seeds; pub/sub subscribes with SSUBSCRIBE when `sharded`. Every
-    /// command link opened on it shares `topology`.
-    #[cfg(feature = "cluster")]
-    Cluster {
-        seeds: Vec<ConnectionInfo>,
-        topology: std::sync::Arc<crate::cluster_link::Topology>,
-        sharded: bool,
-        config: Config,
-    },
-}
-
-/// The deployment a connected client talks to, as far as the lock protocol cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deployment {
-    /// One server (or a proxy in front of one).
-    Standalone,
-    /// A Redis Cluster. `sharded_pubsub`: the servers have SPUBLISH/SSUBSCRIBE (Redis 7),
-    /// so a release message goes to the one shard that owns the lock, and Redisson's
-    /// waiters on a 7+ cluster, which listen there, hear it too.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    Cluster { sharded_pubsub: bool },
-}
-
-impl Deployment {
-    /// The command the release scripts publish with.
-    pub(crate) fn publish_command(self) -> &'static str {
-        match self {
-            Deployment::Cluster {
-                sharded_pubsub: true,
-            } => "spublish",
-            _ => "publish",
-        }
-    }
-
-    /// True if one command may only carry keys of one hash slot.
-    pub(crate) fn is_cluster(self) -> bool {
-        matches!(self, Deployment::Cluster { .. })
-    }
-
-    /// Splits `items` into groups that one command may carry together: all of them on one
-    /// server, one group per hash slot (of `key(item)`) on a cluster, each group at most
-    /// `max` long.
-    pub(crate) fn batches<T>(
-        self,
-        items: Vec<T>,
-        max: usize,
-        key: impl Fn(&T) -> &str,
-    ) -> Vec<Vec<T>> {
-        let max = max.max(1);
-        let groups: Vec<Vec<T>> = if self.is_cluster() {
-            let mut by_slot: std::collections::HashMap<Slot, Vec<T>> = Default::default();
-            for item in items {
-                by_slot
-                    .entry(Slot::for_key(key(&item)))
-                    .or_default()
-                    .push(item);
-            }
-            by_slot.into_values().collect()
-        } else {
-            vec![items]
-        };
-        let mut batches = Vec::new();
-        for mut group in groups {
-            while group.len() > max {
-                let rest = group.split_off(max);
-                batches.push(group);
-                group = rest;
-            }
-            if !group.is_empty() {
-                batches.push(group);
-            }
-        }
-        batches
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,25 +332,5 @@ mod tests {
         );
         let huge = format!("redis+cluster://{}", "h:1,".repeat(10_000));
         assert_eq!(mask_password(&huge).chars().count(), MAX_ECHOED_URL + 1);
-    }
-
-    #[test]
-    fn cluster_batches_never_mix_slots() {
-        let keys: Vec<String> = (0..50).map(|n| format!("lock:{n}")).collect();
-        let batches = Deployment::Cluster {
-            sharded_pubsub: true,
-        }
-        .batches(keys.clone(), 3, |key| key);
-        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 50);
-        for batch in &batches {
-            assert!(batch.len() <= 3);
-            let slot = Slot::for_key(&batch[0]);
-            assert!(batch.iter().all(|key| Slot::for_key(key) == slot));
-        }
-        let standalone = Deployment::Standalone.batches(keys, 20, |key| key);
-        assert_eq!(
-            standalone.iter().map(Vec::len).collect::<Vec<_>>(),
-            [20, 20, 10]
-        );
     }
 }

@@ -1,4 +1,5 @@
-//! The Lua scripts, compiled into the crate from `src/scripts/*.lua`.
+//! Running distlock's Lua scripts. Each primitive keeps its scripts in files of its own
+//! (`primitives/<primitive>/scripts/*.lua`) and declares them as [`LuaScript`]s.
 //!
 //! Each is run with EVALSHA through [`ScriptCall`], which sends it once more as EVAL, with
 //! its source, when the server answers NOSCRIPT: a Redis restart, `SCRIPT FLUSH`, or a
@@ -7,52 +8,46 @@
 //! like the EVALSHA it replaces, so it reaches the very server that lacked the script, and
 //! caches the script there.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use redis::{Arg, Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
-use crate::connection::Connection;
-use crate::replica_sync::{Acks, SyncedWrites};
+use crate::transport::connection::Connection;
+use crate::transport::replica_sync::{Acks, SyncedWrites};
 
-/// One of distlock's scripts: its source, and the hash EVALSHA calls it by.
+/// One of distlock's scripts: its source, and the hash EVALSHA calls it by (worked out on
+/// first use).
 pub(crate) struct LuaScript {
     source: &'static str,
-    script: LazyLock<Script>,
+    script: OnceLock<Script>,
 }
 
-macro_rules! script {
-    ($name:ident, $file:literal) => {
-        pub(crate) static $name: LuaScript = LuaScript {
-            source: include_str!(concat!("scripts/", $file)),
-            script: LazyLock::new(|| Script::new(include_str!(concat!("scripts/", $file)))),
-        };
-    };
+impl LuaScript {
+    /// A script with this source, for a `static`: `LuaScript::new(include_str!(…))`.
+    pub(crate) const fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            script: OnceLock::new(),
+        }
+    }
+
+    fn script(&self) -> &Script {
+        self.script.get_or_init(|| Script::new(self.source))
+    }
 }
 
-script!(LOCK_ACQUIRE, "lock_acquire.lua");
-script!(LOCK_REENTER, "lock_reenter.lua");
-script!(LOCK_RELEASE, "lock_release.lua");
-script!(LOCK_RENEW, "lock_renew.lua");
-script!(LOCK_FORCE_UNLOCK, "lock_force_unlock.lua");
-script!(FENCE_ADVANCE, "fence_advance.lua");
-
-/// Loads every script into the server's cache. Without this, the first use of a script
-/// costs NOSCRIPT, SCRIPT LOAD and a second EVALSHA, and a watchdog that sends many
-/// renewal batches at once would pay that for each batch.
-pub(crate) async fn preload(connection: &Connection) -> redis::RedisResult<()> {
-    let all = [
-        &LOCK_ACQUIRE,
-        &LOCK_REENTER,
-        &LOCK_RELEASE,
-        &LOCK_RENEW,
-        &LOCK_FORCE_UNLOCK,
-        &FENCE_ADVANCE,
-    ];
-    let loads = all.map(|script| {
+/// Loads `scripts` into the server's cache. Without this, the first use of a script costs
+/// NOSCRIPT, SCRIPT LOAD and a second EVALSHA, and a scheduler that sends many renewal
+/// batches at once would pay that for each batch.
+pub(crate) async fn preload(
+    connection: &Connection,
+    scripts: impl IntoIterator<Item = &'static LuaScript>,
+) -> redis::RedisResult<()> {
+    let loads = scripts.into_iter().map(|script| {
         let mut connection = connection.clone();
         async move {
             script
-                .script
+                .script()
                 .prepare_invoke()
                 .load_async(&mut connection)
                 .await
@@ -83,7 +78,7 @@ impl ScriptCall {
         let count = 3 + keys.len() + args;
         let mut cmd = Cmd::with_capacity(count, count * BYTES_PER_ARGUMENT);
         cmd.arg("EVALSHA")
-            .arg(script.script.get_hash())
+            .arg(script.script().get_hash())
             .arg(keys.len());
         for key in keys {
             cmd.arg(*key);
@@ -146,7 +141,8 @@ mod tests {
 
     #[test]
     fn a_call_as_eval_carries_the_source_keys_and_arguments() {
-        let mut call = ScriptCall::new(&LOCK_RENEW, &["a", "b"], 2);
+        static SCRIPT: LuaScript = LuaScript::new("return KEYS[1]");
+        let mut call = ScriptCall::new(&SCRIPT, &["a", "b"], 2);
         call.arg(30_000).arg("owner");
         let eval = call.as_eval();
         let args: Vec<Vec<u8>> = eval
@@ -158,7 +154,7 @@ mod tests {
             .collect();
         let expected: Vec<&[u8]> = vec![
             b"EVAL",
-            LOCK_RENEW.source.as_bytes(),
+            SCRIPT.source.as_bytes(),
             b"2",
             b"a",
             b"b",

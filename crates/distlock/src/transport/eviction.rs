@@ -17,9 +17,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::runtime::Background;
+use crate::transport::connection::Connection;
 
 /// How often a running client reads the policy again.
 const RECHECK_EVERY: Duration = Duration::from_secs(2);

@@ -34,14 +34,14 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Client, Core};
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
 use crate::engine::detach::Detached;
 use crate::engine::lease_set::LeaseSet;
-use crate::engine::watchdog::safety_margin;
+use crate::engine::renewal::registry::safety_margin;
+use crate::engine::session::Core;
 use crate::error::{Error, NodeFailure, Result};
-use crate::lock::lease_set;
-use crate::lock::{Lock, LockAttempt, LockGuard, ReleaseOutcome};
+use crate::primitives::lock::lease_set;
+use crate::primitives::lock::{Lock, LockAttempt, LockGuard, ReleaseOutcome};
 
 /// The longest default per-node timeout: a master that takes longer is counted as down.
 const MAX_DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -104,10 +104,11 @@ impl fmt::Debug for RedLock {
 }
 
 impl RedLock {
-    /// The lock `name` on each of `masters`. Fails with [`Error::InvalidConfig`] unless
-    /// there are an odd number of at least 3, each a different server.
-    pub fn new(name: impl Into<String>, masters: &[Client]) -> Result<Self> {
-        let name: String = name.into();
+    /// The lock `name` on each master, one [`Lock`] handle per master (made by the client
+    /// layer's `RedLock::new`, which takes the clients). Fails with
+    /// [`Error::InvalidConfig`] unless there are an odd number of at least 3, each on a
+    /// different server.
+    pub(crate) fn on_masters(name: String, masters: Vec<Lock>) -> Result<Self> {
         if masters.len() < 3 || masters.len().is_multiple_of(2) {
             return Err(Error::InvalidConfig {
                 what: "RedLock masters",
@@ -117,7 +118,10 @@ impl RedLock {
                 ),
             });
         }
-        let mut targets: Vec<&str> = masters.iter().map(|m| m.core().target()).collect();
+        let mut targets: Vec<&str> = masters
+            .iter()
+            .map(|lock| lock.session().core().target())
+            .collect();
         targets.sort_unstable();
         if let Some(pair) = targets.windows(2).find(|pair| pair[0] == pair[1]) {
             return Err(Error::InvalidConfig {
@@ -128,10 +132,6 @@ impl RedLock {
                 ),
             });
         }
-        let masters = masters
-            .iter()
-            .map(|client| client.lock(name.clone()))
-            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             name: name.into(),
             masters,
@@ -257,13 +257,13 @@ impl RedLock {
                 reason: "needs at least 3 masters".into(),
             });
         };
-        let home = Arc::clone(first.client().core());
+        let home = Arc::clone(first.session().core());
         let others = masters
             .iter()
             .skip(1)
             .map(|(master, attempt)| {
                 (
-                    Arc::clone(master.client().core()),
+                    Arc::clone(master.session().core()),
                     Arc::clone(attempt.channel_arc()),
                 )
             })
@@ -321,7 +321,7 @@ impl Acquire for RedLockAttempt {
                 .iter()
                 .enumerate()
                 .map(|(index, (master, attempt))| {
-                    let background = master.client().core().background();
+                    let background = master.session().core().background();
                     let call = Detached::from_boxed(background, attempt.attempt());
                     async move { (index, call.await) }
                 })
@@ -333,7 +333,7 @@ impl Acquire for RedLockAttempt {
                 tokio::select! {
                     answer = calls.next() => match answer {
                         Some((index, reply)) => {
-                            let node = || masters[index].0.client().core().target().to_owned();
+                            let node = || masters[index].0.session().core().target().to_owned();
                             answers[index] = Some(match reply {
                                 Ok(Attempt::Acquired(hold)) => {
                                     Answer::Granted(masters[index].0.guard(hold))
@@ -355,7 +355,7 @@ impl Acquire for RedLockAttempt {
             let answers = answers.into_iter().enumerate().map(|(index, answer)| {
                 answer.unwrap_or_else(|| {
                     Answer::Failed(NodeFailure {
-                        node: masters[index].0.client().core().target().to_owned(),
+                        node: masters[index].0.session().core().target().to_owned(),
                         transient: true,
                         reason: format!("no answer within the node timeout ({node_timeout:?})"),
                     })

@@ -17,6 +17,7 @@ use std::sync::LazyLock;
 
 use redis::cluster_routing::Slot;
 
+use crate::config::FencingCounter;
 use crate::error::{Error, Result};
 
 /// Redis keys may be up to 512 MB; a lock name that large is a bug, and it would be copied
@@ -80,26 +81,6 @@ pub(crate) fn tagged(prefix: &str, name: &str) -> String {
     } else {
         format!("{prefix}:{{{name}}}")
     }
-}
-
-/// Where a lock's fencing tokens come from.
-///
-/// Tokens must strictly increase per lock name. A counter per name does that, but leaves
-/// one key behind for every name ever locked: per-request lock names then grow Redis
-/// forever. A counter per Redis Cluster hash slot does it too (a name's tokens come from
-/// one counter that only goes up), with at most 16,384 keys whatever the number of names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FencingCounter {
-    /// One counter per hash slot, `distlock_fence:{<tag>}`, where `<tag>` is a short string
-    /// in the same slot as the lock name (so scripts stay single-slot on a cluster).
-    /// Tokens of names that share a slot interleave, with gaps per name. The default.
-    #[default]
-    PerSlot,
-    /// One counter per lock name, `redisson_lock_token:{<name>}`, as Redisson's
-    /// `RFencedLock`. Choose it to share tokens with Redisson; every name locked leaves
-    /// its counter behind.
-    PerName,
 }
 
 /// The fencing-token counter of the lock whose key is `key`: never expired, so tokens

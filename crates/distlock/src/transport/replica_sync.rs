@@ -35,9 +35,12 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
-use crate::connection::Connection;
+use crate::config::Config;
 use crate::duration::to_millis;
 use crate::error::{Error, Result};
+use crate::runtime::Background;
+use crate::transport::connection::Connection;
+use crate::transport::servers::Servers;
 
 /// Whether lock writes wait for replicas; see [`ClientBuilder::replica_sync`].
 ///
@@ -430,6 +433,97 @@ impl SyncedWrites {
         };
         Ok((value, acks))
     }
+}
+
+/// Settles replica sync and, when it is on, opens the connections synced writes use.
+/// Under [`ReplicaSync::Auto`], a master with no replica yet is asked again every
+/// [`AUTO_RECHECK`] by a service on the client's runtime, which turns sync on once one
+/// has attached.
+pub(crate) async fn synced_writes(
+    setting: ReplicaSync,
+    connection: &Connection,
+    servers: &Servers,
+    config: &Config,
+    background: &Background,
+    cluster: bool,
+) -> Result<SyncSlot> {
+    let slot = SyncSlot::default();
+    match resolve(setting, connection, cluster).await? {
+        Resolved::Off => {}
+        Resolved::On(policy) => {
+            let writes = open_synced_writes(policy, servers, config, background.handle()).await?;
+            let _ = slot.set(writes);
+        }
+        Resolved::NoReplicaYet => {
+            let (slot, connection, servers, config) = (
+                slot.clone(),
+                connection.clone(),
+                servers.clone(),
+                config.clone(),
+            );
+            let runtime = background.handle().clone();
+            background.spawn_service(async move {
+                watch_for_a_replica(slot, connection, servers, config, runtime).await;
+            });
+        }
+    }
+    Ok(slot)
+}
+
+/// Asks the master every [`AUTO_RECHECK`] whether a replica has attached, and turns
+/// replica sync on when one has. Runs until then, or until the client shuts down.
+async fn watch_for_a_replica(
+    slot: SyncSlot,
+    connection: Connection,
+    servers: Servers,
+    config: Config,
+    runtime: tokio::runtime::Handle,
+) {
+    loop {
+        tokio::time::sleep(AUTO_RECHECK).await;
+        let policy = match resolve(ReplicaSync::Auto, &connection, false).await {
+            Ok(Resolved::On(policy)) => policy,
+            Ok(Resolved::NoReplicaYet) => continue,
+            Ok(Resolved::Off) => return,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not ask the master about replicas");
+                continue;
+            }
+        };
+        match open_synced_writes(policy, &servers, &config, &runtime).await {
+            Ok(writes) => {
+                let _ = slot.set(writes);
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "a replica attached, but the connections for synced writes did not open; trying again");
+            }
+        }
+    }
+}
+
+/// The connections synced writes use: on the client's own runtime, each allowed the WAIT
+/// on top of a normal reply.
+async fn open_synced_writes(
+    policy: SyncPolicy,
+    servers: &Servers,
+    config: &Config,
+    runtime: &tokio::runtime::Handle,
+) -> Result<SyncedWrites> {
+    let response_timeout = config.response_timeout.saturating_add(policy.timeout);
+    let mut connections = Vec::new();
+    for _ in 0..SyncedWrites::pool_size() {
+        connections.push(servers.open_on(runtime, config, response_timeout).await?);
+    }
+    tracing::info!(
+        replicas = policy.replicas,
+        timeout = ?policy.timeout,
+        "replica sync is on: lock writes wait for replicas"
+    );
+    SyncedWrites::new(policy, connections).ok_or(Error::InvalidConfig {
+        what: "replica sync",
+        reason: "no connection for synced writes".into(),
+    })
 }
 
 #[cfg(test)]

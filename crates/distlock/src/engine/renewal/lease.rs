@@ -1,0 +1,276 @@
+//! A held lease as its holder sees it: trusted or not, until when, and its lost signal.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::{lock_registry, Entry, Registry, Shared};
+use crate::runtime::sleep_until_on;
+
+/// A holding's entry in the watchdog. Dropping it ends the entry without a lost signal:
+/// the holding is over.
+pub(crate) struct Lease {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Lease {
+    /// The handle on entry `id`, which the scheduler just registered.
+    pub(super) fn new(shared: Arc<Shared>, id: u64) -> Self {
+        Self { shared, id }
+    }
+
+    fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        self.shared.registry().entries.get_mut(&self.id).map(f)
+    }
+
+    /// A new token, cancelled as soon as the lease can no longer be trusted (already
+    /// cancelled if that has happened). Cancelling it affects nobody else.
+    ///
+    /// The watchdog cancels it when a renewal finds the lock gone, and a timer of its own
+    /// cancels it at the deadline: a worker that only checks the token must not act past
+    /// the deadline because the client's thread is starved. A timer runs on each runtime
+    /// that asked for a token (the worker's, most likely, which is running if the worker
+    /// is; a runtime that is no longer driven cannot hold up another's), on the client's
+    /// when asked outside one, and each ends with the holding.
+    pub(crate) fn lost_token(&self) -> CancellationToken {
+        self.signal(true).unwrap_or_else(|| {
+            // The holding is over: a token that never fires.
+            CancellationToken::new()
+        })
+    }
+
+    /// A child of the entry's lost signal, made on first use; with `timed`, the signal's
+    /// deadline timer is started if it is not running yet.
+    fn signal(&self, timed: bool) -> Option<CancellationToken> {
+        // The timer runs on the caller's runtime, or the client's outside of one.
+        let runtime = match tokio::runtime::Handle::try_current() {
+            Ok(current) => Some(current),
+            Err(_) => self.shared.registry().runtime.clone(),
+        };
+        let (child, start_timer) = self.with_entry(|entry| {
+            let signal = entry.signal.get_or_insert_with(|| {
+                let signal = CancellationToken::new();
+                if entry.lost {
+                    signal.cancel();
+                }
+                signal
+            });
+            let child = signal.child_token();
+            let start_timer = match &runtime {
+                Some(runtime)
+                    if timed && !entry.lost && !entry.timer_runtimes.contains(&runtime.id()) =>
+                {
+                    entry.timer_runtimes.push(runtime.id());
+                    let stop = entry
+                        .signal_timer
+                        .get_or_insert_with(CancellationToken::new)
+                        .clone();
+                    Some((runtime.clone(), stop))
+                }
+                _ => None,
+            };
+            (child, start_timer)
+        })?;
+        if let Some((runtime, stop)) = start_timer {
+            self.start_signal_timer(&runtime, stop);
+        }
+        Some(child)
+    }
+
+    /// Cancels the lost signal when the deadline (less the margin) comes, unless the
+    /// holding ends or a renewal moves the deadline first.
+    fn start_signal_timer(&self, on: &tokio::runtime::Handle, stop: CancellationToken) {
+        let registry = Arc::clone(&self.shared.registry);
+        let id = self.id;
+        // Should this task be dropped unfinished (its runtime ended, even before it first
+        // ran), the next call to `lost_token` starts another.
+        let gone = TimerGone {
+            registry: Arc::clone(&registry),
+            id,
+            runtime: on.id(),
+        };
+        let timer = async move {
+            let _gone = gone;
+            loop {
+                let (fire, runtime) = {
+                    let mut registry = lock_registry(&registry);
+                    let runtime = registry.runtime.clone();
+                    let Some(entry) = registry.entries.get_mut(&id) else {
+                        return;
+                    };
+                    if entry.lost {
+                        return;
+                    }
+                    let fire = entry.fire_at();
+                    if fire <= Instant::now() {
+                        tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
+                        entry.mark_lost();
+                        return;
+                    }
+                    match runtime {
+                        Some(runtime) => (fire, runtime),
+                        // The client is gone; its shutdown marked every holding lost.
+                        None => return,
+                    }
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = sleep_until_on(&runtime, fire) => {}
+                }
+            }
+        };
+        on.spawn(timer);
+    }
+
+    /// True while the holding is not known lost and its deadline (less the safety
+    /// margin) has not come. Checks the clock itself, so it holds even when the watchdog
+    /// task cannot run.
+    pub(crate) fn is_trusted(&self) -> bool {
+        let now = Instant::now();
+        self.with_entry(|entry| entry.is_trusted(now))
+            .unwrap_or(false)
+    }
+
+    /// Until when the lease is trusted by the local clock (its deadline less the safety
+    /// margin, when the lost signal fires), while the holding is trusted.
+    pub(crate) fn trusted_until(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.with_entry(|entry| entry.is_trusted(now).then(|| entry.fire_at()))
+            .flatten()
+    }
+
+    /// Completes with `true` when the lease is lost (the watchdog said so, or the local
+    /// deadline came), or with `false` when the holding ended without being lost. It
+    /// watches the clock itself, so a watchdog that cannot run delays nothing, and it
+    /// spawns nothing.
+    pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
+        let registry = Arc::clone(&self.shared.registry);
+        let id = self.id;
+        // The future watches the clock itself: no timer task for it.
+        let signal = self.signal(false).unwrap_or_default();
+        async move {
+            loop {
+                if signal.is_cancelled() {
+                    return true;
+                }
+                let (fire, runtime) = {
+                    let registry = lock_registry(&registry);
+                    match (registry.entries.get(&id), &registry.runtime) {
+                        (Some(entry), _) if entry.lost => return true,
+                        (Some(entry), Some(runtime)) => (entry.fire_at(), runtime.clone()),
+                        // The holding is over (or the client with it).
+                        _ => return false,
+                    }
+                };
+                if fire <= Instant::now() {
+                    return true;
+                }
+                // A renewal moves the deadline; look again when the old one comes. The
+                // holding ending drops the parent signal, which does not cancel this
+                // child: the look at the deadline then finds the entry gone.
+                // Timed on a clock that is driven wherever this is polled (another
+                // executor, a `block_on` of a busy runtime): see `sleep_until_on`.
+                tokio::select! {
+                    _ = signal.cancelled() => return true,
+                    _ = sleep_until_on(&runtime, fire) => {}
+                }
+            }
+        }
+    }
+
+    /// Stops renewing, at once: the holding's last guard is gone (released or dropped),
+    /// and its release is under way. Renewal replies still in flight are ignored from now
+    /// on.
+    pub(crate) fn closing(&self) {
+        self.with_entry(|entry| {
+            entry.renew = false;
+            entry.closing = true;
+        });
+    }
+
+    /// A command sent at `sent_at` set the lease to `lease` again (a partial release).
+    pub(crate) fn extended(&self, sent_at: Instant, lease: Duration) {
+        let now = Instant::now();
+        self.with_entry(|entry| entry.apply(sent_at, lease, now));
+    }
+
+    /// Stops the watchdog renewing this lease, and waits until no renewal sent before is
+    /// still in flight: after this, nothing of the watchdog's can reach the server and
+    /// set the lease again. Used before a holding's lease is fixed to a length of its own.
+    pub(crate) async fn stop_renewing(&self) {
+        self.with_entry(|entry| entry.renew = false);
+        loop {
+            let batch_ended = self.shared.batch_ended.notified();
+            tokio::pin!(batch_ended);
+            batch_ended.as_mut().enable();
+            if !self.with_entry(|entry| entry.renewing).unwrap_or(false) {
+                return;
+            }
+            batch_ended.await;
+        }
+    }
+
+    /// A command about to be sent at `sent_at` may set the lease to `lease`: until its
+    /// reply says otherwise, the lease is trusted no longer than that, if that is sooner
+    /// than the deadline now. The scheduler is told, so the lost signal comes on time.
+    pub(crate) fn cap(&self, sent_at: Instant, lease: Duration) {
+        let capped = sent_at.checked_add(lease);
+        let lowered = self
+            .with_entry(|entry| match capped {
+                Some(capped) if capped < entry.deadline => {
+                    entry.deadline = capped;
+                    // The margin is sized by the lease that sets the deadline.
+                    entry.lease = lease;
+                    true
+                }
+                _ => false,
+            })
+            .unwrap_or(false);
+        if lowered {
+            self.shared.changed.notify_one();
+        }
+    }
+
+    /// A command sent at `sent_at` fixed the lease to `lease`, which may be shorter than
+    /// the deadline before: the scheduler is told, so the lost signal comes on time.
+    pub(crate) fn fixed(&self, sent_at: Instant, lease: Duration) {
+        self.extended(sent_at, lease);
+        self.shared.changed.notify_one();
+    }
+
+    /// The server said the owner no longer holds the lock.
+    pub(crate) fn mark_lost(&self) {
+        self.with_entry(Entry::mark_lost);
+    }
+}
+
+/// Clears an entry's record of a lost signal's timer on `runtime` when the timer task ends
+/// or is dropped (its runtime ended), so a later `lost_token` there starts another.
+struct TimerGone {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+    runtime: tokio::runtime::Id,
+}
+
+impl Drop for TimerGone {
+    fn drop(&mut self) {
+        if let Some(entry) = lock_registry(&self.registry).entries.get_mut(&self.id) {
+            entry
+                .timer_runtimes
+                .retain(|runtime| *runtime != self.runtime);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let entry = self.shared.registry().entries.remove(&self.id);
+        if let Some(timer) = entry.and_then(|entry| entry.signal_timer) {
+            timer.cancel();
+        }
+    }
+}

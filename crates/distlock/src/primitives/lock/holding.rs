@@ -1,0 +1,376 @@
+//! One acquisition's state on the client (a *holding*), shared by its guard and the guards
+//! of its re-entries: its hold count, its lease, and the commands that change them
+//! (re-entry, release, extension, verification), sent one at a time.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, RELEASE_MESSAGE};
+use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
+use crate::duration::to_millis;
+use crate::engine::renewal::lease::Lease;
+use crate::engine::session::Core;
+use crate::error::{is_connection_failure, Error, Result};
+use crate::primitives::keys::unlock_latch;
+use crate::transport::script::ScriptCall;
+
+/// One acquisition's state, shared by its guard and the guards of its re-entries.
+pub(super) struct Holding {
+    pub(super) core: Arc<Core>,
+    pub(super) name: Arc<str>,
+    pub(super) owner: Arc<str>,
+    pub(super) channel: Arc<str>,
+    pub(super) token: u64,
+    /// Guards alive and not yet released: read synchronously when a guard is dropped, to
+    /// stop renewing the moment the last one goes.
+    pub(super) guards: AtomicU32,
+    /// Re-entries and releases of this holding run one at a time, so each decides on the
+    /// answer to the one before.
+    pub(super) state: tokio::sync::Mutex<HoldState>,
+    pub(super) lease_entry: Lease,
+}
+
+pub(super) struct HoldState {
+    /// The hold count the server has, as far as the last answered command says.
+    pub(super) holds: u32,
+    /// The holding is over: released, or found lost by a release or re-entry.
+    pub(super) ended: bool,
+    /// The lease a partial release of a watchdog-mode holding sets again.
+    pub(super) lease: Duration,
+    pub(super) lease_ms: u64,
+    /// The lease is fixed (taken with one, or fixed later): nothing renews it, and
+    /// nothing but [`LockGuard::extend`] moves its deadline, so a partial release leaves
+    /// it as it is.
+    pub(super) fixed: bool,
+}
+
+impl Holding {
+    pub(super) fn not_held(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.to_string(),
+            owner: self.owner.to_string(),
+        }
+    }
+
+    /// One guard fewer. The last one stops the renewal right away, before its release is
+    /// even sent: a guard dropped where nothing will ever send that release (a runtime
+    /// nobody drives) must not be renewed forever.
+    pub(super) fn guard_gone(&self) {
+        if self.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.lease_entry.closing();
+        }
+    }
+
+    /// Gives back one hold: a partial release while other holds remain, the final release
+    /// when this is the last.
+    pub(super) async fn give_back(self: Arc<Self>) -> Result<ReleaseOutcome> {
+        let mut state = self.state.lock().await;
+        if state.ended {
+            // Only a loss ends a holding that still has a guard to release.
+            return Ok(ReleaseOutcome::AlreadyLost);
+        }
+        let left = state.holds.saturating_sub(1);
+        let latch = (left == 0).then(|| {
+            let prefix = &self.core.config().key_prefix;
+            unlock_latch(prefix, &self.name, self.core.next_request_id())
+        });
+        let mut connection = self.core.connection();
+        let background = self.core.background();
+        let mut attempt = 1;
+        let (outcome, sent_at) = loop {
+            let sent_at = Instant::now();
+            let latch_key = latch.as_deref().unwrap_or(&self.name);
+            let mut call =
+                ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7);
+            call.arg(&*self.owner)
+                .arg(left)
+                // A fixed lease keeps its deadline; "0" tells the script to leave it.
+                .arg(if state.fixed { 0 } else { state.lease_ms })
+                .arg(RELEASE_MESSAGE)
+                .arg(if latch.is_some() {
+                    self.core.config().unlock_latch_ttl_ms
+                } else {
+                    0
+                })
+                .arg(if attempt > 1 && latch.is_some() {
+                    "1"
+                } else {
+                    "0"
+                })
+                .arg(self.core.deployment().publish_command());
+            let reply = match self.core.synced() {
+                None => {
+                    let sent_on_home = connection.routes_home();
+                    background
+                        .reply_unless_stalled(sent_on_home, call.invoke::<i64>(&mut connection))
+                        .await
+                }
+                Some(synced) => call.invoke_synced::<i64>(synced).await.map(|(reply, acks)| {
+                    if !acks.enough() {
+                        // Done on the master. A failover before a replica gets it brings
+                        // the lock back until its lease runs out: the next holder waits
+                        // longer, but no two hold it.
+                        tracing::warn!(lock = %self.name, acknowledged = acks.acknowledged, "no replica acknowledged a release in time");
+                    }
+                    reply
+                }),
+            };
+            match reply {
+                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                    tracing::debug!(error = %err, attempt, "release reply lost; asking again");
+                    // Give a reconnecting connection a moment; repeats are safe.
+                    background.pause(RELEASE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                other => break (other, sent_at),
+            }
+        };
+        state.holds = left;
+        match outcome {
+            Ok(-1) => {
+                state.ended = true;
+                self.lease_entry.mark_lost();
+                Ok(ReleaseOutcome::AlreadyLost)
+            }
+            Ok(0) => {
+                state.ended = true;
+                if let Some(latch) = latch {
+                    self.core.latches().discard(self.core.background(), latch);
+                }
+                Ok(ReleaseOutcome::Released)
+            }
+            Ok(_) => {
+                if !state.fixed {
+                    self.lease_entry.extended(sent_at, state.lease);
+                }
+                Ok(ReleaseOutcome::Released)
+            }
+            Err(err) => {
+                if left == 0 {
+                    // Unknown whether it was freed; it is no longer renewed either way,
+                    // so the lease runs out.
+                    state.ended = true;
+                }
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Adds a hold to this holding. Only a live guard calls this, so the holding is held
+    /// (or was, until a loss the server will report).
+    pub(super) async fn add_hold(self: Arc<Self>) -> Result<Hold> {
+        let mut state = self.state.lock().await;
+        if state.ended || !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
+        let holds = state.holds + 1;
+        let mut connection = self.core.connection();
+        let background = self.core.background();
+        let mut attempt = 1;
+        let outcome = loop {
+            let sent_on_home = connection.routes_home();
+            let reply = background
+                .reply_unless_stalled(
+                    sent_on_home,
+                    ScriptCall::new(&LOCK_REENTER, &[&self.name], 2)
+                        .arg(&*self.owner)
+                        .arg(holds)
+                        .invoke::<i64>(&mut connection),
+                )
+                .await;
+            match reply {
+                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                    // The count is absolute: sending it again cannot add a second hold.
+                    background.pause(RELEASE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        };
+        match outcome? {
+            1 => {
+                state.holds = holds;
+                self.guards.fetch_add(1, Ordering::AcqRel);
+                drop(state);
+                Ok(Hold::new(self))
+            }
+            _ => {
+                state.ended = true;
+                self.lease_entry.mark_lost();
+                Err(self.not_held())
+            }
+        }
+    }
+
+    /// Sets a fixed lease of `lease`, counted from now, if this owner still holds the
+    /// lock: the server's expiry, the local deadline and the lost signal move together.
+    ///
+    /// A holding the watchdog renews is turned into a fixed one when `from` allows it:
+    /// the watchdog stops renewing it (and nothing it sent earlier is still in flight)
+    /// before the lease is set. A MultiLock does this for members with a fixed lease once
+    /// it holds them all, so that no member's lease runs out while a later member is
+    /// awaited. [`LockGuard::extend`] allows fixed holdings only.
+    pub(super) async fn set_fixed_lease(&self, lease: Duration, from: LeaseMode) -> Result<()> {
+        let lease_ms = to_millis("lease", lease)?;
+        let mut state = self.state.lock().await;
+        if state.ended || !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
+        if !state.fixed {
+            if from == LeaseMode::Fixed {
+                return Err(Error::InvalidConfig {
+                    what: "LockGuard::extend",
+                    reason: "this holding is in watchdog mode, which the watchdog renews; \
+                             extend applies to a fixed lease (Lock::with_lease)"
+                        .into(),
+                });
+            }
+            self.lease_entry.stop_renewing().await;
+        }
+        let mut connection = self.core.connection();
+        let sent_at = Instant::now();
+        // Trusted no longer than the new lease from before it was sent, whatever becomes
+        // of the call: a lease that shortens it may reach the server even if the reply is
+        // lost or this future is dropped, and the holder must not trust the old deadline
+        // while another client can take the lock.
+        self.lease_entry.cap(sent_at, lease);
+        let sent_on_home = connection.routes_home();
+        let renewed = self
+            .core
+            .background()
+            .reply_unless_stalled(
+                sent_on_home,
+                ScriptCall::new(&LOCK_RENEW, &[&self.name], 2)
+                    .arg(lease_ms)
+                    .arg(&*self.owner)
+                    .invoke::<Vec<i64>>(&mut connection),
+            )
+            .await?;
+        if renewed.first() != Some(&1) {
+            state.ended = true;
+            self.lease_entry.mark_lost();
+            return Err(self.not_held());
+        }
+        state.lease = lease;
+        state.lease_ms = lease_ms;
+        state.fixed = true;
+        self.lease_entry.fixed(sent_at, lease);
+        // An extension whose reply came after the old deadline passed: the server has
+        // the new lease, but the holder may already have acted on the loss, and a lost
+        // signal is final. (A MultiLock member fixed to a lease shorter than a round trip
+        // is handed out lost, as a Lock with that lease would be.)
+        if from == LeaseMode::Fixed && !self.lease_entry.is_trusted() {
+            return Err(self.not_held());
+        }
+        Ok(())
+    }
+
+    /// Asks the server whether this owner still holds the lock; marks the holding lost
+    /// (firing its lost signal) if not.
+    pub(super) async fn verify(&self) -> Result<bool> {
+        if !self.lease_entry.is_trusted() {
+            return Ok(false);
+        }
+        let exists = redis::cmd("HEXISTS")
+            .arg(&*self.name)
+            .arg(&*self.owner)
+            .clone();
+        let held = match self.core.query::<bool>(&exists).await {
+            Ok(held) => held,
+            // Another kind of key at the lock's name: certainly not this holding's.
+            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => false,
+            Err(err) => return Err(err),
+        };
+        if !held {
+            tracing::warn!(lock = %self.name, owner = %self.owner, "the server says this holding no longer owns the lock; the lock is lost");
+            self.lease_entry.mark_lost();
+        }
+        Ok(held && self.lease_entry.is_trusted())
+    }
+}
+
+/// Which holdings [`Holding::set_fixed_lease`] may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LeaseMode {
+    /// Only a fixed lease: extending a watchdog-mode holding is a mistake.
+    Fixed,
+    /// A fixed lease, or a watchdog-mode holding turned into one.
+    FixedOrWatchdog,
+}
+
+/// One hold of a holding. Dropping it gives the hold back in the background, on the
+/// client's own runtime.
+pub(crate) struct Hold {
+    pub(super) holding: Option<Arc<Holding>>,
+}
+
+impl Hold {
+    pub(super) fn new(holding: Arc<Holding>) -> Self {
+        Self {
+            holding: Some(holding),
+        }
+    }
+
+    pub(super) fn holding(&self) -> &Holding {
+        self.holding_arc()
+    }
+
+    pub(super) fn holding_arc(&self) -> &Arc<Holding> {
+        // Only `take` empties it, and that consumes the hold.
+        self.holding
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a hold is emptied only when consumed"))
+    }
+
+    pub(super) fn take(mut self) -> Arc<Holding> {
+        self.holding
+            .take()
+            .unwrap_or_else(|| unreachable!("a hold is emptied only when consumed"))
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let Some(holding) = self.holding.take() else {
+            return;
+        };
+        holding.guard_gone();
+        let core = Arc::clone(&holding.core);
+        core.background().spawn(async move {
+            let name = Arc::clone(&holding.name);
+            match holding.give_back().await {
+                Ok(ReleaseOutcome::Released) => {}
+                Ok(ReleaseOutcome::AlreadyLost) => {
+                    tracing::debug!(lock = %name, "a dropped guard's lock was already lost");
+                }
+                Err(err) => {
+                    tracing::warn!(lock = %name, error = %err, "background release of a dropped guard failed");
+                }
+            }
+        });
+    }
+}
+
+/// What [`LockGuard::release`] found on the server. Both are normal outcomes: a program
+/// that reacted to [`LockGuard::lost`] already can release and go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The hold was given back; the last hold of a holding freed the lock and woke a
+    /// waiter.
+    Released,
+    /// The lock was no longer this holding's when the release came (its lease ran out, or
+    /// it was deleted or force-unlocked), so nothing was changed on the server. The lost
+    /// signal has fired. Work done under the lock since the loss was not protected by it;
+    /// the fencing token is what protects a store from it.
+    AlreadyLost,
+}
+
+impl ReleaseOutcome {
+    /// True if the lock had been lost before the release.
+    pub fn was_lost(self) -> bool {
+        self == ReleaseOutcome::AlreadyLost
+    }
+}

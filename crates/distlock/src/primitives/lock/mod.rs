@@ -1,0 +1,303 @@
+//! The lease lock (Redisson's `RLock` layout, with a fencing token per acquisition).
+//!
+//! Ownership: every acquisition is its own owner, `"<client id>:<n>"` with n never
+//! reused, so two acquisitions exclude each other whatever tasks they run in, exactly like
+//! two `tokio::sync::Mutex::lock` calls. Re-entry is explicit: [`LockGuard::reenter`]
+//! adds a hold to the guard's own holding. The holds of one holding are counted on the
+//! server as Redisson counts a thread's, and the client sends the holding's re-entries and
+//! releases one at a time, each with the absolute count it wants, so a lost reply can never
+//! leave a stray hold behind.
+
+mod attempt;
+mod guard;
+mod holding;
+pub(crate) mod scripts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) use attempt::LockAttempt;
+pub(crate) use guard::lease_set;
+pub use guard::LockGuard;
+pub use holding::ReleaseOutcome;
+
+use holding::Hold;
+
+use crate::duration::to_millis;
+use crate::engine::acquire::{acquire, Patience};
+use crate::engine::session::Session;
+use crate::error::{Error, Result};
+use crate::primitives::keys::{release_channel, token_key, token_key_of_other};
+use crate::transport::script::ScriptCall;
+use scripts::{FENCE_ADVANCE, LOCK_FORCE_UNLOCK, RELEASE_MESSAGE};
+
+/// A handle on one named lock. Cheap to clone; holds no lock by itself.
+///
+/// Not reentrant by default, like `tokio::sync::Mutex`: every acquisition excludes every
+/// other, even two in the same task, so a task that locks twice without releasing waits
+/// for itself. Take a nested hold with [`LockGuard::reenter`] instead.
+///
+/// By default an acquisition runs in *watchdog mode*: the lease is the client's watchdog
+/// timeout, and the client's watchdog keeps renewing it until the guard is released or
+/// dropped. [`Lock::with_lease`] takes a fixed lease instead, which simply expires.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let client = distlock::Client::connect(&server.url()).await?;
+/// use std::time::Duration;
+///
+/// let lock = client.lock("reports:nightly")?;
+///
+/// // Wait at most 5 s; hold for at most 10 s, with no renewal.
+/// let fixed = lock.with_lease(Duration::from_secs(10));
+/// if let Some(guard) = fixed.try_lock_for(Duration::from_secs(5)).await? {
+///     // Any other acquisition is kept out, even one from this very task...
+///     assert!(lock.try_lock().await?.is_none());
+///     // ...and work stops as soon as the lease can no longer be trusted.
+///     tokio::select! {
+///         _ = guard.lost() => eprintln!("lease lost: stop writing"),
+///         _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+///     }
+///     guard.release().await?;
+/// }
+/// # client.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    session: Session,
+    /// The lock's Redis key: its name after the client's key prefix.
+    name: Arc<str>,
+    /// The name's fencing counter, the counter the other [`FencingCounter`] setting would
+    /// use (read by every acquisition, so a mixed fleet never repeats a token) and its
+    /// release channel, worked out once per handle rather than on every acquisition.
+    token_key: Arc<str>,
+    other_token_key: Arc<str>,
+    channel: Arc<str>,
+    lease: Option<Duration>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The lock whose Redis key is `key`: the client's key prefix, then the name.
+    pub(crate) fn new(session: Session, key: String) -> Self {
+        let config = session.core().config();
+        let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
+        let token_key = token_key(counter, prefix, &key).into();
+        let other_token_key = token_key_of_other(counter, prefix, &key).into();
+        let channel = release_channel(prefix, &key).into();
+        Self {
+            session,
+            name: key.into(),
+            token_key,
+            other_token_key,
+            channel,
+            lease: None,
+        }
+    }
+
+    /// The lock's name, as given to [`Client::lock`]. Its Redis key is the client's key
+    /// prefix followed by the name ([`Lock::key`]).
+    pub fn name(&self) -> &str {
+        let prefix = self.session.core().config().key_prefix.len();
+        self.name.get(prefix..).unwrap_or(&self.name)
+    }
+
+    /// The lock's Redis key: the client's key prefix, if any, followed by its name.
+    pub fn key(&self) -> &str {
+        &self.name
+    }
+
+    /// A handle on the same lock whose acquisitions take a fixed lease of `lease`, with no
+    /// watchdog: each such holding frees itself when its lease runs out, released or not
+    /// (re-entries and partial releases leave that deadline where it is; only
+    /// [`LockGuard::extend`] moves it). Checked (non-zero, representable in milliseconds)
+    /// when an acquisition starts.
+    ///
+    /// `self` is left as it was, so one handle serves acquisitions with different leases:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = distlock_testkit::RedisServer::start().await?;
+    /// # let client = distlock::Client::connect(&server.url()).await?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = client.lock("invoices")?;
+    /// let short = lock.with_lease(Duration::from_secs(5)).lock().await?;
+    /// short.release().await?;
+    /// let renewed = lock.lock().await?; // still watchdog mode
+    /// renewed.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_lease(&self, lease: Duration) -> Lock {
+        Lock {
+            lease: Some(lease),
+            ..self.clone()
+        }
+    }
+
+    /// A handle on the same lock whose acquisitions run in watchdog mode (the default).
+    pub fn with_watchdog(&self) -> Lock {
+        Lock {
+            lease: None,
+            ..self.clone()
+        }
+    }
+
+    /// Waits until the lock is acquired.
+    ///
+    /// An error of the first attempt is returned at once (a dead server fails fast). Once
+    /// waiting, connection errors (a restart, a failover) are retried with backoff for as
+    /// long as it waits; bound the wait with [`Lock::try_lock_for`] or a timeout.
+    ///
+    /// Cancel-safe: dropping the future leaves no subscription and no lock behind.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        let attempt = self.attempt()?;
+        loop {
+            // Waiting forever ends only with the lock; the loop is for the type's sake.
+            let acquired = acquire(attempt.core(), &attempt, Patience::Forever);
+            if let Some(hold) = acquired.await? {
+                return Ok(self.guard(hold));
+            }
+        }
+    }
+
+    /// Tries once; `Ok(None)` if the lock is held, or if other tasks of this client are
+    /// already waiting for it (it never takes the lock ahead of them).
+    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        let attempt = self.attempt()?;
+        let acquired = acquire(attempt.core(), &attempt, Patience::None).await?;
+        Ok(acquired.map(|hold| self.guard(hold)))
+    }
+
+    /// Waits up to `timeout`; `Ok(None)` if the lock was held by others until then. If the
+    /// last attempt before the timeout failed instead (the server unreachable, or no
+    /// replica acknowledging a grant under replica sync), that error is returned, so a
+    /// free lock is never reported busy. A zero timeout tries once.
+    pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        let patience = Patience::within(timeout)?;
+        let attempt = self.attempt()?;
+        let acquired = acquire(attempt.core(), &attempt, patience).await?;
+        Ok(acquired.map(|hold| self.guard(hold)))
+    }
+
+    /// True if anyone holds the lock.
+    pub async fn is_locked(&self) -> Result<bool> {
+        let exists = redis::cmd("EXISTS").arg(&*self.name).clone();
+        let count: i64 = self.session.core().query(&exists).await?;
+        Ok(count == 1)
+    }
+
+    /// How long the current lease has left on the server, or `None` if the lock is free.
+    pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        let pttl = redis::cmd("PTTL").arg(&*self.name).clone();
+        let pttl: i64 = self.session.core().query(&pttl).await?;
+        Ok(match pttl {
+            -2 => None,
+            // A key without expiry: not written by distlock or Redisson.
+            -1 => Some(Duration::MAX),
+            millis => Some(Duration::from_millis(millis.unsigned_abs())),
+        })
+    }
+
+    /// Deletes the lock whoever holds it and wakes a waiter. Returns whether a lock was
+    /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
+    /// next renewal.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let channel = &self.channel;
+        let deleted: i64 = self
+            .session
+            .core()
+            .request(|mut connection| {
+                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 2);
+                unlock
+                    .arg(RELEASE_MESSAGE)
+                    .arg(self.session.core().deployment().publish_command());
+                async move { unlock.invoke(&mut connection).await }
+            })
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// Raises this lock's fencing-token counter so that every later acquisition gets a
+    /// token larger than `floor`, and returns the counter's value. Never lowers it.
+    ///
+    /// For recovery: if Redis lost its data (a restart without persistence, a failover to
+    /// a lagging replica), tokens start again from 1 and a fenced resource refuses every
+    /// holder until they pass the highest token it accepted. Pass that token here and
+    /// they are accepted at once.
+    ///
+    /// Tokens are exact up to `i64::MAX` (Redis counters are signed 64-bit), so `floor`
+    /// must be below `i64::MAX`, leaving at least one token to hand out; a larger one is
+    /// refused with [`Error::InvalidConfig`].
+    pub async fn advance_fencing_counter(&self, floor: u64) -> Result<u64> {
+        if i64::try_from(floor).is_err() || floor == i64::MAX.unsigned_abs() {
+            return Err(Error::InvalidConfig {
+                what: "fencing-counter floor",
+                reason: format!(
+                    "must be below i64::MAX ({}), so tokens stay exact and one is left to \
+                     hand out; not {floor}",
+                    i64::MAX
+                ),
+            });
+        }
+        let counter: u64 = self
+            .session
+            .core()
+            .request(|mut connection| {
+                let mut advance = ScriptCall::new(&FENCE_ADVANCE, &[&self.token_key], 1);
+                advance.arg(floor);
+                async move { advance.invoke(&mut connection).await }
+            })
+            .await?;
+        Ok(counter)
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The fixed lease this lock is taken with; `None` in watchdog mode.
+    pub(crate) fn fixed_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    pub(crate) fn guard(&self, hold: Hold) -> LockGuard {
+        LockGuard {
+            hold,
+            _session: self.session.clone(),
+        }
+    }
+
+    /// One acquisition of this lock, for the engine (or a composite primitive) to try.
+    pub(crate) fn attempt(&self) -> Result<LockAttempt> {
+        let (lease, renew) = match self.lease {
+            Some(lease) => (lease, false),
+            None => (self.session.core().config().watchdog_timeout, true),
+        };
+        Ok(LockAttempt {
+            core: Arc::clone(self.session.core()),
+            name: Arc::clone(&self.name),
+            token_key: Arc::clone(&self.token_key),
+            other_token_key: Arc::clone(&self.other_token_key),
+            channel: Arc::clone(&self.channel),
+            lease,
+            lease_ms: to_millis("lease", lease)?,
+            renew,
+        })
+    }
+}

@@ -1,0 +1,19 @@
+//! The primitives: each a thin layer over the engine that states its keys, its scripts,
+//! its channels and how its leases are renewed.
+//!
+//! - [`keys`]: Redisson's key and channel names, shared by every primitive;
+//! - [`lock`]: the lease lock (`RLock`), with fencing tokens and explicit re-entry;
+//! - [`red_lock`]: one lock over several independent masters, held by a majority;
+//! - [`multi_lock`]: several locks taken together, held while all are.
+
+pub(crate) mod keys;
+pub(crate) mod lock;
+pub(crate) mod multi_lock;
+pub(crate) mod red_lock;
+
+use crate::transport::script::LuaScript;
+
+/// Every script of every primitive, loaded into the server's cache at connect.
+pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
+    lock::scripts::ALL.iter().copied()
+}

@@ -1,0 +1,179 @@
+//! Pub/sub connections, as the engine's subscription hub uses them: one to subscribe and
+//! unsubscribe with ([`Sink`]), one to read events from ([`Events`]). On a standalone
+//! server or a Sentinel master it is redis-rs's pub/sub connection; on a cluster, a RESP3
+//! cluster connection whose pushes carry the messages, with SSUBSCRIBE on Redis 7.
+//!
+//! The transport carries channel names and payloads as they come; what a message means is
+//! the engine's business.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+#[cfg(feature = "cluster")]
+use redis::cluster_async::ClusterConnection;
+use redis::RedisResult;
+#[cfg(feature = "cluster")]
+use redis::{PushInfo, PushKind};
+#[cfg(feature = "cluster")]
+use tokio::sync::mpsc;
+
+#[cfg(feature = "cluster")]
+use crate::transport::cluster::cluster_client;
+use crate::transport::servers::Servers;
+
+/// The sending half of the hub's connection.
+pub(crate) enum Sink {
+    Classic(PubSubSink),
+    #[cfg(feature = "cluster")]
+    Cluster {
+        connection: ClusterConnection,
+        sharded: bool,
+    },
+}
+
+/// The receiving half: messages, and on a cluster the other pushes.
+pub(crate) enum Events {
+    Classic(PubSubStream),
+    #[cfg(feature = "cluster")]
+    Cluster(mpsc::UnboundedReceiver<PushInfo>),
+}
+
+/// What the connection told the hub.
+// Only a cluster's pushes carry the events beyond messages.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+pub(crate) enum Event {
+    /// A message on a channel, with its payload.
+    Message { channel: String, payload: Vec<u8> },
+    /// The server confirmed a subscription: the first, or one redis-rs renewed after a
+    /// node's connection broke or a slot moved.
+    Subscribed(String),
+    /// The server ended a subscription (cluster only): the hub's own unsubscribing, or a
+    /// slot that moved to another master, whose sharded channels the old one drops.
+    Unsubscribed(String),
+    /// One node's connection broke (cluster only; redis-rs reconnects and resubscribes).
+    NodeLost,
+    /// Nothing the hub acts on.
+    Other,
+}
+
+impl Sink {
+    pub(crate) async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        self.set(channels, true).await
+    }
+
+    pub(crate) async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        self.set(channels, false).await
+    }
+
+    /// Subscribes to `channels` (`on`), or unsubscribes from them.
+    async fn set(&mut self, channels: &[String], on: bool) -> RedisResult<()> {
+        match self {
+            Sink::Classic(sink) if on => sink.subscribe(channels).await,
+            Sink::Classic(sink) => sink.unsubscribe(channels).await,
+            // One channel per command: the channels of one SSUBSCRIBE must share a slot.
+            #[cfg(feature = "cluster")]
+            Sink::Cluster {
+                connection,
+                sharded,
+            } => {
+                for channel in channels {
+                    match (on, *sharded) {
+                        (true, true) => connection.ssubscribe(channel).await?,
+                        (true, false) => connection.subscribe(channel).await?,
+                        (false, true) => connection.sunsubscribe(channel).await?,
+                        (false, false) => connection.unsubscribe(channel).await?,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// True if the connection still answers. A cluster connection watches its nodes and
+    /// reconnects by itself; the hub does not second-guess it.
+    pub(crate) async fn healthy(&mut self, timeout: Duration) -> bool {
+        match self {
+            Sink::Classic(sink) => matches!(
+                tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await,
+                Ok(Ok(_))
+            ),
+            #[cfg(feature = "cluster")]
+            Sink::Cluster { .. } => true,
+        }
+    }
+}
+
+impl Events {
+    /// The next event; `None` when the connection is gone for good.
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        match self {
+            Events::Classic(stream) => stream.next().await.map(|message| Event::Message {
+                channel: message.get_channel_name().to_owned(),
+                payload: message.get_payload_bytes().to_vec(),
+            }),
+            #[cfg(feature = "cluster")]
+            Events::Cluster(pushes) => {
+                let push = pushes.recv().await?;
+                let channel = || match push.data.first() {
+                    Some(redis::Value::BulkString(bytes)) => {
+                        Some(String::from_utf8_lossy(bytes).into_owned())
+                    }
+                    _ => None,
+                };
+                Some(match push.kind {
+                    PushKind::Message | PushKind::SMessage => {
+                        let payload = match push.data.get(1) {
+                            Some(redis::Value::BulkString(bytes)) => bytes.clone(),
+                            _ => Vec::new(),
+                        };
+                        channel()
+                            .map_or(Event::Other, |channel| Event::Message { channel, payload })
+                    }
+                    PushKind::Subscribe | PushKind::SSubscribe => {
+                        channel().map_or(Event::Other, Event::Subscribed)
+                    }
+                    PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                        channel().map_or(Event::Other, Event::Unsubscribed)
+                    }
+                    PushKind::Disconnection => Event::NodeLost,
+                    _ => Event::Other,
+                })
+            }
+        }
+    }
+}
+
+pub(crate) async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
+    match source {
+        Servers::Standalone(redis) => {
+            let (sink, stream) = redis.get_async_pubsub().await?.split();
+            Ok((Sink::Classic(sink), Events::Classic(stream)))
+        }
+        #[cfg(feature = "sentinel")]
+        Servers::Sentinel(master) => {
+            // Asked afresh at every reconnect: the hub may be the first to see a failover.
+            let master = master.ask_sentinels().await?;
+            let (sink, stream) = master.get_async_pubsub().await?.split();
+            Ok((Sink::Classic(sink), Events::Classic(stream)))
+        }
+        #[cfg(feature = "cluster")]
+        Servers::Cluster {
+            seeds,
+            sharded,
+            config,
+            ..
+        } => {
+            let (pushes, events) = mpsc::unbounded_channel();
+            let client = cluster_client(seeds, config, Some(pushes))?;
+            let connection = client.get_async_connection().await?;
+            Ok((
+                Sink::Cluster {
+                    connection,
+                    sharded: *sharded,
+                },
+                Events::Cluster(events),
+            ))
+        }
+    }
+}
