@@ -15,8 +15,9 @@ use crate::stats::Latencies;
 
 static NOOP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/noop.lua")));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(include_str!(
-        "../../distlock/src/primitives/lock/scripts/lock_acquire.lua"
+    Script::new(concat!(
+        include_str!("../../distlock/src/primitives/shared/fence.lua"),
+        include_str!("../../distlock/src/primitives/lock/scripts/lock_acquire.lua")
     ))
 });
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {

@@ -62,6 +62,7 @@ mod transport;
 pub use client::{Client, ClientBuilder};
 pub use config::FencingCounter;
 pub use error::{Error, NodeFailure, Result};
+pub use primitives::fair_lock::FairLock;
 pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 pub use primitives::multi_lock::{MultiLock, MultiLockGuard};
 pub use primitives::red_lock::{RedLock, RedLockGuard};

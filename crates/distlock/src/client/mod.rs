@@ -16,6 +16,7 @@ pub use builder::ClientBuilder;
 use crate::duration::to_millis;
 use crate::engine::session::Session;
 use crate::error::Result;
+use crate::primitives::fair_lock::FairLock;
 use crate::primitives::keys::validate_name;
 use crate::primitives::lock::Lock;
 use crate::primitives::red_lock::RedLock;
@@ -91,15 +92,33 @@ impl Client {
     /// [key prefix](ClientBuilder::key_prefix), if it has one), so a Redisson `RLock` of
     /// the same name excludes this one.
     pub fn lock(&self, name: impl Into<String>) -> Result<Lock> {
-        let name = name.into();
+        Ok(Lock::new(self.session.clone(), self.key_of(name.into())?))
+    }
+
+    /// A handle on the fair lock called `name`: waiters get it in the order they asked,
+    /// and a release hands it straight to the next one. Nothing is sent to Redis until it
+    /// is used.
+    ///
+    /// Its key is the name (after the client's key prefix), with Redisson's `RFairLock`
+    /// layout, so a Redisson fair lock of the same name shares its queue.
+    pub fn fair_lock(&self, name: impl Into<String>) -> Result<FairLock> {
+        Ok(FairLock::new(
+            self.session.clone(),
+            self.key_of(name.into())?,
+        ))
+    }
+
+    /// The Redis key of the primitive called `name`: the client's key prefix, then the
+    /// name, both checked.
+    fn key_of(&self, name: String) -> Result<String> {
         validate_name(&name)?;
         let prefix = &self.session.core().config().key_prefix;
         if prefix.is_empty() {
-            return Ok(Lock::new(self.session.clone(), name));
+            return Ok(name);
         }
         let key = format!("{prefix}{name}");
         validate_name(&key)?;
-        Ok(Lock::new(self.session.clone(), key))
+        Ok(key)
     }
 
     /// A clone of the command connection, for callers that want to run their own commands

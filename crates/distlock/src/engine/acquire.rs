@@ -62,6 +62,10 @@ pub(crate) enum Attempt<G> {
 /// A boxed attempt, owned so that it can run in a task of its own.
 pub(crate) type AttemptFuture<G> = Pin<Box<dyn Future<Output = Result<Attempt<G>>> + Send>>;
 
+/// A primitive's clean-up after an acquisition that ended without it, owned so that it
+/// can run in a task of its own.
+pub(crate) type AbandonFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
 /// What a primitive tells the engine.
 pub(crate) trait Acquire {
     /// What a successful attempt yields; dropping it must give the primitive back.
@@ -83,6 +87,25 @@ pub(crate) trait Acquire {
     /// What a message on the channel means for this primitive's local waiters.
     fn wake_rule(&self) -> WakeRule {
         WakeRule::OneOrAll
+    }
+
+    /// A message on this waiter's own channel that hands it the primitive outright (a fair
+    /// lock's direct grant): the guard, made without another round trip, or `None` for a
+    /// message that only says "try now". `since` is when the waiter's last attempt that
+    /// found the primitive busy was sent: the grant came after the server ran that
+    /// attempt, so a lease it set started no earlier.
+    fn granted(&self, payload: &[u8], since: Instant) -> Option<Self::Guard> {
+        let _ = (payload, since);
+        None
+    }
+
+    /// What must be undone on the server when an acquisition ends without the primitive
+    /// (a timeout, an error, a cancelled or dropped future, a shutdown): a fair lock's
+    /// waiter leaves its queue, and gives the lock back if it was granted meanwhile. The
+    /// engine runs it exactly once, on the client's runtime, after any attempt still in
+    /// flight. `None`: nothing to undo (an attempt cleans up after itself).
+    fn abandon(&self) -> Option<AbandonFuture> {
+        None
     }
 
     /// Channels of the same primitive on other clients, each announcing its releases too
@@ -148,6 +171,26 @@ pub(crate) async fn acquire<A: Acquire>(
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
+    let mut abandon = Abandon::new(core, primitive.abandon());
+    let outcome = wait_for(core, primitive, patience, &abandon).await;
+    if matches!(outcome, Ok(Some(_))) {
+        abandon.disarm();
+    } else {
+        // Done before the caller hears the outcome: a timed-out waiter has left the
+        // queue when its call returns.
+        abandon.run().await;
+    }
+    outcome
+}
+
+/// The acquisition itself; [`acquire`] adds the clean-up when it ends without the
+/// primitive.
+async fn wait_for<A: Acquire>(
+    core: &Core,
+    primitive: &A,
+    patience: Patience,
+    abandon: &Abandon<'_>,
+) -> Result<Option<A::Guard>> {
     core.ensure_open()?;
     // Before any queueing: even a caller that would be told "busy" without trying.
     core.ensure_keys_stay()?;
@@ -155,6 +198,8 @@ pub(crate) async fn acquire<A: Acquire>(
     let deadline = patience.deadline();
     let waiting_patiently = !matches!(patience, Patience::None)
         && deadline.is_none_or(|deadline| deadline > Instant::now());
+    // When the last attempt that found the primitive busy was sent (see `granted`).
+    let mut last_busy = None;
     if subscriptions.has_waiters(primitive.channel(), primitive.queue()) {
         // Local waiters are queued: never try ahead of them. A caller that will not wait
         // is told "busy", as tokio's `try_lock` is while others wait.
@@ -162,7 +207,7 @@ pub(crate) async fn acquire<A: Acquire>(
             return Ok(None);
         }
     } else {
-        let first = last_chance(core, primitive).await;
+        let first = last_chance(core, primitive, abandon, &mut last_busy).await;
         // The first try may have taken all of the caller's patience (a synced write that
         // waited for replicas): its outcome is then the answer, not a reason to try again.
         let still_patient =
@@ -195,7 +240,7 @@ pub(crate) async fn acquire<A: Acquire>(
     let (subscription, others) = tokio::select! {
         subscribed = subscribing => subscribed,
         _ = core.background().sleep_until_some(deadline) => {
-            return last_chance(core, primitive).await;
+            return last_chance(core, primitive, abandon, &mut last_busy).await;
         }
         _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
@@ -228,12 +273,17 @@ pub(crate) async fn acquire<A: Acquire>(
             wait(core, released, wake_at).await?;
             continue;
         }
+        if let Some(guard) = grant_in_mail(core, primitive, &subscription, last_busy)? {
+            return Ok(Some(guard));
+        }
         // With the attempt's failure, if it failed: a wait that ends then reports it
         // rather than "busy" (the lock may be free, with no replica acknowledging, or the
         // server unreachable).
-        let (retry_after, failure) = match attempt(core, primitive).await {
+        let sent_at = Instant::now();
+        let (retry_after, failure) = match attempt(core, primitive, abandon).await {
             Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
+                last_busy = Some(sent_at);
                 backoff = MIN_ERROR_BACKOFF;
                 (retry_after.unwrap_or(NO_HINT_RETRY), None)
             }
@@ -280,23 +330,59 @@ async fn wait(core: &Core, released: impl Future<Output = ()>, wake_at: Instant)
     }
 }
 
+/// A direct grant among the messages addressed to this waiter, if one came: the guard it
+/// makes. A grant that comes once the client is shutting down is given back (the guard is
+/// dropped) and the caller told so.
+fn grant_in_mail<A: Acquire>(
+    core: &Core,
+    primitive: &A,
+    subscription: &Subscription,
+    last_busy: Option<Instant>,
+) -> Result<Option<A::Guard>> {
+    // Before any attempt found it busy, nothing can have been granted to this waiter,
+    // and a lease would have no safe start: the next attempt answers instead.
+    let Some(since) = last_busy else {
+        return Ok(None);
+    };
+    for payload in subscription.take_messages() {
+        if let Some(guard) = primitive.granted(&payload, since) {
+            if core.ensure_open().is_err() {
+                drop(guard);
+                return Err(Error::Shutdown);
+            }
+            return Ok(Some(guard));
+        }
+    }
+    Ok(None)
+}
+
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.
 ///
 /// A connection found dropped (a server restarted since this connection's last use), or
 /// a server found to be a replica now (a failover since), is replaced because of that
 /// failure; one more attempt, as a new owner, then tells whether the server is really
 /// gone. The first attempt's owner gives itself up.
-async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A::Guard>> {
-    let outcome = match attempt(core, primitive).await {
+async fn last_chance<A: Acquire>(
+    core: &Core,
+    primitive: &A,
+    abandon: &Abandon<'_>,
+    last_busy: &mut Option<Instant>,
+) -> Result<Option<A::Guard>> {
+    let mut sent_at = Instant::now();
+    let outcome = match attempt(core, primitive, abandon).await {
         Err(Error::Redis(err)) if went_stale(&err) => {
             tracing::debug!(error = %err, "connection went stale; trying once more");
-            attempt(core, primitive).await
+            sent_at = Instant::now();
+            attempt(core, primitive, abandon).await
         }
         other => other,
     };
     Ok(match outcome? {
         Attempt::Acquired(guard) => Some(guard),
-        Attempt::Busy { .. } => None,
+        Attempt::Busy { .. } => {
+            *last_busy = Some(sent_at);
+            None
+        }
     })
 }
 
@@ -307,13 +393,18 @@ async fn last_chance<A: Acquire>(core: &Core, primitive: &A) -> Result<Option<A:
 /// started shutting down gives the primitive back (its guard is dropped here) and fails.
 /// Only attempts count: a caller parked between attempts holds nothing on the server, and
 /// shutdown does not wait for it.
-async fn attempt<A: Acquire>(core: &Core, primitive: &A) -> Result<Attempt<A::Guard>> {
+async fn attempt<A: Acquire>(
+    core: &Core,
+    primitive: &A,
+    abandon: &Abandon<'_>,
+) -> Result<Attempt<A::Guard>> {
     let _in_flight = core.background().in_flight();
     core.ensure_open()?;
     // Every attempt, not just the first: a wait that began before the server started to
     // evict keys must not take a lock there either.
     core.ensure_keys_stay()?;
-    let outcome = Detached::from_boxed(core.background(), primitive.attempt()).await?;
+    let outcome =
+        Detached::from_boxed(core.background(), abandon.after(primitive.attempt())).await?;
     if matches!(outcome, Attempt::Acquired(_)) && core.ensure_open().is_err() {
         drop(outcome);
         return Err(Error::Shutdown);
@@ -329,4 +420,83 @@ fn went_stale(err: &redis::RedisError) -> bool {
             err.kind(),
             redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
         )
+}
+
+/// The clean-up of an acquisition that ends without the primitive ([`Acquire::abandon`]):
+/// run on the client's runtime when this is dropped armed, which every way of ending
+/// does (a return, a `?`, a dropped future), so it runs exactly once.
+struct Abandon<'a> {
+    /// In a mutex only so that `&Abandon` is `Send` (the acquisition holds one across its
+    /// awaits); it is touched once, when dropped.
+    work: std::sync::Mutex<Option<AbandonFuture>>,
+    /// Whether there is clean-up to order attempts before, read without the mutex.
+    has_work: bool,
+    core: &'a Core,
+    /// Held by each attempt while it runs, even one finishing in the background after its
+    /// caller went away: the clean-up takes it first, so it never runs before an attempt
+    /// of the same acquisition lands (which could queue the waiter again).
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> Abandon<'a> {
+    fn new(core: &'a Core, work: Option<AbandonFuture>) -> Self {
+        Self {
+            has_work: work.is_some(),
+            work: std::sync::Mutex::new(work),
+            core,
+            turn: Arc::default(),
+        }
+    }
+
+    /// The acquisition succeeded: nothing to undo.
+    fn disarm(&mut self) {
+        self.work = std::sync::Mutex::new(None);
+    }
+
+    /// Runs the clean-up now, to completion even if the caller goes away meanwhile.
+    async fn run(mut self) {
+        let Some(work) = self.take() else {
+            return;
+        };
+        let turn = Arc::clone(&self.turn);
+        Detached::new(self.core.background(), clean_up(turn, work)).await;
+    }
+
+    fn take(&mut self) -> Option<AbandonFuture> {
+        self.work
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+
+    /// `attempt`, holding the turn while it runs when there is a clean-up to order after
+    /// it (and as it is otherwise, without another allocation).
+    fn after<G: Send + 'static>(&self, attempt: AttemptFuture<G>) -> AttemptFuture<G> {
+        if !self.has_work {
+            return attempt;
+        }
+        let turn = Arc::clone(&self.turn);
+        Box::pin(async move {
+            let _turn = turn.lock_owned().await;
+            attempt.await
+        })
+    }
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        let Some(work) = self.take() else {
+            return;
+        };
+        let turn = Arc::clone(&self.turn);
+        self.core.background().spawn(clean_up(turn, work));
+    }
+}
+
+/// Runs a clean-up once the acquisition's last attempt has landed.
+async fn clean_up(turn: Arc<tokio::sync::Mutex<()>>, work: AbandonFuture) {
+    let _turn = turn.lock_owned().await;
+    if let Err(err) = work.await {
+        tracing::warn!(error = %err, "could not clean up after an acquisition that gave up; its entries expire by themselves");
+    }
 }

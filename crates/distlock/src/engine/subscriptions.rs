@@ -93,7 +93,13 @@ struct Queue {
     refs: usize,
     /// What a message on the channel means for them.
     rule: WakeRule,
+    /// Messages addressed to the waiter ([`WakeRule::Addressed`]), until it reads them.
+    mailbox: Arc<Mutex<Vec<Vec<u8>>>>,
 }
+
+/// Messages kept for an addressed waiter that has not read them: one channel per waiter
+/// gets a handful at most; a flood beyond this keeps the oldest (a grant comes first).
+const MAILBOX_CAPACITY: usize = 16;
 
 /// What a message on a channel means for the local waiters of one primitive: a primitive
 /// states its rule, the hub applies it to each message. Waiters are woken oldest first,
@@ -104,6 +110,10 @@ pub(crate) enum WakeRule {
     /// Redisson's lock channels: `1` wakes every waiter (a read-write lock's write
     /// release, which may let many readers in), anything else wakes one.
     OneOrAll,
+    /// The channel is one waiter's own (a fair lock's queue entry): every message wakes
+    /// it, and its payload is kept for the waiter to read (a direct grant carries the
+    /// fencing token).
+    Addressed,
 }
 
 impl WakeRule {
@@ -112,6 +122,7 @@ impl WakeRule {
         match self {
             WakeRule::OneOrAll if payload == b"1" => None,
             WakeRule::OneOrAll => Some(1),
+            WakeRule::Addressed => None,
         }
     }
 }
@@ -125,6 +136,12 @@ impl ChannelEntry {
     /// Wakes one waiter of every lock on the channel (a release message).
     fn deliver(&self, payload: &[u8]) {
         for queue in self.queues.values() {
+            if queue.rule == WakeRule::Addressed {
+                let mut mailbox = lock_mailbox(&queue.mailbox);
+                if mailbox.len() < MAILBOX_CAPACITY {
+                    mailbox.push(payload.to_vec());
+                }
+            }
             match queue.rule.waking(payload) {
                 None => queue.wake.notify_waiters(),
                 // A count far above the waiters is as good as all of them; tokio's
@@ -162,8 +179,17 @@ pub(crate) struct Subscription {
     queue: String,
     state: Arc<ChannelState>,
     wake: Arc<Notify>,
+    mailbox: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Other local waiters were already queued for the lock when this one joined.
     joined_a_queue: bool,
+}
+
+/// A mailbox is only pushed to and emptied whole: a poisoned lock still holds a
+/// consistent list.
+fn lock_mailbox(mailbox: &Mutex<Vec<Vec<u8>>>) -> MutexGuard<'_, Vec<Vec<u8>>> {
+    mailbox
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
@@ -214,7 +240,7 @@ impl Subscriptions {
         rule: WakeRule,
     ) -> Subscription {
         self.start_hub();
-        let (state, wake, joined_a_queue) = {
+        let (state, wake, mailbox, joined_a_queue) = {
             let mut channels = self.shared.channels();
             let entry = channels
                 .entry(channel.to_owned())
@@ -236,11 +262,13 @@ impl Subscriptions {
                     wake: Arc::new(Notify::new()),
                     refs: 0,
                     rule,
+                    mailbox: Arc::default(),
                 });
             waiters.refs += 1;
             (
                 Arc::clone(&entry.state),
                 Arc::clone(&waiters.wake),
+                Arc::clone(&waiters.mailbox),
                 waiters.refs > 1,
             )
         };
@@ -250,6 +278,7 @@ impl Subscriptions {
             queue: queue.to_owned(),
             state,
             wake,
+            mailbox,
             joined_a_queue,
         };
         let mut delivery = subscription.state.delivery.subscribe();
@@ -300,6 +329,12 @@ impl Subscription {
     /// `enable()` on it (pinned) before trying the lock, so a release in between counts.
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.wake.notified()
+    }
+
+    /// The messages addressed to this waiter since it last looked, oldest first (only on
+    /// a channel whose rule is [`WakeRule::Addressed`]).
+    pub(crate) fn take_messages(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *lock_mailbox(&self.mailbox))
     }
 
     /// True if other local waiters were queued when this one joined: it should wait for

@@ -127,6 +127,21 @@ fn slot_tag(name: &str) -> u32 {
         .unwrap_or_default()
 }
 
+/// A fair lock's queue of waiting owners (Redisson's list).
+pub(crate) fn fair_queue(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("redisson_lock_queue", key))
+}
+
+/// A fair lock's waiters' deadlines (Redisson's sorted set).
+pub(crate) fn fair_timeouts(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("redisson_lock_timeout", key))
+}
+
+/// distlock's own waiters of a fair lock, and the lease each takes on a direct grant.
+pub(crate) fn fair_waiters(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("distlock_fair_waiters", key))
+}
+
 /// The channel on which a release of the lock whose key is `key` is published.
 pub(crate) fn release_channel(prefix: &str, key: &str) -> String {
     format!("{prefix}{}", tagged("redisson_lock__channel", key))

@@ -3,9 +3,11 @@
 //!
 //! - [`keys`]: Redisson's key and channel names, shared by every primitive;
 //! - [`lock`]: the lease lock (`RLock`), with fencing tokens and explicit re-entry;
+//! - [`fair_lock`]: first come, first served (`RFairLock`), with direct handoff;
 //! - [`red_lock`]: one lock over several independent masters, held by a majority;
 //! - [`multi_lock`]: several locks taken together, held while all are.
 
+pub(crate) mod fair_lock;
 pub(crate) mod keys;
 pub(crate) mod lock;
 pub(crate) mod multi_lock;
@@ -15,5 +17,8 @@ use crate::transport::script::LuaScript;
 
 /// Every script of every primitive, loaded into the server's cache at connect.
 pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
-    lock::scripts::ALL.iter().copied()
+    lock::scripts::ALL
+        .iter()
+        .chain(fair_lock::scripts::ALL.iter())
+        .copied()
 }

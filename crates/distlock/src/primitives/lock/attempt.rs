@@ -1,14 +1,13 @@
 //! One acquisition of a lease lock, as the engine tries it: the acquire script as a new
 //! owner, and the give-back of an attempt whose reply was lost.
 
-use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::holding::{Hold, HoldState, Holding};
-use super::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, LOCK_RENEWAL, RELEASE_MESSAGE};
+use super::holding::{Acquired, Hold, PlainRelease};
+use super::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, RELEASE_MESSAGE};
 use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::session::Core;
 use crate::error::{is_connection_failure, Error};
@@ -102,28 +101,20 @@ impl Acquire for LockAttempt {
                 }
             };
             match reply {
-                token @ 1.. => {
-                    let lease_entry =
-                        core.watchdog()
-                            .track(&LOCK_RENEWAL, &name, &owner, sent_at, lease, renew);
-                    let holding = Arc::new(Holding {
+                token @ 1.. => Ok(Attempt::Acquired(
+                    Acquired {
                         core,
                         name,
                         owner,
-                        channel,
+                        release: Arc::new(PlainRelease { channel }),
                         token: token.unsigned_abs(),
-                        guards: AtomicU32::new(1),
-                        state: tokio::sync::Mutex::new(HoldState {
-                            holds: 1,
-                            ended: false,
-                            lease,
-                            lease_ms,
-                            fixed: !renew,
-                        }),
-                        lease_entry,
-                    });
-                    Ok(Attempt::Acquired(Hold::new(holding)))
-                }
+                        sent_at,
+                        lease,
+                        lease_ms,
+                        renew,
+                    }
+                    .into_hold(),
+                )),
                 0 => Ok(Attempt::Busy { retry_after: None }),
                 negative => Ok(Attempt::Busy {
                     retry_after: Some(Duration::from_millis((-1 - negative).unsigned_abs())),

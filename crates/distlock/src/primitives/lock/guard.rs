@@ -72,6 +72,14 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    /// The guard of `hold`, keeping `session` open while it lives.
+    pub(crate) fn from_hold(hold: Hold, session: Session) -> Self {
+        Self {
+            hold,
+            _session: session,
+        }
+    }
+
     /// Fixes the lease of a holding taken in watchdog mode to `lease` from now (see
     /// `Holding::fix_lease`). Fails with [`Error::NotHeld`] if it is no longer held.
     pub(crate) async fn fix_lease(&self, lease: Duration) -> Result<()> {

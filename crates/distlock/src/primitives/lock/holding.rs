@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, RELEASE_MESSAGE};
+use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, LOCK_RENEWAL, RELEASE_MESSAGE};
 use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::duration::to_millis;
 use crate::engine::renewal::lease::Lease;
@@ -17,12 +17,104 @@ use crate::error::{is_connection_failure, Error, Result};
 use crate::primitives::keys::unlock_latch;
 use crate::transport::script::ScriptCall;
 
+/// What a release sends, given the holding's key, owner and unlock latch: the lease
+/// lock's script (wake one waiter on the lock's channel), or a fair lock's (hand the lock
+/// to the head of its queue). Both take the same arguments and answer alike: the holds
+/// left, or -1 when the owner no longer holds the lock.
+pub(crate) trait Release: Send + Sync {
+    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall;
+}
+
+/// The arguments every release script takes.
+pub(crate) struct ReleaseArgs<'a> {
+    /// The holds left after this release (0: give the lock up).
+    pub(crate) left: u32,
+    /// The lease a partial release sets again; 0 leaves a fixed lease's deadline.
+    pub(crate) lease_ms: u64,
+    /// How long the unlock latch is kept; 0 for none (a partial release).
+    pub(crate) latch_ttl_ms: u64,
+    /// A retry of a request whose latch may hold its answer.
+    pub(crate) retry: bool,
+    pub(crate) publish: &'a str,
+}
+
+/// The lease lock's release: `lock_release.lua`, waking one waiter on `channel`.
+pub(crate) struct PlainRelease {
+    pub(crate) channel: Arc<str>,
+}
+
+impl Release for PlainRelease {
+    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+        let mut call = ScriptCall::new(&LOCK_RELEASE, &[name, &self.channel, latch], 7);
+        call.arg(owner)
+            .arg(args.left)
+            .arg(args.lease_ms)
+            .arg(RELEASE_MESSAGE)
+            .arg(args.latch_ttl_ms)
+            .arg(if args.retry { "1" } else { "0" })
+            .arg(args.publish);
+        call
+    }
+}
+
+/// A new holding of `name` by `owner` with fencing token `token`, tracked by the renewal
+/// scheduler from `sent_at` (when the command that set its lease of `lease` was sent, or
+/// a time known to be earlier), renewed when `renew`.
+pub(crate) struct Acquired {
+    pub(crate) core: Arc<Core>,
+    pub(crate) name: Arc<str>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) release: Arc<dyn Release>,
+    pub(crate) token: u64,
+    pub(crate) sent_at: Instant,
+    pub(crate) lease: Duration,
+    pub(crate) lease_ms: u64,
+    pub(crate) renew: bool,
+}
+
+impl Acquired {
+    /// The first hold of the new holding.
+    pub(crate) fn into_hold(self) -> Hold {
+        let Acquired {
+            core,
+            name,
+            owner,
+            release,
+            token,
+            sent_at,
+            lease,
+            lease_ms,
+            renew,
+        } = self;
+        let lease_entry =
+            core.watchdog()
+                .track(&LOCK_RENEWAL, &name, &owner, sent_at, lease, renew);
+        Hold::new(Arc::new(Holding {
+            core,
+            name,
+            owner,
+            release,
+            token,
+            guards: AtomicU32::new(1),
+            state: tokio::sync::Mutex::new(HoldState {
+                holds: 1,
+                ended: false,
+                lease,
+                lease_ms,
+                fixed: !renew,
+            }),
+            lease_entry,
+        }))
+    }
+}
+
 /// One acquisition's state, shared by its guard and the guards of its re-entries.
 pub(super) struct Holding {
     pub(super) core: Arc<Core>,
     pub(super) name: Arc<str>,
     pub(super) owner: Arc<str>,
-    pub(super) channel: Arc<str>,
+    /// How a hold is given back: the lease lock's release, or a fair lock's.
+    pub(super) release: Arc<dyn Release>,
     pub(super) token: u64,
     /// Guards alive and not yet released: read synchronously when a guard is dropped, to
     /// stop renewing the moment the last one goes.
@@ -83,24 +175,23 @@ impl Holding {
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
             let latch_key = latch.as_deref().unwrap_or(&self.name);
-            let mut call =
-                ScriptCall::new(&LOCK_RELEASE, &[&self.name, &self.channel, latch_key], 7);
-            call.arg(&*self.owner)
-                .arg(left)
-                // A fixed lease keeps its deadline; "0" tells the script to leave it.
-                .arg(if state.fixed { 0 } else { state.lease_ms })
-                .arg(RELEASE_MESSAGE)
-                .arg(if latch.is_some() {
-                    self.core.config().unlock_latch_ttl_ms
-                } else {
-                    0
-                })
-                .arg(if attempt > 1 && latch.is_some() {
-                    "1"
-                } else {
-                    "0"
-                })
-                .arg(self.core.deployment().publish_command());
+            let call = self.release.call(
+                &self.name,
+                &self.owner,
+                latch_key,
+                &ReleaseArgs {
+                    left,
+                    // A fixed lease keeps its deadline; 0 tells the script to leave it.
+                    lease_ms: if state.fixed { 0 } else { state.lease_ms },
+                    latch_ttl_ms: if latch.is_some() {
+                        self.core.config().unlock_latch_ttl_ms
+                    } else {
+                        0
+                    },
+                    retry: attempt > 1 && latch.is_some(),
+                    publish: self.core.deployment().publish_command(),
+                },
+            );
             let reply = match self.core.synced() {
                 None => {
                     let sent_on_home = connection.routes_home();

@@ -7,8 +7,10 @@ use crate::transport::script::LuaScript;
 /// The message Redisson publishes when a lock is freed: wake one waiter.
 pub(crate) const RELEASE_MESSAGE: &str = "0";
 
-pub(crate) static LOCK_ACQUIRE: LuaScript =
-    LuaScript::new(include_str!("scripts/lock_acquire.lua"));
+pub(crate) static LOCK_ACQUIRE: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/fence.lua"),
+    include_str!("scripts/lock_acquire.lua")
+));
 pub(crate) static LOCK_REENTER: LuaScript =
     LuaScript::new(include_str!("scripts/lock_reenter.lua"));
 pub(crate) static LOCK_RELEASE: LuaScript =

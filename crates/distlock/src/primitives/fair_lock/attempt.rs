@@ -1,0 +1,182 @@
+//! One acquisition of a fair lock, as the engine tries it: one owner for the whole wait
+//! (its place in the queue), an attempt that takes the lock in turn or refreshes the
+//! place, the direct grant read from the waiter's own channel, and leaving the queue when
+//! the acquisition gives up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::scripts::{FAIR_ACQUIRE, FAIR_LEAVE, FAIR_RELEASE};
+use super::FairKeys;
+use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
+use crate::engine::session::Core;
+use crate::engine::subscriptions::WakeRule;
+use crate::primitives::lock::{Acquired, Hold, Release, ReleaseArgs};
+use crate::transport::script::ScriptCall;
+
+/// One acquisition of a fair lock, tried as often as the engine needs, as one owner.
+pub(crate) struct FairAttempt {
+    pub(super) owner: Arc<Owner>,
+    /// The owner's own channel: the lock's channel, `:`, the owner.
+    pub(super) channel: String,
+    /// Whether it queues when the lock cannot be taken now (a caller that will wait).
+    pub(super) queue: bool,
+    /// How often a queued waiter refreshes its place, and how long it stays alive
+    /// without doing so.
+    pub(super) refresh: Duration,
+    pub(super) alive_ms: u64,
+}
+
+/// The acquisition's owner, and what a holding it gets is made of.
+pub(crate) struct Owner {
+    pub(super) core: Arc<Core>,
+    pub(super) keys: Arc<FairKeys>,
+    /// Its place in the queue, kept for the whole wait.
+    pub(super) owner: Arc<str>,
+    pub(super) lease: Duration,
+    pub(super) lease_ms: u64,
+    pub(super) renew: bool,
+}
+
+impl FairAttempt {
+    /// The session the attempt runs in.
+    pub(crate) fn core(&self) -> &Core {
+        &self.owner.core
+    }
+}
+
+impl Owner {
+    /// The first hold of a holding this owner got, its lease counted from `sent_at`.
+    fn hold(&self, token: u64, sent_at: Instant) -> Hold {
+        Acquired {
+            core: Arc::clone(&self.core),
+            name: Arc::clone(&self.keys.lock),
+            owner: Arc::clone(&self.owner),
+            release: Arc::clone(&self.keys) as Arc<dyn Release>,
+            token,
+            sent_at,
+            lease: self.lease,
+            lease_ms: self.lease_ms,
+            renew: self.renew,
+        }
+        .into_hold()
+    }
+}
+
+impl Acquire for FairAttempt {
+    type Guard = Hold;
+
+    fn attempt(&self) -> AttemptFuture<Hold> {
+        let keys = &self.owner.keys;
+        let mut call = ScriptCall::new(
+            &FAIR_ACQUIRE,
+            &[
+                &keys.lock,
+                &keys.queue,
+                &keys.timeouts,
+                &keys.waiters,
+                &keys.token_key,
+            ],
+            6,
+        );
+        call.arg(self.owner.lease_ms)
+            .arg(&*self.owner.owner)
+            .arg(&*keys.other_token_key)
+            .arg(if self.queue { "1" } else { "0" })
+            .arg(self.alive_ms)
+            .arg(keys.redisson_wait_ms);
+        let (owner, refresh) = (Arc::clone(&self.owner), self.refresh);
+        let sent_at = Instant::now();
+        Box::pin(async move {
+            let core = &owner.core;
+            core.ensure_keys_stay()?;
+            let mut connection = core.connection();
+            let reply: i64 = call.invoke(&mut connection).await?;
+            Ok(match reply {
+                token @ 1.. => Attempt::Acquired(owner.hold(token.unsigned_abs(), sent_at)),
+                // Queued (or not, for a caller that will not wait): look again when the
+                // place needs refreshing, or when the waiter's channel says so.
+                _ => Attempt::Busy {
+                    retry_after: Some(refresh),
+                },
+            })
+        })
+    }
+
+    fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    fn queue(&self) -> &str {
+        &self.channel
+    }
+
+    fn wake_rule(&self) -> WakeRule {
+        WakeRule::Addressed
+    }
+
+    fn granted(&self, payload: &[u8], since: Instant) -> Option<Hold> {
+        // "0" says "try now" (a Redisson release, or a grant the releaser could not
+        // make); a token says the lock is this owner's already.
+        let token: u64 = std::str::from_utf8(payload).ok()?.parse().ok()?;
+        (token >= 1).then(|| self.owner.hold(token, since))
+    }
+
+    fn abandon(&self) -> Option<AbandonFuture> {
+        if !self.queue {
+            return None;
+        }
+        let keys = &self.owner.keys;
+        let mut call = ScriptCall::new(
+            &FAIR_LEAVE,
+            &[
+                &keys.lock,
+                &keys.queue,
+                &keys.timeouts,
+                &keys.waiters,
+                &keys.token_key,
+                &keys.channel,
+            ],
+            4,
+        );
+        call.arg(&*self.owner.owner)
+            .arg(self.owner.core.deployment().publish_command())
+            .arg(&*keys.other_token_key)
+            .arg(keys.redisson_wait_ms);
+        let core = Arc::clone(&self.owner.core);
+        Some(Box::pin(async move {
+            let mut connection = core.connection();
+            let _: i64 = call.invoke(&mut connection).await?;
+            Ok(())
+        }))
+    }
+}
+
+impl Release for FairKeys {
+    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+        let mut call = ScriptCall::new(
+            &FAIR_RELEASE,
+            &[
+                name,
+                &self.queue,
+                &self.timeouts,
+                &self.waiters,
+                &self.token_key,
+                &self.channel,
+                latch,
+            ],
+            8,
+        );
+        call.arg(owner)
+            .arg(args.left)
+            .arg(args.lease_ms)
+            .arg(args.latch_ttl_ms)
+            .arg(if args.retry { "1" } else { "0" })
+            .arg(args.publish)
+            .arg(&*self.other_token_key)
+            .arg(self.redisson_wait_ms);
+        call
+    }
+}

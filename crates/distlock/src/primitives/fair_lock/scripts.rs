@@ -1,0 +1,24 @@
+//! The fair lock's scripts, one file each in `scripts/` with a header giving KEYS, ARGV and
+//! what it returns. Each is built with the shared fencing step (`../shared/fence.lua`) and
+//! the queue's functions (`scripts/queue.lua`) in front.
+
+use crate::transport::script::LuaScript;
+
+pub(crate) static FAIR_ACQUIRE: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/fence.lua"),
+    include_str!("scripts/queue.lua"),
+    include_str!("scripts/fair_acquire.lua")
+));
+pub(crate) static FAIR_RELEASE: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/fence.lua"),
+    include_str!("scripts/queue.lua"),
+    include_str!("scripts/fair_release.lua")
+));
+pub(crate) static FAIR_LEAVE: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/fence.lua"),
+    include_str!("scripts/queue.lua"),
+    include_str!("scripts/fair_leave.lua")
+));
+
+/// Every script of the fair lock, for loading at connect.
+pub(crate) static ALL: [&LuaScript; 3] = [&FAIR_ACQUIRE, &FAIR_RELEASE, &FAIR_LEAVE];

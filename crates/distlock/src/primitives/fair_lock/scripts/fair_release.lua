@@ -1,0 +1,60 @@
+-- Gives back one hold of a fair lock; the last hold hands the lock to the head of the
+-- queue. Built with ../../shared/fence.lua and queue.lua in front.
+--
+-- KEYS[1]  lock hash
+-- KEYS[2]  queue (list)
+-- KEYS[3]  timeouts (sorted set)
+-- KEYS[4]  distlock's waiters (hash, owner -> lease ms)
+-- KEYS[5]  this client's fencing-token counter (a direct grant takes a token from it)
+-- KEYS[6]  the lock's channel, redisson_lock__channel:{name}; a waiter's own channel is
+--          this, ':' and its owner (same slot)
+-- KEYS[7]  unlock latch: caches the answer of a final release, so a retry after a lost
+--          reply reads the first answer instead of a false "not held"
+-- ARGV[1]  owner
+-- ARGV[2]  the owner's hold count after this release (0 = give the lock up)
+-- ARGV[3]  lease, milliseconds: a partial release re-sets it, unless it is "0" (a fixed
+--          lease keeps its deadline)
+-- ARGV[4]  how long the latch is kept, milliseconds ("0": write no latch)
+-- ARGV[5]  "1" when this is a retry of a request that may have written its latch
+-- ARGV[6]  "publish", or "spublish" on a Redis 7 cluster
+-- ARGV[7]  the lock's counter under the other FencingCounter setting (see fence.lua)
+-- ARGV[8]  Redisson's wait timeout, ms (see fair_acquire.lua)
+--
+-- Returns the hold count left (0 = given up), or -1 when the owner does not hold the lock
+-- (nothing is written then). Fails with a NOPERM error, having written nothing, when the
+-- user's ACL refuses one of the writes.
+--
+-- The final release hands the lock on in the same call (queue.lua's hand_to_head): a
+-- distlock waiter at the head holds it, with its token, before this reply is sent.
+if ARGV[5] == '1' and ARGV[4] ~= '0' then
+    local cached = redis.call('get', KEYS[7])
+    if cached then
+        return tonumber(cached)
+    end
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return -1
+end
+local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
+local refusal = refused_queue_writes(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+if refusal then
+    return refusal
+end
+if ARGV[2] ~= '0' then
+    redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+    if ARGV[3] ~= '0' then
+        redis.call('pexpire', KEYS[1], ARGV[3])
+    end
+    return tonumber(ARGV[2])
+end
+if ARGV[4] ~= '0' and redis.acl_check_cmd
+        and not redis.acl_check_cmd('set', KEYS[7], '0', 'px', ARGV[4]) then
+    return redis.error_reply('NOPERM this user may not SET the unlock latch ' .. KEYS[7])
+end
+redis.call('del', KEYS[1])
+if ARGV[4] ~= '0' then
+    redis.call('set', KEYS[7], 0, 'px', ARGV[4])
+end
+drop_gone(KEYS[2], KEYS[3], KEYS[4], now_ms())
+hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[7], KEYS[6], publish, tonumber(ARGV[8]))
+return 0
