@@ -34,6 +34,7 @@ enum Scenario {
     Cluster,
     Failover,
     Network,
+    Fair,
 }
 
 #[derive(Debug, Parser)]
@@ -62,6 +63,15 @@ struct Args {
     /// Seconds the watchdog scenario holds them (the watchdog timeout is 30 s).
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     watchdog_secs: f64,
+    /// Internal: run as a worker process of the fair scenario, taking this kind of lock.
+    #[arg(long, hide = true, value_enum)]
+    worker_kind: Option<scenarios::fair::Kind>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    worker_first_task: usize,
+    #[arg(long, hide = true, default_value_t = 1)]
+    worker_tasks: usize,
+    #[arg(long, hide = true, default_value_t = 0)]
+    worker_start_ms: u64,
 }
 
 fn positive_seconds(text: &str) -> Result<f64, String> {
@@ -81,6 +91,18 @@ async fn main() {
 }
 
 async fn run(args: Args) -> BenchResult<()> {
+    if let Some(kind) = args.worker_kind {
+        let url = args.url.as_deref().ok_or("a worker needs --url")?;
+        return scenarios::fair::worker(
+            kind,
+            url,
+            args.worker_first_task,
+            args.worker_tasks,
+            args.worker_start_ms,
+            Duration::from_secs_f64(args.secs),
+        )
+        .await;
+    }
     let server = RedisServer::start().await?;
     let url = args.url.clone().unwrap_or_else(|| server.url());
     let client = Client::connect(&url).await?;
@@ -146,6 +168,12 @@ async fn run(args: Args) -> BenchResult<()> {
         emit(run("contended", distlock, &connection, plan).await?);
         let peer = Implementation::Rslock(Arc::clone(&peer));
         emit(run("contended-rslock", peer, &connection, plan).await?);
+    }
+    if wanted(Scenario::Fair) {
+        let connection = client.connection();
+        for report in scenarios::fair::run(&url, &connection, plan).await? {
+            emit(report);
+        }
     }
     // These start servers of their own (5 masters; a master and a replica).
     if wanted(Scenario::Redlock) {

@@ -142,6 +142,26 @@ async fn the_documented_minimal_acl_runs_every_lock_operation() {
             forced.release().await.unwrap().was_lost(),
             "force_unlock freed it"
         );
+        // The fair lock: a queue, a direct grant on the waiter's own channel, a timeout.
+        let fair = holder.fair_lock("app:payouts").unwrap();
+        let first = fair.lock().await.unwrap();
+        let queued = rival.fair_lock("app:payouts").unwrap();
+        assert!(queued
+            .try_lock_for(Duration::from_millis(100))
+            .await
+            .unwrap()
+            .is_none());
+        let next = tokio::spawn(async move { queued.lock().await });
+        common::eventually(Duration::from_secs(5), "a fair waiter queued", || {
+            let fair = fair.clone();
+            async move { fair.queued().await.unwrap() == 1 }
+        })
+        .await;
+        first.release().await.unwrap();
+        let granted = next.await.unwrap().unwrap();
+        assert!(granted.verify().await.unwrap());
+        granted.release().await.unwrap();
+
         common::eventually(Duration::from_secs(5), "latches deleted", || {
             let mut admin = admin.clone();
             async move {
@@ -617,4 +637,64 @@ async fn a_prefix_with_braces_is_refused() {
             "{prefix}: {err}"
         );
     }
+}
+
+/// Review: a fair release checks every command it may run, reads included, before its
+/// first write. Refused one (HGET, revoked while the lock is held), it fails with a typed
+/// error and changes nothing: the lock stays the holder's, no latch is left, and the
+/// waiter is not handed a lock the release never freed. A user without HGET cannot take a
+/// fair lock at all, and that refusal leaves nothing either.
+#[tokio::test]
+async fn a_fair_release_refused_a_read_changes_nothing() {
+    let server = server().await;
+    let url = user(&server, "fair", &[]).await;
+    let holder = client_as(&url).await;
+    let rival = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = holder.fair_lock("app:refused").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let waiting = tokio::spawn({
+            let lock = rival.fair_lock("app:refused").unwrap();
+            async move { lock.try_lock_for(Duration::from_secs(3)).await }
+        });
+        common::eventually(Duration::from_secs(5), "a fair waiter queued", || {
+            let lock = lock.clone();
+            async move { lock.queued().await.unwrap() == 1 }
+        })
+        .await;
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("fair")
+            .arg("-hget")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let owner = guard.owner().to_owned();
+        let refused = guard.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        let holders: Vec<String> = redis::cmd("HKEYS")
+            .arg("app:refused")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(holders, [owner], "the refused release changed the lock");
+        let latches: Vec<String> = redis::cmd("KEYS")
+            .arg("redisson_unlock_latch:*")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(latches.is_empty(), "{latches:?}");
+        // The waiter cannot look at the lock either now; it reports that refusal.
+        assert!(matches!(
+            waiting.await.unwrap(),
+            Err(Error::NoPermission { .. })
+        ));
+    })
+    .await;
+    holder.shutdown().await;
+    rival.shutdown().await;
 }

@@ -245,7 +245,7 @@ async fn dead_and_broken_queue_entries_do_not_hold_up_the_queue() {
             .cmd("HSET")
             .arg(waiters("stale"))
             .arg("dead:1")
-            .arg(60_000)
+            .arg(format!("60000:{}", now + 300))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -289,7 +289,7 @@ async fn a_grant_to_a_dead_waiter_is_bounded_by_its_lease() {
             .cmd("HSET")
             .arg(waiters("dead-grant"))
             .arg("dead:1")
-            .arg(300)
+            .arg(format!("300:{}", now + 5000))
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -441,4 +441,264 @@ async fn contenders_never_overlap_and_take_turns() {
     let report = checker.report();
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.holds, 8 * rounds);
+}
+
+/// Review: a waiter stalled past the lease of a grant it never read (its process paused)
+/// must not take that stale grant when it resumes: by then the grant ran out and another
+/// waiter holds the lock. Here the waiter's runtime resumes before its client's thread,
+/// so its next look at the lock (busy, queued again) reaches the server before the old
+/// grant message is read; the message is then recognised as older than that look.
+#[test]
+fn a_grant_read_after_it_ran_out_is_not_taken() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // In a task of the main runtime, so that the test's own calls go over that runtime's
+    // connections: every client of a process shares one background thread, which the
+    // test stalls.
+    let body = main.spawn(async {
+        let server = server().await;
+        let holder = client(&server).await;
+        // Its lease outlasts the stall of the background thread every client of the
+        // process shares (nothing renews it meanwhile).
+        let rival = client_with_watchdog(&server, Duration::from_secs(6)).await;
+        let mut conn = raw(&server).await;
+        let url = server.url();
+        // The waiter runs on a runtime of its own, with a client of its own.
+        let stalled = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let waiter_client = stalled
+            .spawn(async move { distlock::Client::connect(&url).await.unwrap() })
+            .await
+            .unwrap();
+        bounded(LIMIT, async {
+            let held = holder
+                .fair_lock("stale-grant")
+                .unwrap()
+                .lock()
+                .await
+                .unwrap();
+            let lock = waiter_client
+                .fair_lock("stale-grant")
+                .unwrap()
+                .with_lease(Duration::from_millis(1500));
+            let waiting = stalled.spawn(async move {
+                let guard = lock.try_lock_for(Duration::from_secs(20)).await.unwrap();
+                guard.map(|guard| (guard.owner().to_owned(), guard.is_lost(), guard))
+            });
+            until_queued(&conn, "stale-grant", 1).await;
+            let next = tokio::spawn({
+                let lock = rival.fair_lock("stale-grant").unwrap();
+                async move { lock.lock().await }
+            });
+            until_queued(&conn, "stale-grant", 2).await;
+            // Pause the waiter: its client's thread for 4 s, its runtime for 3.5 s.
+            waiter_client.stall_background_for_tests(Duration::from_secs(4));
+            for _ in 0..2 {
+                stalled.spawn(async { std::thread::sleep(Duration::from_millis(3500)) });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let stale_token = held.fencing_token() + 1;
+            held.release().await.unwrap();
+            // The grant runs out after 1.5 s; the rival, next in line, takes the lock.
+            let rivals = next.await.unwrap().unwrap();
+            assert!(
+                rivals.fencing_token() > stale_token,
+                "{} vs {stale_token}",
+                rivals.fencing_token()
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let holders: Vec<String> = redis::cmd("HKEYS")
+                .arg("stale-grant")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(holders, [rivals.owner()]);
+            assert!(!waiting.is_finished(), "the waiter took a stale grant");
+            let rivals_token = rivals.fencing_token();
+            rivals.release().await.unwrap();
+            let (owner, lost, guard) = waiting.await.unwrap().expect("its turn came");
+            assert!(!lost);
+            assert!(guard.fencing_token() > rivals_token);
+            let holders: Vec<String> = redis::cmd("HKEYS")
+                .arg("stale-grant")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(holders, [owner]);
+            guard.release().await.unwrap();
+        })
+        .await;
+        stalled.shutdown_background();
+    });
+    main.block_on(body).unwrap();
+}
+
+/// Redisson's fair-lock acquisition, written from the facts in redisson-layout.md, for
+/// playing a Redisson client in a mixed queue: drop gone heads, take the lock when free
+/// and first (one wait off every score), or queue scored one wait behind the last waiter.
+/// KEYS: lock, queue, timeouts. ARGV: lease, owner, wait, now (ms). Answers nil when it
+/// holds the lock, else how long it expects to wait.
+const REDISSON_FAIR_ACQUIRE: &str = r"
+while true do
+    local head = redis.call('lindex', KEYS[2], 0)
+    if not head then break end
+    local score = tonumber(redis.call('zscore', KEYS[3], head))
+    if score == nil or score > tonumber(ARGV[4]) then break end
+    redis.call('zrem', KEYS[3], head)
+    redis.call('lpop', KEYS[2])
+end
+if redis.call('exists', KEYS[1]) == 0 and (redis.call('exists', KEYS[2]) == 0
+        or redis.call('lindex', KEYS[2], 0) == ARGV[2]) then
+    redis.call('lpop', KEYS[2])
+    redis.call('zrem', KEYS[3], ARGV[2])
+    for _, owner in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
+        redis.call('zincrby', KEYS[3], -tonumber(ARGV[3]), owner)
+    end
+    redis.call('hset', KEYS[1], ARGV[2], 1)
+    redis.call('pexpire', KEYS[1], ARGV[1])
+    return nil
+end
+local mine = redis.call('zscore', KEYS[3], ARGV[2])
+if mine then
+    return tonumber(mine) - tonumber(ARGV[3]) - tonumber(ARGV[4])
+end
+local last = redis.call('lindex', KEYS[2], -1)
+local ttl
+if last and last ~= ARGV[2] then
+    ttl = tonumber(redis.call('zscore', KEYS[3], last)) - tonumber(ARGV[4])
+else
+    ttl = redis.call('pttl', KEYS[1])
+end
+redis.call('zadd', KEYS[3], ttl + tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[2])
+redis.call('rpush', KEYS[2], ARGV[2])
+return ttl
+";
+
+/// Runs [`REDISSON_FAIR_ACQUIRE`] for `owner`: true when it holds the lock.
+async fn redisson_acquire(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    owner: &str,
+) -> bool {
+    let now = server_time_ms(conn).await;
+    let reply: Option<i64> = redis::Script::new(REDISSON_FAIR_ACQUIRE)
+        .key(name)
+        .key(queue(name))
+        .key(timeouts(name))
+        .arg(30_000)
+        .arg(owner)
+        .arg(300_000)
+        .arg(now)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    reply.is_none()
+}
+
+async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(queue(name))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Review: when a Redisson waiter takes the lock (a wait off every score, as Redisson
+/// does), a distlock waiter behind it keeps its place: it is not dropped as gone and sent
+/// behind a Redisson waiter that queued after it.
+#[tokio::test]
+async fn a_redisson_acquisition_does_not_send_a_distlock_waiter_back() {
+    let server = server().await;
+    let a = client(&server).await;
+    let b = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = a.fair_lock("order").unwrap().lock().await.unwrap();
+        assert!(!redisson_acquire(&mut conn, "order", "r1:1").await);
+        let waiting = tokio::spawn({
+            let lock = b.fair_lock("order").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "order", 2).await;
+        let distlock_waiter = queued(&mut conn, "order").await[1].clone();
+        assert!(!redisson_acquire(&mut conn, "order", "r2:1").await);
+        held.release().await.unwrap();
+        assert!(redisson_acquire(&mut conn, "order", "r1:1").await);
+        // Several of the distlock waiter's refreshes.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            queued(&mut conn, "order").await,
+            [distlock_waiter, "r2:1".to_owned()]
+        );
+        waiting.abort();
+    })
+    .await;
+}
+
+/// Review: a Redisson waiter behind a distlock waiter that takes the lock keeps a score
+/// that outlasts that waiter's hold, and is told its turn (`0` on its channel) when the
+/// lock is released, ahead of the distlock waiter that queued after it.
+#[tokio::test]
+async fn a_redisson_waiter_keeps_its_turn_behind_a_distlock_holder() {
+    let server = server().await;
+    let a = client(&server).await;
+    let b = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let c = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = a.fair_lock("turn").unwrap().lock().await.unwrap();
+        let first = tokio::spawn({
+            let lock = b.fair_lock("turn").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "turn", 1).await;
+        assert!(!redisson_acquire(&mut conn, "turn", "r:1").await);
+        let last = tokio::spawn({
+            let lock = c.fair_lock("turn").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "turn", 3).await;
+        let mut listener = server.client().unwrap().get_async_pubsub().await.unwrap();
+        listener
+            .subscribe("redisson_lock__channel:{turn}:r:1")
+            .await
+            .unwrap();
+        held.release().await.unwrap();
+        let first = first.await.unwrap().unwrap();
+        // The distlock holder works for 4 s (renewed), well past its waiters' alive time.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        first.release().await.unwrap();
+        let told = tokio::time::timeout(Duration::from_secs(2), listener.on_message().next())
+            .await
+            .expect("the Redisson waiter was told its turn")
+            .unwrap();
+        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        assert!(redisson_acquire(&mut conn, "turn", "r:1").await);
+        assert!(!last.is_finished());
+        let _: () = redis::cmd("DEL")
+            .arg("turn")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("PUBLISH")
+            .arg(format!(
+                "redisson_lock__channel:{{turn}}:{}",
+                queued(&mut conn, "turn").await[0]
+            ))
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let guard = last.await.unwrap().unwrap();
+        guard.release().await.unwrap();
+    })
+    .await;
 }

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod contended;
 pub mod failover;
+pub mod fair;
 pub mod network;
 pub mod parallel;
 pub mod redlock;

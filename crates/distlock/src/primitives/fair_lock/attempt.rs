@@ -3,6 +3,7 @@
 //! place, the direct grant read from the waiter's own channel, and leaving the queue when
 //! the acquisition gives up.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,11 @@ pub(crate) struct FairAttempt {
     /// without doing so.
     pub(super) refresh: Duration,
     pub(super) alive_ms: u64,
+    /// The highest token handed out as of this owner's last attempt that found the lock
+    /// busy: a grant message with a token not above it was made before that attempt (a
+    /// grant that ran out while the waiter was stalled, its lock since taken by another),
+    /// and is stale.
+    pub(super) busy_at_token: Arc<AtomicU64>,
 }
 
 /// The acquisition's owner, and what a holding it gets is made of.
@@ -88,19 +94,23 @@ impl Acquire for FairAttempt {
             .arg(self.alive_ms)
             .arg(keys.redisson_wait_ms);
         let (owner, refresh) = (Arc::clone(&self.owner), self.refresh);
+        let busy_at_token = Arc::clone(&self.busy_at_token);
         let sent_at = Instant::now();
         Box::pin(async move {
             let core = &owner.core;
             core.ensure_keys_stay()?;
             let mut connection = core.connection();
-            let reply: i64 = call.invoke(&mut connection).await?;
-            Ok(match reply {
-                token @ 1.. => Attempt::Acquired(owner.hold(token.unsigned_abs(), sent_at)),
+            let reply: redis::Value = call.invoke(&mut connection).await?;
+            Ok(match read_reply(&reply)? {
+                Reply::Token(token) => Attempt::Acquired(owner.hold(token, sent_at)),
                 // Queued (or not, for a caller that will not wait): look again when the
                 // place needs refreshing, or when the waiter's channel says so.
-                _ => Attempt::Busy {
-                    retry_after: Some(refresh),
-                },
+                Reply::Busy { highest_token } => {
+                    busy_at_token.fetch_max(highest_token, Ordering::AcqRel);
+                    Attempt::Busy {
+                        retry_after: Some(refresh),
+                    }
+                }
             })
         })
     }
@@ -121,7 +131,11 @@ impl Acquire for FairAttempt {
         // "0" says "try now" (a Redisson release, or a grant the releaser could not
         // make); a token says the lock is this owner's already.
         let token: u64 = std::str::from_utf8(payload).ok()?.parse().ok()?;
-        (token >= 1).then(|| self.owner.hold(token, since))
+        let fresh = token > self.busy_at_token.load(Ordering::Acquire);
+        if token >= 1 && !fresh {
+            tracing::debug!(owner = %self.owner.owner, token, "a stale grant (made before the last look at the lock) is ignored");
+        }
+        (token >= 1 && fresh).then(|| self.owner.hold(token, since))
     }
 
     fn abandon(&self) -> Option<AbandonFuture> {
@@ -151,6 +165,37 @@ impl Acquire for FairAttempt {
             let _: i64 = call.invoke(&mut connection).await?;
             Ok(())
         }))
+    }
+}
+
+/// What `fair_acquire.lua` answered.
+enum Reply {
+    Token(u64),
+    Busy { highest_token: u64 },
+}
+
+fn read_reply(reply: &redis::Value) -> redis::RedisResult<Reply> {
+    let unexpected = || {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the fair lock's acquire script answered something else than a token or busy",
+        ))
+    };
+    let text = match reply {
+        redis::Value::Int(token @ 1..) => return Ok(Reply::Token(token.unsigned_abs())),
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| unexpected())?,
+        redis::Value::SimpleString(text) => text.as_str(),
+        _ => return Err(unexpected()),
+    };
+    match text.strip_prefix("busy:") {
+        Some(highest) => Ok(Reply::Busy {
+            highest_token: highest.parse().map_err(|_| unexpected())?,
+        }),
+        // A token from 2^53 on comes as its exact text.
+        None => match text.parse::<u64>() {
+            Ok(token @ 1..) => Ok(Reply::Token(token)),
+            _ => Err(unexpected()),
+        },
     }
 }
 

@@ -242,6 +242,7 @@ impl FairLock {
             queue,
             refresh,
             alive_ms: to_millis("fair lock wait", alive)?,
+            busy_at_token: Arc::default(),
         })
     }
 }

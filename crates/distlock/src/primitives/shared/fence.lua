@@ -74,3 +74,21 @@ local function fence_token(counter, other)
     end
     return token
 end
+
+-- fence_high(counter, other) -> the larger of the two counters, as decimal text ("0" when
+-- neither holds a token yet): every token handed out so far is at most this. A waiter
+-- told it can tell a grant made before from one made after (a grant's token is above it).
+local function fence_high(counter, other)
+    local high = '0'
+    local function consider(value)
+        if type(value) == 'string' and string.match(value, '^[1-9]%d*$')
+                and (#value > #high or (#value == #high and value > high)) then
+            high = value
+        end
+    end
+    consider(redis.call('get', counter))
+    if not redis.acl_check_cmd or redis.acl_check_cmd('get', other) then
+        consider(redis.call('get', other))
+    end
+    return high
+end

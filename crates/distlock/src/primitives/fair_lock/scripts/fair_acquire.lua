@@ -5,7 +5,8 @@
 -- KEYS[2]  queue: list of waiting owners, oldest first (Redisson's redisson_lock_queue)
 -- KEYS[3]  timeouts: sorted set, owner -> ms after which it counts as gone
 --          (Redisson's redisson_lock_timeout)
--- KEYS[4]  distlock's waiters: hash, owner -> lease ms (takes a direct grant)
+-- KEYS[4]  distlock's waiters: hash, owner -> "<lease ms>:<alive until ms>" (takes a
+--          direct grant; gone once its alive time passes)
 -- KEYS[5]  this client's fencing-token counter
 -- ARGV[1]  lease, milliseconds
 -- ARGV[2]  owner, "<client uuid>:<n>": one per acquisition, kept while it waits
@@ -13,27 +14,31 @@
 -- ARGV[4]  "1": queue (or refresh the queue entry) when the lock cannot be taken now;
 --          "0": only try
 -- ARGV[5]  how long a queued waiter counts as alive without refreshing, ms
--- ARGV[6]  Redisson's wait timeout, ms: the wait a waiter's leaving takes off the scores
---          of Redisson's waiters behind it
+-- ARGV[6]  Redisson's wait timeout, ms: one wait per waiter ahead in a new waiter's
+--          score, taken off the scores behind a waiter that leaves
 --
--- Returns one value:
---   >= 1  the owner holds the lock now; the value is its fencing token (an integer, or
---         its decimal text from 2^53 on)
---     -1  the lock is held, or others are queued ahead; the owner is queued (or its entry
---         refreshed) when ARGV[4] is "1"
+-- Returns:
+--   >= 1       the owner holds the lock now; the value is its fencing token (an integer,
+--              or its decimal text from 2^53 on)
+--   "busy:<n>" the lock is held, or others are queued ahead; the owner is queued (or its
+--              entry refreshed) when ARGV[4] is "1". <n> is the highest token handed out
+--              so far (fence.lua's fence_high): a grant message whose token is not above
+--              it was made before this call, and is stale.
 -- or fails with a NOPERM error, having written nothing, when the user's ACL refuses one
--- of the writes the fair lock makes.
+-- of the commands the fair lock runs.
 --
 -- The lock is taken only when it is free and the owner is at the head of the queue, or
 -- nobody is queued: first come, first served. An owner that already holds the lock was
 -- granted it directly while this attempt was on its way (or its earlier reply was lost):
 -- its lease is set again from now, and it gets a fresh token, so that its holder can
--- count its lease from this call.
-local refusal = refused_queue_writes(KEYS[1], KEYS[2], KEYS[3], KEYS[4], nil, 'publish')
+-- count its lease from this call. An owner that was dropped from the queue (it stopped
+-- refreshing, or a grant to it ran out) queues again at the back.
+local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], nil, 'publish')
 if refusal then
     return refusal
 end
 local now = now_ms()
+local wait = tonumber(ARGV[6])
 drop_gone(KEYS[2], KEYS[3], KEYS[4], now)
 local granted = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 local head = redis.call('lindex', KEYS[2], 0)
@@ -43,10 +48,11 @@ if granted or (redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[
         return token
     end
     if head == ARGV[2] then
+        -- Taken from the head: as Redisson's acquisition, one wait off every score.
         redis.call('lpop', KEYS[2])
-        shift_redisson_deadlines(KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[6]), 0)
+        shift_deadlines(KEYS[2], KEYS[3], wait, 0)
     elseif granted then
-        leave_queue(KEYS[2], KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[6]))
+        leave_queue(KEYS[2], KEYS[3], KEYS[4], ARGV[2], wait)
     end
     redis.call('zrem', KEYS[3], ARGV[2])
     redis.call('hdel', KEYS[4], ARGV[2])
@@ -56,18 +62,11 @@ if granted or (redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[
     redis.call('pexpire', KEYS[1], ARGV[1])
     return token
 end
-if ARGV[4] ~= '1' then
-    return -1
+if ARGV[4] == '1' then
+    if not redis.call('zscore', KEYS[3], ARGV[2]) then
+        join_queue(KEYS[1], KEYS[2], KEYS[3], ARGV[2], wait, now)
+    end
+    redis.call('hset', KEYS[4], ARGV[2], ARGV[1] .. ':' .. (now + tonumber(ARGV[5])))
+    expire_queue(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[5]))
 end
-local alive_until = now + tonumber(ARGV[5])
-if redis.call('zscore', KEYS[3], ARGV[2]) then
-    redis.call('zadd', KEYS[3], alive_until, ARGV[2])
-else
-    -- New, or dropped as gone while it did not refresh (a long pause): to the back.
-    redis.call('lrem', KEYS[2], 0, ARGV[2])
-    redis.call('rpush', KEYS[2], ARGV[2])
-    redis.call('zadd', KEYS[3], alive_until, ARGV[2])
-end
-redis.call('hset', KEYS[4], ARGV[2], ARGV[1])
-expire_queue(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[5]))
-return -1
+return 'busy:' .. fence_high(KEYS[5], ARGV[3])

@@ -4,7 +4,7 @@
 -- KEYS[1]  lock hash
 -- KEYS[2]  queue (list)
 -- KEYS[3]  timeouts (sorted set)
--- KEYS[4]  distlock's waiters (hash, owner -> lease ms)
+-- KEYS[4]  distlock's waiters (hash, owner -> "<lease ms>:<alive until ms>")
 -- KEYS[5]  this client's fencing-token counter (a direct grant takes a token from it)
 -- KEYS[6]  the lock's channel, redisson_lock__channel:{name}; a waiter's own channel is
 --          this, ':' and its owner (same slot)
@@ -22,7 +22,7 @@
 --
 -- Returns the hold count left (0 = given up), or -1 when the owner does not hold the lock
 -- (nothing is written then). Fails with a NOPERM error, having written nothing, when the
--- user's ACL refuses one of the writes.
+-- user's ACL refuses one of the commands it runs.
 --
 -- The final release hands the lock on in the same call (queue.lua's hand_to_head): a
 -- distlock waiter at the head holds it, with its token, before this reply is sent.
@@ -36,7 +36,7 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1
 end
 local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
-local refusal = refused_queue_writes(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
 if refusal then
     return refusal
 end

@@ -3,12 +3,17 @@
 -- ../../shared/fence.lua), so these functions are defined before the script's body runs.
 --
 -- The queue is Redisson's: a list of waiting owners, oldest first, and a sorted set that
--- scores each owner with the absolute time (ms, server clock) after which it counts as
--- gone. distlock's waiters are also in a hash of its own, owner -> lease in ms: a waiter
--- listed there takes a direct grant (the releasing script gives it the lock), and its
--- score is how long it stays alive without refreshing its entry, which it does every
--- third of that. A Redisson waiter's score is Redisson's: its expected turn plus
--- Redisson's wait timeout, one wait per waiter ahead of it.
+-- scores each owner with the absolute time (ms) after which it counts as gone. Scores
+-- follow Redisson's rule, for every waiter: a new waiter's score is the score of the
+-- waiter ahead of it (or the lock's remaining lease) plus one wait, and each waiter that
+-- leaves from ahead takes one wait off the scores behind it. Redisson's scripts apply that
+-- rule to distlock's waiters too, so the rule must hold for them.
+--
+-- distlock's waiters are also in a hash of its own, owner -> "<lease ms>:<alive until ms>":
+-- a waiter listed there takes a direct grant (the releasing script gives it the lock, with
+-- that lease), and it counts as gone once its alive time passes. It refreshes that time
+-- every third of its lease (at most every second), so a killed distlock waiter is dropped
+-- within seconds, not after Redisson's wait.
 
 -- The server's clock, in milliseconds.
 local function now_ms()
@@ -24,8 +29,23 @@ local function token_text(token)
     return token
 end
 
--- Drops the waiters at the head that are gone: past their score, or with no score at all
--- (a list and a set out of step: Redisson's scripts fail comparing nil there).
+-- A distlock waiter's entry: its lease and until when it counts as alive; nil for an
+-- owner that is not distlock's (or an entry that does not parse).
+local function distlock_waiter(waiters, owner)
+    local entry = redis.call('hget', waiters, owner)
+    if not entry then
+        return nil
+    end
+    local lease, alive = string.match(entry, '^(%d+):(%d+)$')
+    if not lease then
+        return nil
+    end
+    return { lease = lease, alive = tonumber(alive) }
+end
+
+-- Drops the waiters at the head that are gone: past their score, with no score at all
+-- (a list and a set out of step: Redisson's scripts fail comparing nil there), or
+-- distlock's, past their alive time.
 local function drop_gone(queue, timeouts, waiters, now)
     while true do
         local head = redis.call('lindex', queue, 0)
@@ -33,7 +53,12 @@ local function drop_gone(queue, timeouts, waiters, now)
             return
         end
         local deadline = tonumber(redis.call('zscore', timeouts, head))
-        if deadline ~= nil and deadline > now then
+        local gone = deadline == nil or deadline <= now
+        if not gone then
+            local waiter = distlock_waiter(waiters, head)
+            gone = waiter ~= nil and waiter.alive <= now
+        end
+        if not gone then
             return
         end
         redis.call('lpop', queue)
@@ -42,14 +67,11 @@ local function drop_gone(queue, timeouts, waiters, now)
     end
 end
 
--- Lowers the scores of Redisson's waiters from list index `from` on by `wait`, as
--- Redisson does when a waiter ahead of them leaves: each of their scores counts one wait
--- per waiter ahead. distlock's waiters keep theirs: they refresh it themselves.
-local function shift_redisson_deadlines(queue, timeouts, waiters, wait, from)
+-- Takes one wait off the scores of the waiters from list index `from` on: one waiter
+-- ahead of them has left.
+local function shift_deadlines(queue, timeouts, wait, from)
     for _, owner in ipairs(redis.call('lrange', queue, from, -1)) do
-        if redis.call('hexists', waiters, owner) == 0 then
-            redis.call('zincrby', timeouts, -wait, owner)
-        end
+        redis.call('zincrby', timeouts, -wait, owner)
     end
 end
 
@@ -66,7 +88,7 @@ local function leave_queue(queue, timeouts, waiters, owner, wait)
     end
     if at then
         -- lrange indexes from 0: the first waiter behind it is at index `at`.
-        shift_redisson_deadlines(queue, timeouts, waiters, wait, at)
+        shift_deadlines(queue, timeouts, wait, at)
         redis.call('lrem', queue, 0, owner)
     end
     redis.call('zrem', timeouts, owner)
@@ -74,14 +96,31 @@ local function leave_queue(queue, timeouts, waiters, owner, wait)
     return at == 1
 end
 
+-- Puts `owner` at the back of the queue, scored as Redisson scores a new waiter.
+local function join_queue(lock, queue, timeouts, owner, wait, now)
+    local last = redis.call('lindex', queue, -1)
+    local ahead
+    if last and last ~= owner then
+        ahead = (tonumber(redis.call('zscore', timeouts, last)) or now) - now
+    else
+        ahead = math.max(redis.call('pttl', lock), 0)
+    end
+    redis.call('lrem', queue, 0, owner)
+    redis.call('rpush', queue, owner)
+    redis.call('zadd', timeouts, now + ahead + wait, owner)
+end
+
 -- Lets the queue's keys expire once every waiter in them would be gone, so a queue whose
 -- waiters all died does not stay behind (the list and the set vanish by themselves when
--- emptied).
-local function expire_queue(queue, timeouts, waiters, now, floor)
-    local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
-    local until_ms = floor
-    if last[2] then
-        until_ms = math.max(until_ms, tonumber(last[2]) - now)
+-- emptied): after the alive time of distlock's waiters, or, with Redisson's waiters
+-- queued, after the last score.
+local function expire_queue(queue, timeouts, waiters, now, alive_ms)
+    local until_ms = alive_ms
+    if redis.call('zcard', timeouts) > redis.call('hlen', waiters) then
+        local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
+        if last[2] then
+            until_ms = math.max(until_ms, tonumber(last[2]) - now)
+        end
     end
     until_ms = math.floor(until_ms) + 1000
     redis.call('pexpire', queue, until_ms)
@@ -100,9 +139,9 @@ local function hand_to_head(lock, queue, timeouts, waiters, counter, other, chan
         redis.call(publish, channel, '0')
         return false
     end
-    local lease = redis.call('hget', waiters, head)
+    local waiter = distlock_waiter(waiters, head)
     local token = false
-    if lease then
+    if waiter then
         token = fence_token(counter, other)
         if type(token) == 'table' then
             -- No token to give (a refused or broken counter): the head tries itself and
@@ -115,41 +154,41 @@ local function hand_to_head(lock, queue, timeouts, waiters, counter, other, chan
         return false
     end
     redis.call('hset', lock, head, 1)
-    redis.call('pexpire', lock, lease)
+    redis.call('pexpire', lock, waiter.lease)
     redis.call('lpop', queue)
     redis.call('zrem', timeouts, head)
     redis.call('hdel', waiters, head)
-    shift_redisson_deadlines(queue, timeouts, waiters, wait, 0)
+    shift_deadlines(queue, timeouts, wait, 0)
     redis.call(publish, channel .. ':' .. head, token_text(token))
     return head
 end
 
--- Fails, before anything is written, when the user's ACL refuses a write a fair-lock
--- script may make (Redis >= 7.0): a refused call aborts a script but keeps what it wrote
+-- Fails, before anything is written, when the user's ACL refuses a command a fair-lock
+-- script may run (Redis >= 7.0): a refused call aborts a script but keeps what it wrote
 -- before. `channel` is nil for a script that publishes nothing. Returns an error reply,
 -- or nil.
-local function refused_queue_writes(lock, queue, timeouts, waiters, channel, publish)
+local function refused_queue_access(lock, queue, timeouts, waiters, channel, publish)
     if not redis.acl_check_cmd then
         return nil
     end
-    local allowed = redis.acl_check_cmd('hset', lock, 'o', '1')
-        and redis.acl_check_cmd('pexpire', lock, '1')
-        and redis.acl_check_cmd('del', lock)
-        and redis.acl_check_cmd('rpush', queue, 'o')
-        and redis.acl_check_cmd('lpop', queue)
-        and redis.acl_check_cmd('lrem', queue, '0', 'o')
-        and redis.acl_check_cmd('pexpire', queue, '1')
-        and redis.acl_check_cmd('zadd', timeouts, '1', 'o')
-        and redis.acl_check_cmd('zincrby', timeouts, '1', 'o')
-        and redis.acl_check_cmd('zrem', timeouts, 'o')
-        and redis.acl_check_cmd('pexpire', timeouts, '1')
-        and redis.acl_check_cmd('hset', waiters, 'o', '1')
-        and redis.acl_check_cmd('hdel', waiters, 'o')
-        and redis.acl_check_cmd('pexpire', waiters, '1')
-        and (channel == nil or (redis.acl_check_cmd(publish, channel, '0')
-            and redis.acl_check_cmd(publish, channel .. ':o', '0')))
+    local check = redis.acl_check_cmd
+    local allowed = check('time')
+        and check('exists', lock) and check('hexists', lock, 'o') and check('pttl', lock)
+        and check('hset', lock, 'o', '1') and check('pexpire', lock, '1') and check('del', lock)
+        and check('lindex', queue, '0') and check('lrange', queue, '0', '-1')
+        and check('rpush', queue, 'o') and check('lpop', queue) and check('lrem', queue, '0', 'o')
+        and check('pexpire', queue, '1')
+        and check('zscore', timeouts, 'o') and check('zrange', timeouts, '0', '-1')
+        and check('zcard', timeouts) and check('zadd', timeouts, '1', 'o')
+        and check('zincrby', timeouts, '1', 'o') and check('zrem', timeouts, 'o')
+        and check('pexpire', timeouts, '1')
+        and check('hget', waiters, 'o') and check('hlen', waiters)
+        and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
+        and check('pexpire', waiters, '1')
+        and (channel == nil or (check(publish, channel, '0')
+            and check(publish, channel .. ':o', '0')))
     if not allowed then
-        return redis.error_reply('NOPERM this user may not write the fair lock ' .. lock .. ', its queue keys or its channels')
+        return redis.error_reply('NOPERM this user may not run the fair lock ' .. lock .. ' (its queue keys, their commands, or its channels)')
     end
     return nil
 end
