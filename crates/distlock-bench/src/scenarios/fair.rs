@@ -136,8 +136,38 @@ pub async fn worker(
     Ok(())
 }
 
-/// One timed run: both processes, started together; their holds, in acquisition order.
-async fn one_run(kind: Kind, url: &str, length: Duration) -> BenchResult<Vec<Hold>> {
+/// Microseconds Redis spent in the commands sent to it since its statistics were reset
+/// (`INFO commandstats`: top-level commands only, a script's inner calls included in it).
+async fn server_micros(stats: &mut redis::aio::MultiplexedConnection) -> BenchResult<f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(stats)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (command, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !["evalsha", "eval", "unlink", "publish", "ping"].contains(&command) {
+                return None;
+            }
+            fields
+                .split(',')
+                .find_map(|field| field.strip_prefix("usec="))
+                .and_then(|usec| usec.parse::<f64>().ok())
+        })
+        .sum())
+}
+
+/// One timed run: both processes, started together; their holds, in acquisition order,
+/// and the server's time per hold.
+async fn one_run(kind: Kind, url: &str, length: Duration) -> BenchResult<(Vec<Hold>, f64)> {
+    let mut stats = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut stats)
+        .await?;
     let exe = std::env::current_exe()?;
     let start_ms = wall_nanos() / 1_000_000 + 500;
     let mut children = Vec::new();
@@ -177,10 +207,12 @@ async fn one_run(kind: Kind, url: &str, length: Duration) -> BenchResult<Vec<Hol
         }
     }
     holds.sort_by_key(|hold| hold.acquired);
-    Ok(holds)
+    let per_hold = server_micros(&mut stats).await? / holds.len().max(1) as f64;
+    Ok((holds, per_hold))
 }
 
 struct Figures {
+    server_per_hold: f64,
     rate: f64,
     hold: f64,
     gap_p50: f64,
@@ -190,7 +222,7 @@ struct Figures {
     token_regressions: usize,
 }
 
-fn figures(holds: &[Hold], rtt_micros: f64, debug: bool) -> Figures {
+fn figures(holds: &[Hold], server_per_hold: f64, rtt_micros: f64, debug: bool) -> Figures {
     let first = holds
         .iter()
         .map(|hold| hold.wait_started)
@@ -249,6 +281,7 @@ fn figures(holds: &[Hold], rtt_micros: f64, debug: bool) -> Figures {
         }
     }
     Figures {
+        server_per_hold,
         rate: holds.len() as f64 / span.max(f64::MIN_POSITIVE),
         hold: hold_times.micros(0.5),
         gap_p50: gaps.micros(0.5),
@@ -301,9 +334,9 @@ pub async fn run(
         rtts.push(rtt);
         floors.push(pubsub_floor(url).await?);
         for (slot, (kind, _)) in kinds.iter().enumerate() {
-            let holds = one_run(*kind, url, plan.length).await?;
+            let (holds, server_per_hold) = one_run(*kind, url, plan.length).await?;
             let debug = *kind == Kind::Fair && std::env::var_os("FAIR_DEBUG").is_some();
-            measured[slot].push(figures(&holds, rtt, debug));
+            measured[slot].push(figures(&holds, server_per_hold, rtt, debug));
         }
     }
     let rtt = median(&rtts);
@@ -327,6 +360,11 @@ pub async fn run(
             figure("EVALSHA round trip p50", rtt, "µs"),
             figure("PUBLISH sent → message received p50", floor, "µs"),
             figure("hold p50 (nominal 1000)", hold, "µs"),
+            figure(
+                "server time per hold (commandstats, all commands)",
+                pick(|f| f.server_per_hold),
+                "µs",
+            ),
             figure("release→next acquire p99", gap_p99, "µs"),
             checked(
                 "fencing tokens out of order (all runs)",

@@ -113,10 +113,16 @@ end
 -- Lets the queue's keys expire once every waiter in them would be gone, so a queue whose
 -- waiters all died does not stay behind (the list and the set vanish by themselves when
 -- emptied): after the alive time of distlock's waiters, or, with Redisson's waiters
--- queued, after the last score.
+-- queued, after the last score. In a queue of distlock's waiters only, keys with more than
+-- half an alive time left are left as they are: each waiter refreshes its place three
+-- times per alive time, and setting the expiries was most of what a refresh cost.
 local function expire_queue(queue, timeouts, waiters, now, alive_ms)
+    local redissons = redis.call('zcard', timeouts) > redis.call('hlen', waiters)
+    if not redissons and redis.call('pttl', waiters) > alive_ms / 2 + 1000 then
+        return
+    end
     local until_ms = alive_ms
-    if redis.call('zcard', timeouts) > redis.call('hlen', waiters) then
+    if redissons then
         local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
         if last[2] then
             until_ms = math.max(until_ms, tonumber(last[2]) - now)
