@@ -28,6 +28,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// An argument of a call is out of its range: zero permits, a count a latch cannot
+    /// hold. Nothing was sent to Redis.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
     /// A client setting is out of its range.
     #[error("invalid setting {what}: {reason}")]
     InvalidConfig {

@@ -62,10 +62,12 @@ mod transport;
 pub use client::{Client, ClientBuilder};
 pub use config::FencingCounter;
 pub use error::{Error, NodeFailure, Result};
+pub use primitives::count_down_latch::CountDownLatch;
 pub use primitives::fair_lock::FairLock;
 pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 pub use primitives::multi_lock::{MultiLock, MultiLockGuard};
 pub use primitives::red_lock::{RedLock, RedLockGuard};
+pub use primitives::semaphore::{Semaphore, SemaphorePermits};
 pub use transport::connection::{Connection, RedisConnection};
 pub use transport::replica_sync::ReplicaSync;
 

@@ -16,10 +16,12 @@ pub use builder::ClientBuilder;
 use crate::duration::to_millis;
 use crate::engine::session::Session;
 use crate::error::Result;
+use crate::primitives::count_down_latch::CountDownLatch;
 use crate::primitives::fair_lock::FairLock;
 use crate::primitives::keys::validate_name;
 use crate::primitives::lock::Lock;
 use crate::primitives::red_lock::RedLock;
+use crate::primitives::semaphore::Semaphore;
 use crate::transport::connection::Connection;
 
 /// A handle on one Redis deployment, shared by every lock of a process.
@@ -103,6 +105,25 @@ impl Client {
     /// layout, so a Redisson fair lock of the same name shares its queue.
     pub fn fair_lock(&self, name: impl Into<String>) -> Result<FairLock> {
         Ok(FairLock::new(
+            self.session.clone(),
+            self.key_of(name.into())?,
+        ))
+    }
+
+    /// A handle on the semaphore called `name` (Redisson's `RSemaphore` layout: the count
+    /// of free permits at the key). Set its permits with
+    /// [`Semaphore::try_set_permits`].
+    pub fn semaphore(&self, name: impl Into<String>) -> Result<Semaphore> {
+        Ok(Semaphore::new(
+            self.session.clone(),
+            self.key_of(name.into())?,
+        ))
+    }
+
+    /// A handle on the count-down latch called `name` (Redisson's `RCountDownLatch`
+    /// layout). Set its count with [`CountDownLatch::try_set_count`].
+    pub fn count_down_latch(&self, name: impl Into<String>) -> Result<CountDownLatch> {
+        Ok(CountDownLatch::new(
             self.session.clone(),
             self.key_of(name.into())?,
         ))

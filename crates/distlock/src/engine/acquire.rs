@@ -89,6 +89,12 @@ pub(crate) trait Acquire {
         WakeRule::OneOrAll
     }
 
+    /// How much a waiter asks for, for a queue kept in arrival order
+    /// ([`WakeRule::UpTo`]): a semaphore's permits. 1 for everything else.
+    fn ask(&self) -> u64 {
+        1
+    }
+
     /// A message on this waiter's own channel that hands it the primitive outright (a fair
     /// lock's direct grant): the guard, made without another round trip, or `None` for a
     /// message that only says "try now". `since` is when the waiter's last attempt that
@@ -228,11 +234,16 @@ async fn wait_for<A: Acquire>(
                 primitive.channel(),
                 primitive.queue(),
                 primitive.wake_rule(),
+                primitive.ask(),
             )
             .await;
         let others = join_all(primitive.other_channels().iter().map(|(core, channel)| {
-            core.subscriptions()
-                .subscribe(channel, primitive.queue(), primitive.wake_rule())
+            core.subscriptions().subscribe(
+                channel,
+                primitive.queue(),
+                primitive.wake_rule(),
+                primitive.ask(),
+            )
         }))
         .await;
         (main, others)

@@ -6,6 +6,8 @@
 //!   notification, retry, stay safe under cancellation;
 //! - [`subscriptions`]: one pub/sub connection per client, one subscription per channel,
 //!   shared by all local waiters;
+//! - [`waiters`]: the local waiters of one primitive, and what a message means for them
+//!   (wake rules, arrival order with permit counts, a waiter's mailbox);
 //! - [`renewal`]: one renewal scheduler per client, renewing held leases of every kind in
 //!   batches and signalling the ones that are lost;
 //! - [`lease_set`]: leases made of other leases (a MultiLock's, a RedLock's);
@@ -23,3 +25,4 @@ pub(crate) mod lease_set;
 pub(crate) mod renewal;
 pub(crate) mod session;
 pub(crate) mod subscriptions;
+pub(crate) mod waiters;

@@ -40,6 +40,8 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use crate::engine::waiters::WakeRule;
+use crate::engine::waiters::{lock_mailbox, Mailbox, Queue};
 use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
 use crate::transport::pubsub::{open, Event, Sink};
@@ -87,75 +89,23 @@ struct ChannelEntry {
     queues: HashMap<String, Queue>,
 }
 
-/// The waiters of one lock.
-struct Queue {
-    wake: Arc<Notify>,
-    refs: usize,
-    /// What a message on the channel means for them.
-    rule: WakeRule,
-    /// Messages addressed to the waiter ([`WakeRule::Addressed`]), until it reads them.
-    mailbox: Arc<Mutex<Vec<Vec<u8>>>>,
-}
-
-/// Messages kept for an addressed waiter that has not read them: one channel per waiter
-/// gets a handful at most; a flood beyond this keeps the oldest (a grant comes first).
-const MAILBOX_CAPACITY: usize = 16;
-
-/// What a message on a channel means for the local waiters of one primitive: a primitive
-/// states its rule, the hub applies it to each message. Waiters are woken oldest first,
-/// and a waiter woken for nothing looks at the primitive, finds it busy and waits again,
-/// so a rule that wakes too many costs round trips, never correctness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WakeRule {
-    /// Redisson's lock channels: `1` wakes every waiter (a read-write lock's write
-    /// release, which may let many readers in), anything else wakes one.
-    OneOrAll,
-    /// The channel is one waiter's own (a fair lock's queue entry): every message wakes
-    /// it, and its payload is kept for the waiter to read (a direct grant carries the
-    /// fencing token).
-    Addressed,
-}
-
-impl WakeRule {
-    /// How many waiters `payload` wakes; `None` for all of them.
-    fn waking(self, payload: &[u8]) -> Option<usize> {
-        match self {
-            WakeRule::OneOrAll if payload == b"1" => None,
-            WakeRule::OneOrAll => Some(1),
-            WakeRule::Addressed => None,
-        }
-    }
-}
-
 struct ChannelState {
     /// Whether the server delivers this channel's messages.
     delivery: watch::Sender<Delivery>,
 }
 
 impl ChannelEntry {
-    /// Wakes one waiter of every lock on the channel (a release message).
+    /// Applies a message to every queue on the channel, each by its own rule.
     fn deliver(&self, payload: &[u8]) {
         for queue in self.queues.values() {
-            if queue.rule == WakeRule::Addressed {
-                let mut mailbox = lock_mailbox(&queue.mailbox);
-                if mailbox.len() < MAILBOX_CAPACITY {
-                    mailbox.push(payload.to_vec());
-                }
-            }
-            match queue.rule.waking(payload) {
-                None => queue.wake.notify_waiters(),
-                // A count far above the waiters is as good as all of them; tokio's
-                // `notify_one` keeps at most one wake-up for a waiter yet to come.
-                Some(count) if count > queue.refs => queue.wake.notify_waiters(),
-                Some(count) => (0..count).for_each(|_| queue.wake.notify_one()),
-            }
+            queue.deliver(payload);
         }
     }
 
     /// Wakes every waiter on the channel (messages may have been lost).
     fn wake_all(&self) {
         for queue in self.queues.values() {
-            queue.wake.notify_waiters();
+            queue.wake_all();
         }
     }
 }
@@ -179,17 +129,11 @@ pub(crate) struct Subscription {
     queue: String,
     state: Arc<ChannelState>,
     wake: Arc<Notify>,
-    mailbox: Arc<Mutex<Vec<Vec<u8>>>>,
+    mailbox: Mailbox,
+    /// Its place in an ordered queue (a semaphore's).
+    ticket: Option<u64>,
     /// Other local waiters were already queued for the lock when this one joined.
     joined_a_queue: bool,
-}
-
-/// A mailbox is only pushed to and emptied whole: a poisoned lock still holds a
-/// consistent list.
-fn lock_mailbox(mailbox: &Mutex<Vec<Vec<u8>>>) -> MutexGuard<'_, Vec<Vec<u8>>> {
-    mailbox
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
@@ -238,9 +182,10 @@ impl Subscriptions {
         channel: &str,
         queue: &str,
         rule: WakeRule,
+        ask: u64,
     ) -> Subscription {
         self.start_hub();
-        let (state, wake, mailbox, joined_a_queue) = {
+        let (state, place) = {
             let mut channels = self.shared.channels();
             let entry = channels
                 .entry(channel.to_owned())
@@ -255,31 +200,22 @@ impl Subscriptions {
             if entry.refs == 1 {
                 let _ = self.shared.nudge.send(());
             }
-            let waiters = entry
+            let place = entry
                 .queues
                 .entry(queue.to_owned())
-                .or_insert_with(|| Queue {
-                    wake: Arc::new(Notify::new()),
-                    refs: 0,
-                    rule,
-                    mailbox: Arc::default(),
-                });
-            waiters.refs += 1;
-            (
-                Arc::clone(&entry.state),
-                Arc::clone(&waiters.wake),
-                Arc::clone(&waiters.mailbox),
-                waiters.refs > 1,
-            )
+                .or_insert_with(|| Queue::new(rule))
+                .join(ask);
+            (Arc::clone(&entry.state), place)
         };
         let subscription = Subscription {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
             queue: queue.to_owned(),
             state,
-            wake,
-            mailbox,
-            joined_a_queue,
+            wake: place.wake,
+            mailbox: place.mailbox,
+            ticket: place.ticket,
+            joined_a_queue: place.behind_others,
         };
         let mut delivery = subscription.state.delivery.subscribe();
         let answered = delivery.wait_for(|delivery| *delivery != Delivery::Pending);
@@ -355,8 +291,7 @@ impl Drop for Subscription {
         let mut channels = self.shared.channels();
         if let Some(entry) = channels.get_mut(&self.channel) {
             if let Some(waiters) = entry.queues.get_mut(&self.queue) {
-                waiters.refs = waiters.refs.saturating_sub(1);
-                if waiters.refs == 0 {
+                if waiters.leave(self.ticket) {
                     entry.queues.remove(&self.queue);
                 }
             }

@@ -142,6 +142,17 @@ pub(crate) fn fair_waiters(prefix: &str, key: &str) -> String {
     format!("{prefix}{}", tagged("distlock_fair_waiters", key))
 }
 
+/// The channel a semaphore publishes its free permits on (Redisson's `RSemaphore`).
+pub(crate) fn semaphore_channel(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("redisson_sc", key))
+}
+
+/// The channel a count-down latch announces itself on: always with braces around the
+/// name, as Redisson writes it, whatever the name holds.
+pub(crate) fn latch_channel(prefix: &str, key: &str) -> String {
+    format!("{prefix}redisson_countdownlatch__channel__{{{key}}}")
+}
+
 /// The channel on which a release of the lock whose key is `key` is published.
 pub(crate) fn release_channel(prefix: &str, key: &str) -> String {
     format!("{prefix}{}", tagged("redisson_lock__channel", key))

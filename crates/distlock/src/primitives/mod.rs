@@ -4,14 +4,18 @@
 //! - [`keys`]: Redisson's key and channel names, shared by every primitive;
 //! - [`lock`]: the lease lock (`RLock`), with fencing tokens and explicit re-entry;
 //! - [`fair_lock`]: first come, first served (`RFairLock`), with direct handoff;
+//! - [`semaphore`]: permits shared by a fleet (`RSemaphore`);
+//! - [`count_down_latch`]: wait until a count reaches zero (`RCountDownLatch`);
 //! - [`red_lock`]: one lock over several independent masters, held by a majority;
 //! - [`multi_lock`]: several locks taken together, held while all are.
 
+pub(crate) mod count_down_latch;
 pub(crate) mod fair_lock;
 pub(crate) mod keys;
 pub(crate) mod lock;
 pub(crate) mod multi_lock;
 pub(crate) mod red_lock;
+pub(crate) mod semaphore;
 
 use crate::transport::script::LuaScript;
 
@@ -20,5 +24,7 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
     lock::scripts::ALL
         .iter()
         .chain(fair_lock::scripts::ALL.iter())
+        .chain(semaphore::scripts::ALL.iter())
+        .chain(count_down_latch::scripts::ALL.iter())
         .copied()
 }

@@ -1,0 +1,129 @@
+//! Taking permits, as the engine tries it, and giving them back.
+
+use std::sync::Arc;
+
+use super::scripts::{SEMAPHORE_ACQUIRE, SEMAPHORE_ADD};
+use super::SemaphoreKeys;
+use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
+use crate::engine::detach::Detached;
+use crate::engine::session::Core;
+use crate::engine::subscriptions::WakeRule;
+use crate::error::Result;
+use crate::transport::script::ScriptCall;
+
+/// One acquisition of `permits` permits.
+pub(crate) struct SemaphoreAttempt {
+    pub(super) core: Arc<Core>,
+    pub(super) keys: Arc<SemaphoreKeys>,
+    pub(super) permits: u32,
+}
+
+impl SemaphoreAttempt {
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Acquire for SemaphoreAttempt {
+    type Guard = Taken;
+
+    fn attempt(&self) -> AttemptFuture<Taken> {
+        let mut call = ScriptCall::new(&SEMAPHORE_ACQUIRE, &[&self.keys.key], 1);
+        call.arg(self.permits);
+        let (core, keys, permits) = (Arc::clone(&self.core), Arc::clone(&self.keys), self.permits);
+        Box::pin(async move {
+            let mut connection = core.connection();
+            let taken: i64 = call.invoke(&mut connection).await?;
+            Ok(if taken == 1 {
+                Attempt::Acquired(Taken {
+                    core: Some(core),
+                    keys,
+                    permits,
+                })
+            } else {
+                // Every release publishes the free count: no lease to wait out.
+                Attempt::Busy { retry_after: None }
+            })
+        })
+    }
+
+    fn channel(&self) -> &str {
+        &self.keys.channel
+    }
+
+    fn queue(&self) -> &str {
+        &self.keys.key
+    }
+
+    fn wake_rule(&self) -> WakeRule {
+        WakeRule::UpTo
+    }
+
+    fn ask(&self) -> u64 {
+        u64::from(self.permits)
+    }
+}
+
+/// Permits taken from a semaphore; dropping them gives them back, in the background on
+/// the client's own runtime.
+pub(crate) struct Taken {
+    /// `None` once given back or forgotten.
+    core: Option<Arc<Core>>,
+    keys: Arc<SemaphoreKeys>,
+    permits: u32,
+}
+
+impl Taken {
+    pub(crate) fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.keys.key
+    }
+
+    /// Gives the permits back now.
+    pub(crate) async fn give_back(mut self) -> Result<()> {
+        let Some(core) = self.core.take() else {
+            return Ok(());
+        };
+        let add = add_permits(&core, &self.keys, i64::from(self.permits));
+        Detached::new(core.background(), add).await?;
+        Ok(())
+    }
+
+    /// Keeps the permits taken: nothing is given back.
+    pub(crate) fn forget(mut self) {
+        self.core = None;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let Some(core) = self.core.take() else {
+            return;
+        };
+        let add = add_permits(&core, &self.keys, i64::from(self.permits));
+        let semaphore = Arc::clone(&self.keys);
+        core.background().spawn(async move {
+            if let Err(err) = add.await {
+                tracing::warn!(semaphore = %semaphore.key, error = %err, "could not give back the permits of a dropped guard; they stay taken");
+            }
+        });
+    }
+}
+
+/// Adds `permits` (taken away when negative) and publishes the new free count. Returns it.
+pub(crate) fn add_permits(
+    core: &Arc<Core>,
+    keys: &Arc<SemaphoreKeys>,
+    permits: i64,
+) -> impl std::future::Future<Output = Result<i64>> + Send + 'static {
+    let mut call = ScriptCall::new(&SEMAPHORE_ADD, &[&keys.key, &keys.channel], 2);
+    call.arg(permits).arg(core.deployment().publish_command());
+    let core = Arc::clone(core);
+    async move {
+        let mut connection = core.connection();
+        Ok(call.invoke(&mut connection).await?)
+    }
+}

@@ -1,0 +1,20 @@
+-- Takes permits from a semaphore, if that many are free (Redisson's RSemaphore layout).
+--
+-- KEYS[1]  the semaphore: a string holding how many permits are free
+-- ARGV[1]  how many permits to take (a positive integer)
+--
+-- Returns 1 when the permits were taken, 0 when fewer are free (nothing is written), or
+-- fails when the key holds something else than a count (it is not a semaphore).
+local free = redis.call('get', KEYS[1])
+if free == false then
+    return 0
+end
+local count = tonumber(free)
+if count == nil or count ~= math.floor(count) then
+    return redis.error_reply('ERR ' .. KEYS[1] .. ' does not hold a permit count')
+end
+if count < tonumber(ARGV[1]) then
+    return 0
+end
+redis.call('decrby', KEYS[1], ARGV[1])
+return 1

@@ -1,0 +1,23 @@
+-- Adds permits to a semaphore (a release, or `add_permits`), and publishes the new count
+-- on its channel, as Redisson's release does: each waiter wakes up to that many waiters.
+--
+-- KEYS[1]  the semaphore: a string holding how many permits are free
+-- KEYS[2]  its channel, redisson_sc:{name} (a key, so that on a cluster it is checked
+--          with the semaphore's slot and a sharded publish routes with it)
+-- ARGV[1]  how many permits to add (a negative number takes them away)
+-- ARGV[2]  "publish", or "spublish" on a Redis 7 cluster
+--
+-- Returns the number of free permits after the change, or fails when the key holds
+-- something else than a count.
+local free = redis.call('get', KEYS[1])
+if free ~= false and tonumber(free) == nil then
+    return redis.error_reply('ERR ' .. KEYS[1] .. ' does not hold a permit count')
+end
+local publish = ARGV[2] == 'spublish' and 'spublish' or 'publish'
+if redis.acl_check_cmd and not (redis.acl_check_cmd('incrby', KEYS[1], ARGV[1])
+        and redis.acl_check_cmd(publish, KEYS[2], '0')) then
+    return redis.error_reply('NOPERM this user may not INCRBY the semaphore ' .. KEYS[1] .. ' and publish on ' .. KEYS[2])
+end
+local now = redis.call('incrby', KEYS[1], ARGV[1])
+redis.call(publish, KEYS[2], now)
+return now

@@ -1,0 +1,19 @@
+-- Takes every free permit of a semaphore (`drain_permits`).
+--
+-- KEYS[1]  the semaphore
+--
+-- Returns how many permits it took (0 when there were none, or no semaphore), or fails
+-- when the key holds something else than a count.
+local free = redis.call('get', KEYS[1])
+if free == false then
+    return 0
+end
+local count = tonumber(free)
+if count == nil then
+    return redis.error_reply('ERR ' .. KEYS[1] .. ' does not hold a permit count')
+end
+if count <= 0 then
+    return 0
+end
+redis.call('set', KEYS[1], 0)
+return count
