@@ -66,6 +66,7 @@ pub use primitives::count_down_latch::CountDownLatch;
 pub use primitives::fair_lock::FairLock;
 pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 pub use primitives::multi_lock::{MultiLock, MultiLockGuard};
+pub use primitives::permit_semaphore::{LeasedPermits, PermitSemaphore};
 pub use primitives::red_lock::{RedLock, RedLockGuard};
 pub use primitives::semaphore::{Semaphore, SemaphorePermits};
 pub use transport::connection::{Connection, RedisConnection};

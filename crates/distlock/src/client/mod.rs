@@ -20,6 +20,7 @@ use crate::primitives::count_down_latch::CountDownLatch;
 use crate::primitives::fair_lock::FairLock;
 use crate::primitives::keys::validate_name;
 use crate::primitives::lock::Lock;
+use crate::primitives::permit_semaphore::PermitSemaphore;
 use crate::primitives::red_lock::RedLock;
 use crate::primitives::semaphore::Semaphore;
 use crate::transport::connection::Connection;
@@ -115,6 +116,16 @@ impl Client {
     /// [`Semaphore::try_set_permits`].
     pub fn semaphore(&self, name: impl Into<String>) -> Result<Semaphore> {
         Ok(Semaphore::new(
+            self.session.clone(),
+            self.key_of(name.into())?,
+        ))
+    }
+
+    /// A handle on the permit semaphore called `name`: permits that are leases, renewed
+    /// while held, that come back by themselves when their holder dies (Redisson's
+    /// `RPermitExpirableSemaphore` layout).
+    pub fn permit_semaphore(&self, name: impl Into<String>) -> Result<PermitSemaphore> {
+        Ok(PermitSemaphore::new(
             self.session.clone(),
             self.key_of(name.into())?,
         ))

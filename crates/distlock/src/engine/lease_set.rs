@@ -109,6 +109,11 @@ impl<'a> LeaseSet<'a> {
     /// there even while the clients' thread is starved), on the first member's client's
     /// otherwise.
     pub(crate) fn lost_token(&self) -> CancellationToken {
+        if let [only] = self.members.as_slice() {
+            // One member: its own token, cancelled by its own deadline timer, with no
+            // watcher task in between.
+            return only.lost_token();
+        }
         let token = CancellationToken::new();
         if !self.is_trusted() {
             token.cancel();

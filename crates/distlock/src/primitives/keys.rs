@@ -147,6 +147,17 @@ pub(crate) fn semaphore_channel(prefix: &str, key: &str) -> String {
     format!("{prefix}{}", tagged("redisson_sc", key))
 }
 
+/// The taken permits of a permit semaphore and their leases (Redisson's
+/// `RPermitExpirableSemaphore`): `{name}:timeout`, or `name:timeout` when the name carries
+/// its own hash tag.
+pub(crate) fn permit_timeouts(prefix: &str, key: &str) -> String {
+    if key.contains('{') {
+        format!("{prefix}{key}:timeout")
+    } else {
+        format!("{prefix}{{{key}}}:timeout")
+    }
+}
+
 /// The channel a count-down latch announces itself on: always with braces around the
 /// name, as Redisson writes it, whatever the name holds.
 pub(crate) fn latch_channel(prefix: &str, key: &str) -> String {

@@ -5,6 +5,8 @@
 //! - [`lock`]: the lease lock (`RLock`), with fencing tokens and explicit re-entry;
 //! - [`fair_lock`]: first come, first served (`RFairLock`), with direct handoff;
 //! - [`semaphore`]: permits shared by a fleet (`RSemaphore`);
+//! - [`permit_semaphore`]: permits that are leases, renewed while held
+//!   (`RPermitExpirableSemaphore`);
 //! - [`count_down_latch`]: wait until a count reaches zero (`RCountDownLatch`);
 //! - [`red_lock`]: one lock over several independent masters, held by a majority;
 //! - [`multi_lock`]: several locks taken together, held while all are.
@@ -14,6 +16,7 @@ pub(crate) mod fair_lock;
 pub(crate) mod keys;
 pub(crate) mod lock;
 pub(crate) mod multi_lock;
+pub(crate) mod permit_semaphore;
 pub(crate) mod red_lock;
 pub(crate) mod semaphore;
 
@@ -25,6 +28,7 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
         .iter()
         .chain(fair_lock::scripts::ALL.iter())
         .chain(semaphore::scripts::ALL.iter())
+        .chain(permit_semaphore::scripts::ALL.iter())
         .chain(count_down_latch::scripts::ALL.iter())
         .copied()
 }
