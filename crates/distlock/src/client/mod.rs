@@ -22,6 +22,7 @@ use crate::primitives::keys::validate_name;
 use crate::primitives::lock::Lock;
 use crate::primitives::permit_semaphore::PermitSemaphore;
 use crate::primitives::red_lock::RedLock;
+use crate::primitives::rw_lock::RwLock;
 use crate::primitives::semaphore::Semaphore;
 use crate::transport::connection::Connection;
 
@@ -109,6 +110,12 @@ impl Client {
             self.session.clone(),
             self.key_of(name.into())?,
         ))
+    }
+
+    /// A handle on the read-write lock called `name` (Redisson's `RReadWriteLock`
+    /// layout): many readers or one writer.
+    pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock> {
+        Ok(RwLock::new(self.session.clone(), self.key_of(name.into())?))
     }
 
     /// A handle on the semaphore called `name` (Redisson's `RSemaphore` layout: the count

@@ -206,7 +206,10 @@ async fn wait_for<A: Acquire>(
         && deadline.is_none_or(|deadline| deadline > Instant::now());
     // When the last attempt that found the primitive busy was sent (see `granted`).
     let mut last_busy = None;
-    if subscriptions.has_waiters(primitive.channel(), primitive.queue()) {
+    // Waiters of a primitive that every message wakes all at once (a latch) do not take
+    // turns: a newcomer looks at once, as the woken ones do.
+    let takes_turns = primitive.wake_rule() != WakeRule::All;
+    if takes_turns && subscriptions.has_waiters(primitive.channel(), primitive.queue()) {
         // Local waiters are queued: never try ahead of them. A caller that will not wait
         // is told "busy", as tokio's `try_lock` is while others wait.
         if !waiting_patiently {
@@ -256,7 +259,7 @@ async fn wait_for<A: Acquire>(
         _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
     let mut backoff = MIN_ERROR_BACKOFF;
-    let mut my_turn = !subscription.joined_a_queue();
+    let mut my_turn = !takes_turns || !subscription.joined_a_queue();
     let live = || subscription.is_live() || others.iter().any(Subscription::is_live);
     loop {
         let mut released = pin!(subscription.notified());

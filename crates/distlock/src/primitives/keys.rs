@@ -158,6 +158,16 @@ pub(crate) fn permit_timeouts(prefix: &str, key: &str) -> String {
     }
 }
 
+/// The channel a read-write lock's releases are published on (Redisson's).
+pub(crate) fn rwlock_channel(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("redisson_rwlock", key))
+}
+
+/// The writers waiting for a read-write lock (distlock's own, for writer preference).
+pub(crate) fn rwlock_writers(prefix: &str, key: &str) -> String {
+    format!("{prefix}{}", tagged("distlock_rwlock_writers", key))
+}
+
 /// The channel a count-down latch announces itself on: always with braces around the
 /// name, as Redisson writes it, whatever the name holds.
 pub(crate) fn latch_channel(prefix: &str, key: &str) -> String {

@@ -4,6 +4,7 @@
 //! - [`keys`]: Redisson's key and channel names, shared by every primitive;
 //! - [`lock`]: the lease lock (`RLock`), with fencing tokens and explicit re-entry;
 //! - [`fair_lock`]: first come, first served (`RFairLock`), with direct handoff;
+//! - [`rw_lock`]: many readers or one writer (`RReadWriteLock`), writer preference;
 //! - [`semaphore`]: permits shared by a fleet (`RSemaphore`);
 //! - [`permit_semaphore`]: permits that are leases, renewed while held
 //!   (`RPermitExpirableSemaphore`);
@@ -18,6 +19,7 @@ pub(crate) mod lock;
 pub(crate) mod multi_lock;
 pub(crate) mod permit_semaphore;
 pub(crate) mod red_lock;
+pub(crate) mod rw_lock;
 pub(crate) mod semaphore;
 
 use crate::transport::script::LuaScript;
@@ -30,5 +32,6 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
         .chain(semaphore::scripts::ALL.iter())
         .chain(permit_semaphore::scripts::ALL.iter())
         .chain(count_down_latch::scripts::ALL.iter())
+        .chain(rw_lock::scripts::ALL.iter())
         .copied()
 }

@@ -14,7 +14,7 @@ use super::FairKeys;
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::primitives::lock::{Acquired, Hold, Release, ReleaseArgs};
+use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
 /// One acquisition of a fair lock, tried as often as the engine needs, as one owner.
@@ -60,7 +60,7 @@ impl Owner {
             core: Arc::clone(&self.core),
             name: Arc::clone(&self.keys.lock),
             owner: Arc::clone(&self.owner),
-            release: Arc::clone(&self.keys) as Arc<dyn Release>,
+            release: Arc::clone(&self.keys) as Arc<dyn HoldScripts>,
             token,
             sent_at,
             lease: self.lease,
@@ -199,8 +199,8 @@ fn read_reply(reply: &redis::Value) -> redis::RedisResult<Reply> {
     }
 }
 
-impl Release for FairKeys {
-    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+impl HoldScripts for FairKeys {
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
         let mut call = ScriptCall::new(
             &FAIR_RELEASE,
             &[

@@ -131,6 +131,11 @@ impl LockGuard {
         holding.name.get(prefix..).unwrap_or(&holding.name)
     }
 
+    /// The lock's Redis key (the client's key prefix, then the name).
+    pub(crate) fn key(&self) -> &str {
+        &self.hold.holding().name
+    }
+
     /// The owner this holding is written under, `"<client id>:<n>"`.
     pub fn owner(&self) -> &str {
         &self.hold.holding().owner

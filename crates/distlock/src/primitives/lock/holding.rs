@@ -12,17 +12,41 @@ use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, LOCK_RENEWAL, RELEA
 use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::duration::to_millis;
 use crate::engine::renewal::lease::Lease;
+use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::error::{is_connection_failure, Error, Result};
 use crate::primitives::keys::unlock_latch;
 use crate::transport::script::ScriptCall;
 
-/// What a release sends, given the holding's key, owner and unlock latch: the lease
-/// lock's script (wake one waiter on the lock's channel), or a fair lock's (hand the lock
-/// to the head of its queue). Both take the same arguments and answer alike: the holds
-/// left, or -1 when the owner no longer holds the lock.
-pub(crate) trait Release: Send + Sync {
-    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall;
+/// The scripts a holding's calls send, given its key and owner: the lease lock's by
+/// default; a fair lock's release hands the lock to the head of its queue, and a
+/// read-write lock's read holds have scripts of their own. Every release takes the same
+/// arguments and answers alike: the holds left, or -1 when the owner no longer holds it.
+pub(crate) trait HoldScripts: Send + Sync {
+    /// Gives back one hold (`args.left` are left).
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall;
+
+    /// Sets the hold count to `holds` (a re-entry); answers 1 while held, 0 if not.
+    fn reenter(&self, name: &str, owner: &str, holds: u32, lease_ms: u64) -> ScriptCall {
+        let _ = lease_ms;
+        let mut call = ScriptCall::new(&LOCK_REENTER, &[name], 2);
+        call.arg(owner).arg(holds);
+        call
+    }
+
+    /// Sets the lease to `lease_ms` from now (an extension); answers `[1]` while held,
+    /// `[0]` if not.
+    fn extend(&self, name: &str, owner: &str, lease_ms: u64) -> ScriptCall {
+        let mut call = ScriptCall::new(&LOCK_RENEW, &[name], 2);
+        call.arg(lease_ms).arg(owner);
+        call
+    }
+
+    /// How the renewal scheduler renews the holding, and the owner argument it renews
+    /// it with.
+    fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
+        (&LOCK_RENEWAL, Arc::clone(owner))
+    }
 }
 
 /// The arguments every release script takes.
@@ -43,8 +67,8 @@ pub(crate) struct PlainRelease {
     pub(crate) channel: Arc<str>,
 }
 
-impl Release for PlainRelease {
-    fn call(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+impl HoldScripts for PlainRelease {
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
         let mut call = ScriptCall::new(&LOCK_RELEASE, &[name, &self.channel, latch], 7);
         call.arg(owner)
             .arg(args.left)
@@ -64,7 +88,7 @@ pub(crate) struct Acquired {
     pub(crate) core: Arc<Core>,
     pub(crate) name: Arc<str>,
     pub(crate) owner: Arc<str>,
-    pub(crate) release: Arc<dyn Release>,
+    pub(crate) release: Arc<dyn HoldScripts>,
     pub(crate) token: u64,
     pub(crate) sent_at: Instant,
     pub(crate) lease: Duration,
@@ -86,9 +110,10 @@ impl Acquired {
             lease_ms,
             renew,
         } = self;
-        let lease_entry =
-            core.watchdog()
-                .track(&LOCK_RENEWAL, &name, &owner, sent_at, lease, renew);
+        let (kind, renewed_as) = release.renewal(&owner);
+        let lease_entry = core
+            .watchdog()
+            .track(kind, &name, &renewed_as, sent_at, lease, renew);
         Hold::new(Arc::new(Holding {
             core,
             name,
@@ -113,8 +138,8 @@ pub(super) struct Holding {
     pub(super) core: Arc<Core>,
     pub(super) name: Arc<str>,
     pub(super) owner: Arc<str>,
-    /// How a hold is given back: the lease lock's release, or a fair lock's.
-    pub(super) release: Arc<dyn Release>,
+    /// The scripts its calls send: the lease lock's, or another primitive's.
+    pub(super) release: Arc<dyn HoldScripts>,
     pub(super) token: u64,
     /// Guards alive and not yet released: read synchronously when a guard is dropped, to
     /// stop renewing the moment the last one goes.
@@ -175,7 +200,7 @@ impl Holding {
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
             let latch_key = latch.as_deref().unwrap_or(&self.name);
-            let call = self.release.call(
+            let call = self.release.release(
                 &self.name,
                 &self.owner,
                 latch_key,
@@ -266,9 +291,8 @@ impl Holding {
             let reply = background
                 .reply_unless_stalled(
                     sent_on_home,
-                    ScriptCall::new(&LOCK_REENTER, &[&self.name], 2)
-                        .arg(&*self.owner)
-                        .arg(holds)
+                    self.release
+                        .reenter(&self.name, &self.owner, holds, state.lease_ms)
                         .invoke::<i64>(&mut connection),
                 )
                 .await;
@@ -334,9 +358,8 @@ impl Holding {
             .background()
             .reply_unless_stalled(
                 sent_on_home,
-                ScriptCall::new(&LOCK_RENEW, &[&self.name], 2)
-                    .arg(lease_ms)
-                    .arg(&*self.owner)
+                self.release
+                    .extend(&self.name, &self.owner, lease_ms)
                     .invoke::<Vec<i64>>(&mut connection),
             )
             .await?;

@@ -21,7 +21,7 @@ pub(crate) use attempt::LockAttempt;
 pub(crate) use guard::lease_set;
 pub use guard::LockGuard;
 pub use holding::ReleaseOutcome;
-pub(crate) use holding::{Acquired, Hold, Release, ReleaseArgs};
+pub(crate) use holding::{Acquired, Hold, HoldScripts, ReleaseArgs};
 
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Patience};

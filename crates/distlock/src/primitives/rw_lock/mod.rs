@@ -1,0 +1,382 @@
+//! The read-write lock (Redisson's `RReadWriteLock` layout): many readers or one writer.
+//!
+//! One hash at the name holds `mode` ("read" or "write"), a field per reader owner (its
+//! hold count) and `<owner>:write` for the writer. Each read hold has a key of its own,
+//! `{name}:<owner>:rwlock_timeout:<n>`, whose expiry is that hold's lease, and the hash
+//! expires with the longest of them, so a reader that dies loses only its own holds.
+//! A write release publishes `1` on `redisson_rwlock:{name}` (wake all), a read release
+//! that frees the lock `0`.
+//!
+//! Beyond Redisson: writer preference, as an option. A writer that waits lists itself (in
+//! distlock's `distlock_rwlock_writers:{name}`, refreshed while it waits), and readers with
+//! the option queue behind it, so a steady stream of readers cannot starve writers.
+//! Redisson's readers do not read that list.
+
+mod holds;
+pub(crate) mod scripts;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use holds::{ReadAttempt, ReadScripts, RwAttempt, WriteAttempt};
+use scripts::RW_READ_ACQUIRE;
+
+use crate::config::Config;
+use crate::duration::to_millis;
+use crate::engine::acquire::{acquire, Patience};
+use crate::engine::session::Session;
+use crate::error::{Error, Result};
+use crate::primitives::keys::{rwlock_channel, rwlock_writers, token_key, token_key_of_other};
+use crate::primitives::lock::{Acquired, LockGuard, ReleaseOutcome};
+use crate::transport::script::ScriptCall;
+
+/// How long a waiting writer stays listed without looking again, at most.
+const WRITER_LISTED: Duration = Duration::from_secs(3);
+
+/// The keys and channel of one read-write lock, worked out once per handle.
+pub(crate) struct RwKeys {
+    pub(crate) lock: Arc<str>,
+    pub(crate) channel: String,
+    pub(crate) writers: String,
+    pub(crate) token_key: String,
+    pub(crate) other_token_key: String,
+    /// `{name}` (after the client's prefix), or the name when it carries its own hash
+    /// tag: the start of every read hold's key.
+    pub(crate) base: String,
+}
+
+impl RwKeys {
+    fn new(config: &Config, key: String) -> Self {
+        let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
+        let base = if key.contains('{') {
+            format!("{prefix}{key}")
+        } else {
+            format!("{prefix}{{{key}}}")
+        };
+        Self {
+            channel: rwlock_channel(prefix, &key),
+            writers: rwlock_writers(prefix, &key),
+            token_key: token_key(counter, prefix, &key),
+            other_token_key: token_key_of_other(counter, prefix, &key),
+            base,
+            lock: key.into(),
+        }
+    }
+}
+
+/// A handle on one named read-write lock. Cheap to clone; holds nothing by itself.
+///
+/// Read holds are shared, the write hold is exclusive, and each acquisition is its own
+/// holder, as with [`Lock`](crate::Lock). The write side hands out fencing tokens (its
+/// guard is a [`LockGuard`]); a writer can take a read hold and let go of the write hold
+/// ([`RwLock::downgrade`]). Both sides run in watchdog mode unless given a lease.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = distlock_testkit::RedisServer::start().await?;
+/// # let client = distlock::Client::connect(&server.url()).await?;
+/// let prices = client.rw_lock("prices")?.prefer_writers(true);
+///
+/// let reader = prices.read().await?;
+/// let another = prices.read().await?; // readers share
+/// assert!(prices.try_write().await?.is_none());
+/// reader.release().await?;
+/// another.release().await?;
+///
+/// let writer = prices.write().await?;
+/// let token = writer.fencing_token(); // hand this to the store you write
+/// let reader = prices.downgrade(writer).await?; // keep reading what was written
+/// assert!(prices.try_write().await?.is_none());
+/// reader.release().await?;
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RwLock {
+    session: Session,
+    keys: Arc<RwKeys>,
+    lease: Option<Duration>,
+    prefer_writers: bool,
+}
+
+impl fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwLock")
+            .field("name", &self.keys.lock)
+            .field("lease", &self.lease)
+            .field("prefer_writers", &self.prefer_writers)
+            .finish()
+    }
+}
+
+impl RwLock {
+    /// The read-write lock whose Redis key is `key`: the client's key prefix, then the
+    /// name.
+    pub(crate) fn new(session: Session, key: String) -> Self {
+        let keys = RwKeys::new(session.core().config(), key);
+        Self {
+            session,
+            keys: Arc::new(keys),
+            lease: None,
+            prefer_writers: false,
+        }
+    }
+
+    /// The lock's Redis key: the client's key prefix, if any, followed by its name.
+    pub fn key(&self) -> &str {
+        &self.keys.lock
+    }
+
+    /// A handle whose acquisitions take a fixed lease of `lease`, never renewed.
+    pub fn with_lease(&self, lease: Duration) -> RwLock {
+        RwLock {
+            lease: Some(lease),
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose acquisitions are renewed while held (the default).
+    pub fn with_watchdog(&self) -> RwLock {
+        RwLock {
+            lease: None,
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose readers queue behind a waiting writer (`true`), so that readers
+    /// cannot starve writers; by default (`false`) a reader takes the lock whenever no
+    /// writer holds it, as Redisson's do. Writers list themselves as waiting either way.
+    pub fn prefer_writers(&self, prefer: bool) -> RwLock {
+        RwLock {
+            prefer_writers: prefer,
+            ..self.clone()
+        }
+    }
+
+    /// Waits for a read hold. Cancel-safe.
+    pub async fn read(&self) -> Result<RwReadGuard> {
+        let attempt = ReadAttempt(self.attempt(false)?);
+        loop {
+            if let Some(hold) = acquire(attempt.0.core(), &attempt, Patience::Forever).await? {
+                return Ok(self.read_guard(hold));
+            }
+        }
+    }
+
+    /// A read hold if one can be had now; `Ok(None)` otherwise.
+    pub async fn try_read(&self) -> Result<Option<RwReadGuard>> {
+        let attempt = ReadAttempt(self.attempt(false)?);
+        let acquired = acquire(attempt.0.core(), &attempt, Patience::None).await?;
+        Ok(acquired.map(|hold| self.read_guard(hold)))
+    }
+
+    /// Waits up to `timeout` for a read hold; `Ok(None)` if none came in time.
+    pub async fn try_read_for(&self, timeout: Duration) -> Result<Option<RwReadGuard>> {
+        let patience = Patience::within(timeout)?;
+        let attempt = ReadAttempt(self.attempt(false)?);
+        let acquired = acquire(attempt.0.core(), &attempt, patience).await?;
+        Ok(acquired.map(|hold| self.read_guard(hold)))
+    }
+
+    /// Waits for the write hold, with a fencing token. Cancel-safe.
+    pub async fn write(&self) -> Result<LockGuard> {
+        let attempt = WriteAttempt(self.attempt(true)?);
+        loop {
+            if let Some(hold) = acquire(attempt.0.core(), &attempt, Patience::Forever).await? {
+                return Ok(LockGuard::from_hold(hold, self.session.clone()));
+            }
+        }
+    }
+
+    /// The write hold if it can be had now; `Ok(None)` otherwise.
+    pub async fn try_write(&self) -> Result<Option<LockGuard>> {
+        let attempt = WriteAttempt(self.attempt(false)?);
+        let acquired = acquire(attempt.0.core(), &attempt, Patience::None).await?;
+        Ok(acquired.map(|hold| LockGuard::from_hold(hold, self.session.clone())))
+    }
+
+    /// Waits up to `timeout` for the write hold; `Ok(None)` if it did not come in time.
+    pub async fn try_write_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        let patience = Patience::within(timeout)?;
+        let attempt = WriteAttempt(self.attempt(true)?);
+        let acquired = acquire(attempt.0.core(), &attempt, patience).await?;
+        Ok(acquired.map(|hold| LockGuard::from_hold(hold, self.session.clone())))
+    }
+
+    /// Turns a write hold of this lock into a read hold, without letting another writer in
+    /// between: the writer takes a read hold first, then gives the write hold back.
+    /// Fails with [`Error::InvalidArgument`] for a guard of another lock, and with
+    /// [`Error::NotHeld`] if the write hold was lost.
+    pub async fn downgrade(&self, writer: LockGuard) -> Result<RwReadGuard> {
+        let Some(owner) = writer
+            .owner()
+            .strip_suffix(":write")
+            .filter(|_| writer.key() == &*self.keys.lock)
+        else {
+            return Err(Error::InvalidArgument {
+                what: "downgrade",
+                reason: format!(
+                    "{:?} is not a write hold of {}",
+                    writer.owner(),
+                    self.keys.lock
+                ),
+            });
+        };
+        let owner: Arc<str> = owner.into();
+        let core = self.session.core();
+        let (lease, renew) = self.lease_mode();
+        let lease_ms = to_millis("lease", lease)?;
+        let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&self.keys.lock, &self.keys.writers], 4);
+        call.arg(lease_ms)
+            .arg(&*owner)
+            .arg(format!("{}:{owner}:rwlock_timeout", self.keys.base))
+            .arg("0");
+        let sent_at = tokio::time::Instant::now();
+        let mut connection = core.connection();
+        let taken: i64 = call.invoke(&mut connection).await?;
+        if taken != 1 {
+            return Err(Error::NotHeld {
+                name: self.keys.lock.to_string(),
+                owner: writer.owner().to_owned(),
+            });
+        }
+        let hold = Acquired {
+            core: Arc::clone(core),
+            name: Arc::clone(&self.keys.lock),
+            owner,
+            release: Arc::new(ReadScripts(Arc::clone(&self.keys))),
+            token: 0,
+            sent_at,
+            lease,
+            lease_ms,
+            renew,
+        }
+        .into_hold();
+        let reader = self.read_guard(hold);
+        writer.release().await?;
+        Ok(reader)
+    }
+
+    /// True if anyone holds the lock, for reading or writing.
+    pub async fn is_locked(&self) -> Result<bool> {
+        let exists = redis::cmd("EXISTS").arg(&*self.keys.lock).clone();
+        let count: i64 = self.session.core().query(&exists).await?;
+        Ok(count == 1)
+    }
+
+    fn lease_mode(&self) -> (Duration, bool) {
+        match self.lease {
+            Some(lease) => (lease, false),
+            None => (self.session.core().config().watchdog_timeout, true),
+        }
+    }
+
+    fn attempt(&self, waits: bool) -> Result<RwAttempt> {
+        let core = self.session.core();
+        let (lease, renew) = self.lease_mode();
+        Ok(RwAttempt {
+            core: Arc::clone(core),
+            keys: Arc::clone(&self.keys),
+            lease,
+            lease_ms: to_millis("lease", lease)?,
+            renew,
+            prefer_writers: self.prefer_writers,
+            waits,
+            waiter: core.next_owner(),
+            alive: WRITER_LISTED.min(lease.max(Duration::from_millis(30)))
+                + core.config().response_timeout,
+        })
+    }
+
+    fn read_guard(&self, hold: crate::primitives::lock::Hold) -> RwReadGuard {
+        RwReadGuard {
+            inner: LockGuard::from_hold(hold, self.session.clone()),
+        }
+    }
+}
+
+/// Proof of one read hold on an [`RwLock`]. Release it with [`RwReadGuard::release`];
+/// dropping it releases in the background. It has the lease, lost signal and re-entry a
+/// [`LockGuard`] has, but no fencing token: readers do not write.
+#[must_use = "dropping the guard releases the read hold at once"]
+pub struct RwReadGuard {
+    inner: LockGuard,
+}
+
+impl fmt::Debug for RwReadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwReadGuard")
+            .field("name", &self.inner.name())
+            .field("owner", &self.inner.owner())
+            .field("holds", &self.inner.hold_count())
+            .finish()
+    }
+}
+
+impl RwReadGuard {
+    /// The lock's name, without the client's key prefix.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The owner this read holding is written under.
+    pub fn owner(&self) -> &str {
+        self.inner.owner()
+    }
+
+    /// How many guards of this read holding are alive (1, plus one per re-entry).
+    pub fn hold_count(&self) -> u32 {
+        self.inner.hold_count()
+    }
+
+    /// How long the read holds are sure to last, by the local clock; zero once lost.
+    pub fn lease_remaining(&self) -> Duration {
+        self.inner.lease_remaining()
+    }
+
+    /// True once the read holding can no longer be trusted to be held.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
+
+    /// Completes as soon as the read holding can no longer be trusted to be held
+    /// (see [`LockGuard::lost`]).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.lost()
+    }
+
+    /// The same signal as [`RwReadGuard::lost`], as a token to hand to other tasks.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.inner.lost_token()
+    }
+
+    /// Asks the server whether this holding still has its read holds (one round trip).
+    pub async fn verify(&self) -> Result<bool> {
+        self.inner.verify().await
+    }
+
+    /// Sets the fixed lease of every hold of this holding to `lease` from now (see
+    /// [`LockGuard::extend`]).
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        self.inner.extend(lease).await
+    }
+
+    /// Takes one more read hold on this holding, with a lease key of its own.
+    pub async fn reenter(&self) -> Result<RwReadGuard> {
+        Ok(RwReadGuard {
+            inner: self.inner.reenter().await?,
+        })
+    }
+
+    /// Gives this read hold back; the last hold of the last reader frees the lock and
+    /// wakes waiters. Cancel-safe.
+    pub async fn release(self) -> Result<ReleaseOutcome> {
+        self.inner.release().await
+    }
+}

@@ -1,0 +1,243 @@
+//! The read-write lock: readers share, a writer excludes everyone, a reader that dies
+//! loses only its own holds, read holds are renewed, writer preference keeps a stream of
+//! readers from starving a writer, downgrade, re-entry, and Redisson's layout.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{bounded, client, client_with_watchdog, raw, server};
+use futures_util::StreamExt;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Readers and writers on two clients: a writer is never in with anyone, readers are in
+/// together, and write tokens strictly increase.
+#[tokio::test]
+async fn a_writer_excludes_everyone_and_readers_share() {
+    let server = server().await;
+    let clients = [client(&server).await, client(&server).await];
+    let readers = Arc::new(AtomicUsize::new(0));
+    let writers = Arc::new(AtomicUsize::new(0));
+    let most_readers = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    bounded(LIMIT, async {
+        let mut tasks = Vec::new();
+        for n in 0..6 {
+            let lock = clients[n % 2].rw_lock("table").unwrap();
+            let (readers, writers, most) = (
+                Arc::clone(&readers),
+                Arc::clone(&writers),
+                Arc::clone(&most_readers),
+            );
+            let tokens = Arc::clone(&tokens);
+            tasks.push(tokio::spawn(async move {
+                for round in 0..10 {
+                    if (n + round) % 3 == 0 {
+                        let guard = lock.write().await.unwrap();
+                        assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers");
+                        assert_eq!(readers.load(Ordering::SeqCst), 0, "a writer with readers");
+                        tokens.lock().unwrap().push(guard.fencing_token());
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        writers.fetch_sub(1, Ordering::SeqCst);
+                        guard.release().await.unwrap();
+                    } else {
+                        let guard = lock.read().await.unwrap();
+                        let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        assert_eq!(writers.load(Ordering::SeqCst), 0, "a reader with a writer");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        readers.fetch_sub(1, Ordering::SeqCst);
+                        guard.release().await.unwrap();
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        most_readers.load(Ordering::SeqCst) > 1,
+        "readers never shared"
+    );
+    let mut tokens = tokens.lock().unwrap().clone();
+    let unsorted = tokens.clone();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), unsorted.len(), "a write token repeated");
+}
+
+/// The layout is Redisson's: `mode`, a field per reader, `<owner>:write`, one key per read
+/// hold; the last read release publishes `0`, a write release `1`, on
+/// `redisson_rwlock:{name}`. Re-entry adds a hold key; downgrade keeps writers out.
+#[tokio::test]
+async fn follows_redissons_layout_with_reentry_and_downgrade() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.rw_lock("doc").unwrap();
+        let mut listener = server.client().unwrap().get_async_pubsub().await.unwrap();
+        listener.subscribe("redisson_rwlock:{doc}").await.unwrap();
+        let reader = lock.read().await.unwrap();
+        let mode: String = redis::cmd("HGET")
+            .arg("doc")
+            .arg("mode")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(mode, "read");
+        let nested = reader.reenter().await.unwrap();
+        assert_eq!(nested.hold_count(), 2);
+        for n in [1, 2] {
+            let key = format!("{{doc}}:{}:rwlock_timeout:{n}", reader.owner());
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(ttl > 0, "{key}: {ttl}");
+        }
+        assert!(lock.try_write().await.unwrap().is_none());
+        nested.release().await.unwrap();
+        reader.release().await.unwrap();
+        let message = listener.on_message().next().await.unwrap();
+        assert_eq!(message.get_payload::<String>().unwrap(), "0");
+        assert!(!lock.is_locked().await.unwrap());
+
+        let writer = lock.write().await.unwrap();
+        assert!(writer.owner().ends_with(":write"));
+        let held: i64 = redis::cmd("HEXISTS")
+            .arg("doc")
+            .arg(writer.owner())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(held, 1);
+        let read_again = lock.downgrade(writer).await.unwrap();
+        let mode: String = redis::cmd("HGET")
+            .arg("doc")
+            .arg("mode")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(mode, "read");
+        assert!(
+            lock.try_write().await.unwrap().is_none(),
+            "a writer got in after a downgrade"
+        );
+        let another = lock
+            .try_read()
+            .await
+            .unwrap()
+            .expect("readers share a downgraded lock");
+        another.release().await.unwrap();
+        read_again.release().await.unwrap();
+        let writer = lock.write().await.unwrap();
+        writer.release().await.unwrap();
+        let mut payloads = Vec::new();
+        while payloads.len() < 2 {
+            payloads.push(
+                listener
+                    .on_message()
+                    .next()
+                    .await
+                    .unwrap()
+                    .get_payload::<String>()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            payloads.last().map(String::as_str),
+            Some("1"),
+            "{payloads:?}"
+        );
+    })
+    .await;
+}
+
+/// A reader whose holds are no longer renewed (a dead process) loses them at the end of
+/// its own lease; another reader's holds, renewed, stay, and so does the lock.
+#[tokio::test]
+async fn a_dead_readers_holds_expire_without_shortening_the_others() {
+    let server = server().await;
+    let dying = client_with_watchdog(&server, Duration::from_millis(600)).await;
+    let living = client_with_watchdog(&server, Duration::from_millis(600)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let theirs = dying.rw_lock("shared").unwrap().read().await.unwrap();
+        let their_key = format!("{{shared}}:{}:rwlock_timeout:1", theirs.owner());
+        let mine = living.rw_lock("shared").unwrap().read().await.unwrap();
+        std::mem::forget(theirs);
+        dying.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let gone: i64 = redis::cmd("EXISTS")
+            .arg(&their_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(gone, 0, "the dead reader's hold outlived its lease");
+        assert!(!mine.is_lost(), "the living reader's holds were renewed");
+        assert!(mine.verify().await.unwrap());
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg("shared")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0);
+        mine.release().await.unwrap();
+    })
+    .await;
+}
+
+/// With writer preference, a waiting writer keeps new readers out, so a stream of
+/// readers cannot starve it; without it, readers keep coming in, as Redisson's do. A
+/// writer waiting for readers is woken by the last read release at once.
+#[tokio::test]
+async fn writer_preference_keeps_new_readers_behind_a_waiting_writer() {
+    let server = server().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    bounded(LIMIT, async {
+        let lock = a.rw_lock("stream").unwrap();
+        let first = lock.read().await.unwrap();
+        let writing = tokio::spawn({
+            let lock = b.rw_lock("stream").unwrap();
+            async move { lock.write().await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            lock.prefer_writers(true)
+                .try_read()
+                .await
+                .unwrap()
+                .is_none(),
+            "a new reader passed a waiting writer"
+        );
+        let plain = lock
+            .try_read()
+            .await
+            .unwrap()
+            .expect("without preference readers share");
+        plain.release().await.unwrap();
+        let released_at = Instant::now();
+        first.release().await.unwrap();
+        let writer = writing.await.unwrap().unwrap();
+        assert!(
+            released_at.elapsed() < Duration::from_millis(300),
+            "the writer was not woken by the release: {:?}",
+            released_at.elapsed()
+        );
+        writer.release().await.unwrap();
+        assert!(lock
+            .prefer_writers(true)
+            .try_read()
+            .await
+            .unwrap()
+            .is_some());
+    })
+    .await;
+}
