@@ -843,3 +843,99 @@ async fn a_key_prefix_and_mixed_counter_settings_work_on_a_cluster() {
     })
     .await;
 }
+
+/// The lock family on a cluster (sharded pub/sub on Redis 7): a fair lock's direct
+/// handoff, a semaphore and a permit semaphore woken by their free count, a latch woken
+/// when it opens, a read-write lock; and a latch name whose own hash tag would put its
+/// channel in another slot is refused rather than failing every call with CROSSSLOT.
+#[tokio::test]
+async fn the_lock_family_works_on_a_cluster() {
+    let cluster = RedisCluster::start().await.expect("start cluster");
+    let a = cluster_client(&cluster, Duration::from_secs(5)).await;
+    let b = cluster_client(&cluster, Duration::from_secs(5)).await;
+    bounded(Duration::from_secs(60), async {
+        // Fair lock: the release hands the lock to the queued waiter.
+        let held = a.fair_lock("fam:fair").unwrap().lock().await.unwrap();
+        let next = tokio::spawn({
+            let lock = b.fair_lock("fam:fair").unwrap();
+            async move { lock.lock().await }
+        });
+        let fair = a.fair_lock("fam:fair").unwrap();
+        common::eventually(Duration::from_secs(10), "queued", || {
+            let fair = fair.clone();
+            async move { fair.queued().await.unwrap() == 1 }
+        })
+        .await;
+        let token = held.fencing_token();
+        held.release().await.unwrap();
+        let granted = next.await.unwrap().unwrap();
+        assert!(granted.fencing_token() > token);
+        granted.release().await.unwrap();
+
+        // Semaphore: a waiter woken by the release's free count.
+        let pool = a.semaphore("fam:pool").unwrap();
+        pool.try_set_permits(1).await.unwrap();
+        let taken = pool.acquire(1).await.unwrap();
+        let waiting = tokio::spawn({
+            let pool = b.semaphore("fam:pool").unwrap();
+            async move { pool.acquire(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released_at = Instant::now();
+        taken.release().await.unwrap();
+        waiting.await.unwrap().unwrap().release().await.unwrap();
+        assert!(
+            released_at.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            released_at.elapsed()
+        );
+
+        // Permit semaphore.
+        let gpus = a.permit_semaphore("fam:gpus").unwrap();
+        gpus.try_set_permits(2).await.unwrap();
+        let permits = gpus.acquire(2).await.unwrap();
+        assert!(b
+            .permit_semaphore("fam:gpus")
+            .unwrap()
+            .try_acquire(1)
+            .await
+            .unwrap()
+            .is_none());
+        permits.release().await.unwrap();
+        assert_eq!(gpus.available_permits().await.unwrap(), 2);
+
+        // Latch.
+        let latch = a.count_down_latch("fam:latch").unwrap();
+        latch.try_set_count(1).await.unwrap();
+        let waiter = tokio::spawn({
+            let latch = b.count_down_latch("fam:latch").unwrap();
+            async move { latch.wait_for(Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        latch.count_down().await.unwrap();
+        assert!(waiter.await.unwrap().unwrap());
+        assert!(matches!(
+            a.count_down_latch("{t}a"),
+            Err(Error::InvalidName { .. })
+        ));
+
+        // Read-write lock.
+        let rw = a.rw_lock("fam:rw").unwrap();
+        let reader = rw.read().await.unwrap();
+        assert!(b
+            .rw_lock("fam:rw")
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .is_none());
+        let writing = tokio::spawn({
+            let rw = b.rw_lock("fam:rw").unwrap();
+            async move { rw.write().await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        reader.release().await.unwrap();
+        writing.await.unwrap().unwrap().release().await.unwrap();
+    })
+    .await;
+}

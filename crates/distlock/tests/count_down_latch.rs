@@ -154,3 +154,47 @@ async fn bad_input_is_a_typed_error() {
     assert!(latch.count_down().await.is_err());
     assert!(latch.wait_for(Duration::from_millis(10)).await.is_err());
 }
+
+/// Review: waiters that arrive just after the latch opened, while the woken ones are still
+/// leaving, return at once: they do not queue behind them for a message already gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_arriving_at_an_open_latch_returns_at_once() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let latch = client.count_down_latch("late").unwrap();
+        let mut worst = Duration::ZERO;
+        for _ in 0..5 {
+            latch.try_set_count(1).await.unwrap();
+            let early: Vec<_> = (0..30)
+                .map(|_| {
+                    let latch = latch.clone();
+                    tokio::spawn(async move { latch.wait_for(Duration::from_secs(5)).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            latch.count_down().await.unwrap();
+            let mut late = Vec::new();
+            for _ in 0..10 {
+                let latch = latch.clone();
+                late.push(tokio::spawn(async move {
+                    let started = Instant::now();
+                    assert!(latch.wait_for(Duration::from_secs(5)).await.unwrap());
+                    started.elapsed()
+                }));
+                tokio::task::yield_now().await;
+            }
+            for waiter in early {
+                assert!(waiter.await.unwrap().unwrap());
+            }
+            for waiter in late {
+                worst = worst.max(waiter.await.unwrap());
+            }
+        }
+        assert!(
+            worst < Duration::from_millis(500),
+            "a late waiter took {worst:?}"
+        );
+    })
+    .await;
+}

@@ -264,3 +264,70 @@ async fn bad_input_is_a_typed_error() {
         .unwrap();
     assert_eq!(stored, "many");
 }
+
+/// Review: permits given back on a connection the server just dropped (a failover, a
+/// proxy, CLIENT KILL) are sent again, once, under a latch that keeps the first answer:
+/// they come back, and only once.
+#[tokio::test]
+async fn permits_given_back_on_a_dropped_connection_come_back_once() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let semaphore = client.semaphore("dropped").unwrap();
+        semaphore.try_set_permits(2).await.unwrap();
+        let released = semaphore.acquire(1).await.unwrap();
+        let dropped = semaphore.acquire(1).await.unwrap();
+        let kill = || {
+            redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes")
+                .clone()
+        };
+        let _: i64 = kill().query_async(&mut conn).await.unwrap();
+        released.release().await.unwrap();
+        let _: i64 = kill().query_async(&mut conn).await.unwrap();
+        drop(dropped);
+        common::eventually(Duration::from_secs(5), "both permits back", || {
+            let semaphore = semaphore.clone();
+            async move { semaphore.available_permits().await.unwrap() == 2 }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            semaphore.available_permits().await.unwrap(),
+            2,
+            "a permit came back twice"
+        );
+    })
+    .await;
+}
+
+/// Review: draining a key that holds something else than a whole count is refused, and
+/// the key is left as it was.
+#[tokio::test]
+async fn draining_garbage_is_refused() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    let semaphore = client.semaphore("junk").unwrap();
+    for junk in ["1e3", "0x10", " 7", "1.5", "nan", "inf"] {
+        let _: () = redis::cmd("SET")
+            .arg("junk")
+            .arg(junk)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(semaphore.drain_permits().await.is_err(), "{junk}");
+        assert!(semaphore.try_acquire(1).await.is_err(), "{junk}");
+        let stored: String = redis::cmd("GET")
+            .arg("junk")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(stored, junk);
+    }
+}

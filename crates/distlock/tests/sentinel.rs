@@ -313,3 +313,72 @@ async fn fresh_clients_after(graceful: bool) {
         client.shutdown().await;
     }
 }
+
+/// The lock family through Sentinel, with replica sync on (each write waits for a
+/// replica): a fair lock's direct handoff, a semaphore, a permit semaphore, a latch and a
+/// read-write lock.
+#[tokio::test]
+async fn the_lock_family_works_through_sentinel() {
+    let group = SentinelGroup::start().await.unwrap();
+    let a = sentinel_client(&group, ReplicaSync::Auto).await;
+    let b = sentinel_client(&group, ReplicaSync::Auto).await;
+    bounded(Duration::from_secs(60), async {
+        let held = a.fair_lock("fam:fair").unwrap().lock().await.unwrap();
+        let next = tokio::spawn({
+            let lock = b.fair_lock("fam:fair").unwrap();
+            async move { lock.lock().await }
+        });
+        let fair = a.fair_lock("fam:fair").unwrap();
+        while fair.queued().await.unwrap() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.unwrap();
+        next.await.unwrap().unwrap().release().await.unwrap();
+
+        let pool = a.semaphore("fam:pool").unwrap();
+        pool.try_set_permits(1).await.unwrap();
+        let taken = pool.acquire(1).await.unwrap();
+        assert!(b
+            .semaphore("fam:pool")
+            .unwrap()
+            .try_acquire(1)
+            .await
+            .unwrap()
+            .is_none());
+        taken.release().await.unwrap();
+
+        let gpus = a.permit_semaphore("fam:gpus").unwrap();
+        gpus.try_set_permits(1).await.unwrap();
+        gpus.acquire(1).await.unwrap().release().await.unwrap();
+
+        let latch = a.count_down_latch("fam:latch").unwrap();
+        latch.try_set_count(1).await.unwrap();
+        let waiter = tokio::spawn({
+            let latch = b.count_down_latch("fam:latch").unwrap();
+            async move { latch.wait_for(Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        latch.count_down().await.unwrap();
+        assert!(waiter.await.unwrap().unwrap());
+
+        let rw = a.rw_lock("fam:rw").unwrap();
+        let reader = rw.read().await.unwrap();
+        assert!(b
+            .rw_lock("fam:rw")
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .is_none());
+        reader.release().await.unwrap();
+        b.rw_lock("fam:rw")
+            .unwrap()
+            .write()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+}

@@ -141,10 +141,7 @@ impl Client {
     /// A handle on the count-down latch called `name` (Redisson's `RCountDownLatch`
     /// layout). Set its count with [`CountDownLatch::try_set_count`].
     pub fn count_down_latch(&self, name: impl Into<String>) -> Result<CountDownLatch> {
-        Ok(CountDownLatch::new(
-            self.session.clone(),
-            self.key_of(name.into())?,
-        ))
+        CountDownLatch::new(self.session.clone(), self.key_of(name.into())?)
     }
 
     /// The Redis key of the primitive called `name`: the client's key prefix, then the

@@ -13,6 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::cluster_routing::Slot;
 use scripts::{LATCH_COUNT_DOWN, LATCH_SET};
 
 use crate::engine::acquire::{acquire, Acquire, Attempt, AttemptFuture, Patience};
@@ -67,16 +68,31 @@ impl fmt::Debug for CountDownLatch {
 
 impl CountDownLatch {
     /// The latch whose Redis key is `key`: the client's key prefix, then the name.
-    pub(crate) fn new(session: Session, key: String) -> Self {
+    ///
+    /// Redisson's latch channel puts braces around the name whatever it holds, so a name
+    /// with a hash tag of its own gives a channel in another slot than the key. On a Redis
+    /// Cluster every script of the latch would then fail with CROSSSLOT: such a name is
+    /// refused there ([`Error::InvalidName`]).
+    pub(crate) fn new(session: Session, key: String) -> Result<Self> {
         let prefix = &session.core().config().key_prefix;
         let channel = latch_channel(prefix, &key);
-        Self {
+        if session.core().deployment().is_cluster()
+            && Slot::for_key(channel.as_bytes()) != Slot::for_key(key.as_bytes())
+        {
+            return Err(Error::InvalidName {
+                name: key,
+                reason: "a latch's channel wraps its name in braces, as Redisson's does, so \
+                         a name with a hash tag of its own puts the channel in another \
+                         Redis Cluster slot; leave the braces out of a latch's name",
+            });
+        }
+        Ok(Self {
             session,
             keys: Arc::new(LatchKeys {
                 key: key.into(),
                 channel,
             }),
-        }
+        })
     }
 
     /// The latch's Redis key: the client's key prefix, if any, followed by its name.

@@ -4,11 +4,13 @@ use std::sync::Arc;
 
 use super::scripts::{SEMAPHORE_ACQUIRE, SEMAPHORE_ADD};
 use super::SemaphoreKeys;
+use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::detach::Detached;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::Result;
+use crate::error::{is_connection_failure, Result};
+use crate::primitives::keys::unlock_latch;
 use crate::transport::script::ScriptCall;
 
 /// One acquisition of `permits` permits.
@@ -114,16 +116,37 @@ impl Drop for Taken {
 }
 
 /// Adds `permits` (taken away when negative) and publishes the new free count. Returns it.
+///
+/// Sent again after a lost reply (a connection dropped under it, a timeout), as a release
+/// of a lock is: the call's latch keeps its answer, so the permits are added once.
 pub(crate) fn add_permits(
     core: &Arc<Core>,
     keys: &Arc<SemaphoreKeys>,
     permits: i64,
 ) -> impl std::future::Future<Output = Result<i64>> + Send + 'static {
-    let mut call = ScriptCall::new(&SEMAPHORE_ADD, &[&keys.key, &keys.channel], 2);
-    call.arg(permits).arg(core.deployment().publish_command());
-    let core = Arc::clone(core);
+    let prefix = &core.config().key_prefix;
+    let latch = unlock_latch(prefix, &keys.key, core.next_request_id());
+    let (core, keys) = (Arc::clone(core), Arc::clone(keys));
     async move {
         let mut connection = core.connection();
-        Ok(call.invoke(&mut connection).await?)
+        let mut attempt = 1;
+        let outcome = loop {
+            let mut call = ScriptCall::new(&SEMAPHORE_ADD, &[&keys.key, &keys.channel, &latch], 4);
+            call.arg(permits)
+                .arg(core.deployment().publish_command())
+                .arg(core.config().unlock_latch_ttl_ms)
+                .arg(if attempt > 1 { "1" } else { "0" });
+            match call.invoke::<i64>(&mut connection).await {
+                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                    tracing::debug!(error = %err, attempt, "permits' reply lost; asking again");
+                    core.background().pause(RELEASE_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        };
+        let free = outcome?;
+        core.latches().discard(core.background(), latch);
+        Ok(free)
     }
 }

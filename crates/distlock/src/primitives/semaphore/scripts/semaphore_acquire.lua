@@ -10,7 +10,7 @@ if free == false then
     return 0
 end
 local count = tonumber(free)
-if count == nil or count ~= math.floor(count) then
+if count == nil or not string.match(free, '^-?%d+$') then
     return redis.error_reply('ERR ' .. KEYS[1] .. ' does not hold a permit count')
 end
 if count < tonumber(ARGV[1]) then

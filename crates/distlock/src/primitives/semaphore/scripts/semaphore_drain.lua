@@ -9,7 +9,7 @@ if free == false then
     return 0
 end
 local count = tonumber(free)
-if count == nil then
+if count == nil or not string.match(free, '^-?%d+$') then
     return redis.error_reply('ERR ' .. KEYS[1] .. ' does not hold a permit count')
 end
 if count <= 0 then
