@@ -118,7 +118,8 @@ async fn follows_redissons_layout_with_reentry_and_downgrade() {
             .await
             .unwrap();
         assert_eq!(held, 1);
-        let read_again = lock.downgrade(writer).await.unwrap();
+        let read_again = lock.downgrade(&writer).await.unwrap();
+        writer.release().await.unwrap();
         let mode: String = redis::cmd("HGET")
             .arg("doc")
             .arg("mode")
@@ -139,8 +140,10 @@ async fn follows_redissons_layout_with_reentry_and_downgrade() {
         read_again.release().await.unwrap();
         let writer = lock.write().await.unwrap();
         writer.release().await.unwrap();
+        // The downgraded writer's release tells waiting readers (`1`), the last reader's
+        // release frees the lock (`0`), the last writer's too (`1`).
         let mut payloads = Vec::new();
-        while payloads.len() < 2 {
+        while payloads.len() < 3 {
             payloads.push(
                 listener
                     .on_message()
@@ -238,6 +241,267 @@ async fn writer_preference_keeps_new_readers_behind_a_waiting_writer() {
             .await
             .unwrap()
             .is_some());
+    })
+    .await;
+}
+
+/// Polls `future` once, then drops it: a call cut off right after it sent its command.
+async fn cancel_after_first_poll<F: std::future::Future>(future: F) {
+    tokio::select! {
+        biased;
+        _ = future => {}
+        _ = std::future::ready(()) => {}
+    }
+}
+
+async fn hkeys(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("HKEYS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+/// Review: a downgrade of a write hold that was lost (deleted, its lease run out, another
+/// writer in since) is refused and takes nothing; a refused downgrade (a lost hold,
+/// another lock's guard) leaves the writer's guard as it was; a downgrade cut off mid-call
+/// gives back the read hold it took.
+#[tokio::test(flavor = "current_thread")]
+async fn a_downgrade_is_refused_when_not_the_callers_and_never_leaves_a_hold() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let rw = client.rw_lock("down").unwrap();
+        let writer = rw.write().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg("down")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let other = rw
+            .try_write()
+            .await
+            .unwrap()
+            .expect("free after the delete");
+        other.release().await.unwrap();
+        assert!(matches!(
+            rw.downgrade(&writer).await,
+            Err(distlock::Error::NotHeld { .. })
+        ));
+        assert!(
+            !rw.is_locked().await.unwrap(),
+            "a refused downgrade took a read hold"
+        );
+        drop(writer);
+
+        let short = rw.with_lease(Duration::from_millis(200));
+        let writer = short.write().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(short.downgrade(&writer).await.is_err());
+        drop(writer);
+
+        let other_lock = client.rw_lock("elsewhere").unwrap();
+        let theirs = other_lock.write().await.unwrap();
+        assert!(matches!(
+            rw.downgrade(&theirs).await,
+            Err(distlock::Error::InvalidArgument { .. })
+        ));
+        assert!(
+            theirs.verify().await.unwrap(),
+            "a refused downgrade released the guard"
+        );
+        theirs.release().await.unwrap();
+
+        let writer = rw.write().await.unwrap();
+        cancel_after_first_poll(rw.downgrade(&writer)).await;
+        writer.release().await.unwrap();
+        common::eventually(
+            Duration::from_secs(5),
+            "the cut-off downgrade's hold is gone",
+            || {
+                let rw = rw.clone();
+                async move { !rw.is_locked().await.unwrap() }
+            },
+        )
+        .await;
+    })
+    .await;
+}
+
+/// Review: when the last live reader leaves and only readers whose leases ran out are
+/// left in the hash, the lock is freed and waiters told; releasing a hold whose lease ran
+/// out says it was lost; `verify` looks at a read hold's own key, not only its field.
+#[tokio::test]
+async fn read_holds_whose_leases_ran_out_hold_nothing() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let rw = client.rw_lock("stale").unwrap();
+        let lapsed = rw
+            .with_lease(Duration::from_millis(300))
+            .read()
+            .await
+            .unwrap();
+        let live = rw.read().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(lapsed.is_lost());
+        live.release().await.unwrap();
+        let started = Instant::now();
+        let writer = rw.try_write_for(Duration::from_secs(3)).await.unwrap();
+        assert!(
+            writer.is_some(),
+            "only a lapsed reader was left, yet the lock stayed"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        writer.unwrap().release().await.unwrap();
+        assert!(lapsed.release().await.unwrap().was_lost());
+
+        let keep = rw.read().await.unwrap();
+        let reader = rw.read().await.unwrap();
+        let key = format!("{{stale}}:{}:rwlock_timeout:1", reader.owner());
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !reader.verify().await.unwrap(),
+            "verify missed a read hold whose key is gone"
+        );
+        assert!(reader.is_lost());
+        assert!(reader.release().await.unwrap().was_lost());
+        assert_eq!(
+            hkeys(&mut conn, "stale").await,
+            [keep.owner().to_owned(), "mode".to_owned()]
+        );
+        keep.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Review: a read hold taken (or re-entered) while the lock is still in write mode never
+/// shortens the writer's lease: no second writer gets in while the first holds.
+#[tokio::test]
+async fn a_read_hold_in_write_mode_never_shortens_the_writers_lease() {
+    let server = server().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    bounded(LIMIT, async {
+        let rw = a.rw_lock("mixed").unwrap();
+        let writer = rw.write().await.unwrap();
+        let still_writing = writer.reenter().await.unwrap();
+        let reader = rw
+            .with_lease(Duration::from_millis(300))
+            .downgrade(&writer)
+            .await
+            .unwrap();
+        writer.release().await.unwrap();
+        let nested = reader.reenter().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let other = b.rw_lock("mixed").unwrap().try_write().await.unwrap();
+        assert!(
+            other.is_none() || still_writing.is_lost(),
+            "a second writer got in while the first held"
+        );
+        drop((nested, reader, other));
+        still_writing.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Review: readers waiting for a writer that downgrades are let in when the writer
+/// releases (a message, not their fallback or the lease); a hash with no expiry does not
+/// make waiters spin; a plain lock of the same name keeps readers and writers out.
+#[tokio::test]
+async fn waiters_are_woken_by_a_downgrade_and_never_spin() {
+    let server = server().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let rw = a.rw_lock("wake").unwrap();
+        let writer = rw.write().await.unwrap();
+        let waiting = tokio::spawn({
+            let rw = b.rw_lock("wake").unwrap();
+            async move { rw.try_read_for(Duration::from_secs(8)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mine = rw.downgrade(&writer).await.unwrap();
+        let released_at = Instant::now();
+        writer.release().await.unwrap();
+        let theirs = waiting.await.unwrap().unwrap().expect("a reader got in");
+        assert!(
+            released_at.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            released_at.elapsed()
+        );
+        theirs.release().await.unwrap();
+        mine.release().await.unwrap();
+
+        let _: () = redis::cmd("HSET")
+            .arg("ghost")
+            .arg("mode")
+            .arg("write")
+            .arg("ghost:1:write")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ghost = a.rw_lock("ghost").unwrap();
+        assert!(ghost
+            .try_read_for(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none());
+        assert!(ghost
+            .try_write_for(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none());
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let calls: u64 = info
+            .lines()
+            .filter(|line| line.starts_with("cmdstat_evalsha") || line.starts_with("cmdstat_eval:"))
+            .filter_map(|line| {
+                line.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        assert!(
+            calls < 20,
+            "{calls} script calls in 2 s of waiting on a lock with no expiry"
+        );
+
+        let plain = a.lock("shared-name").unwrap().lock().await.unwrap();
+        let rw = b.rw_lock("shared-name").unwrap();
+        assert!(
+            rw.try_write().await.unwrap().is_none(),
+            "a writer got in beside a plain lock"
+        );
+        assert!(
+            rw.try_read().await.unwrap().is_none(),
+            "a reader got in beside a plain lock"
+        );
+        plain.release().await.unwrap();
     })
     .await;
 }

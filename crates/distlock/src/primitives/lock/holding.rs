@@ -42,6 +42,13 @@ pub(crate) trait HoldScripts: Send + Sync {
         call
     }
 
+    /// A script that answers whether the owner still holds it (1 or 0), when a hash
+    /// field is not the whole answer; `None`: HEXISTS on the field.
+    fn verify(&self, name: &str, owner: &str) -> Option<ScriptCall> {
+        let _ = (name, owner);
+        None
+    }
+
     /// How the renewal scheduler renews the holding, and the owner argument it renews
     /// it with.
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
@@ -388,11 +395,24 @@ impl Holding {
         if !self.lease_entry.is_trusted() {
             return Ok(false);
         }
-        let exists = redis::cmd("HEXISTS")
-            .arg(&*self.name)
-            .arg(&*self.owner)
-            .clone();
-        let held = match self.core.query::<bool>(&exists).await {
+        let answer = match self.release.verify(&self.name, &self.owner) {
+            Some(call) => {
+                self.core
+                    .request(|mut connection| {
+                        let call = &call;
+                        async move { call.invoke::<bool>(&mut connection).await }
+                    })
+                    .await
+            }
+            None => {
+                let exists = redis::cmd("HEXISTS")
+                    .arg(&*self.name)
+                    .arg(&*self.owner)
+                    .clone();
+                self.core.query::<bool>(&exists).await
+            }
+        };
+        let held = match answer {
             Ok(held) => held,
             // Another kind of key at the lock's name: certainly not this holding's.
             Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => false,

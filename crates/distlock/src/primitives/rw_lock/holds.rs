@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::scripts::{
     RW_READ_ACQUIRE, RW_READ_REENTER, RW_READ_RELEASE, RW_READ_RENEW, RW_READ_RENEWAL,
-    RW_WRITE_ACQUIRE, RW_WRITE_RELEASE,
+    RW_READ_VERIFY, RW_WRITE_ACQUIRE, RW_WRITE_RELEASE,
 };
 use super::RwKeys;
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
@@ -48,6 +48,12 @@ impl HoldScripts for ReadScripts {
         let mut call = ScriptCall::new(&RW_READ_RENEW, &[name], 2);
         call.arg(lease_ms).arg(format!("{owner}|{}", self.0.base));
         call
+    }
+
+    fn verify(&self, name: &str, owner: &str) -> Option<ScriptCall> {
+        let mut call = ScriptCall::new(&RW_READ_VERIFY, &[name], 2);
+        call.arg(owner).arg(&*self.0.base);
+        Some(call)
     }
 
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
@@ -154,11 +160,12 @@ impl Acquire for ReadAttempt {
         let rw = &self.0;
         let owner = rw.core.next_owner();
         let keys = &rw.keys;
-        let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&keys.lock, &keys.writers], 4);
+        let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&keys.lock, &keys.writers], 5);
         call.arg(rw.lease_ms)
             .arg(&*owner)
             .arg(format!("{}:{owner}:rwlock_timeout", keys.base))
-            .arg(if rw.prefer_writers { "1" } else { "0" });
+            .arg(if rw.prefer_writers { "1" } else { "0" })
+            .arg("0");
         let sent_at = Instant::now();
         let made = self.clone_for_reply();
         Box::pin(async move {
@@ -176,7 +183,8 @@ impl Acquire for ReadAttempt {
             };
             Ok(match reply {
                 1 => Attempt::Acquired(rw.acquired(owner, 0, sent_at, false)),
-                // A writer waits first (writer preference): its release wakes us.
+                // A writer waits first (writer preference), whose release wakes us, or
+                // the lock has no expiry: look again at the fallback interval.
                 0 => Attempt::Busy { retry_after: None },
                 negative => Attempt::Busy {
                     retry_after: Some(Duration::from_millis((-1 - negative).unsigned_abs())),
@@ -265,6 +273,10 @@ impl Acquire for WriteAttempt {
                 token @ 1.. => {
                     Attempt::Acquired(rw.acquired(field, token.unsigned_abs(), sent_at, true))
                 }
+                0 => Attempt::Busy {
+                    // Held with no expiry: look again at the fallback interval.
+                    retry_after: if rw.waits { Some(rw.alive / 3) } else { None },
+                },
                 busy => {
                     let lease_left = Duration::from_millis((-1 - busy).unsigned_abs());
                     // A listed writer looks again before its listing runs out.

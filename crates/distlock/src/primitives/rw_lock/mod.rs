@@ -28,6 +28,7 @@ use scripts::RW_READ_ACQUIRE;
 use crate::config::Config;
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Patience};
+use crate::engine::detach::Detached;
 use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{rwlock_channel, rwlock_writers, token_key, token_key_of_other};
@@ -35,7 +36,7 @@ use crate::primitives::lock::{Acquired, LockGuard, ReleaseOutcome};
 use crate::transport::script::ScriptCall;
 
 /// How long a waiting writer stays listed without looking again, at most.
-const WRITER_LISTED: Duration = Duration::from_secs(3);
+const WRITER_LISTED: Duration = Duration::from_secs(1);
 
 /// The keys and channel of one read-write lock, worked out once per handle.
 pub(crate) struct RwKeys {
@@ -90,7 +91,8 @@ impl RwKeys {
 ///
 /// let writer = prices.write().await?;
 /// let token = writer.fencing_token(); // hand this to the store you write
-/// let reader = prices.downgrade(writer).await?; // keep reading what was written
+/// let reader = prices.downgrade(&writer).await?; // keep reading what was written
+/// writer.release().await?;
 /// assert!(prices.try_write().await?.is_none());
 /// reader.release().await?;
 /// # let _ = token;
@@ -209,11 +211,14 @@ impl RwLock {
         Ok(acquired.map(|hold| LockGuard::from_hold(hold, self.session.clone())))
     }
 
-    /// Turns a write hold of this lock into a read hold, without letting another writer in
-    /// between: the writer takes a read hold first, then gives the write hold back.
-    /// Fails with [`Error::InvalidArgument`] for a guard of another lock, and with
-    /// [`Error::NotHeld`] if the write hold was lost.
-    pub async fn downgrade(&self, writer: LockGuard) -> Result<RwReadGuard> {
+    /// Takes a read hold for the holder of `writer`, a write hold of this lock, without
+    /// letting another writer in between; release `writer` afterwards to let other
+    /// readers in (its release publishes to them). Fails with [`Error::InvalidArgument`]
+    /// for a guard of another lock or a read guard, and with [`Error::NotHeld`] if the
+    /// write hold was lost; `writer` is left as it was either way.
+    ///
+    /// Cancel-safe: a read hold taken by a call whose future is dropped is given back.
+    pub async fn downgrade(&self, writer: &LockGuard) -> Result<RwReadGuard> {
         let Some(owner) = writer
             .owner()
             .strip_suffix(":write")
@@ -228,39 +233,54 @@ impl RwLock {
                 ),
             });
         };
+        let not_held = || Error::NotHeld {
+            name: self.keys.lock.to_string(),
+            owner: writer.owner().to_owned(),
+        };
+        if writer.is_lost() {
+            return Err(not_held());
+        }
         let owner: Arc<str> = owner.into();
-        let core = self.session.core();
+        let core = Arc::clone(self.session.core());
+        core.ensure_open()?;
         let (lease, renew) = self.lease_mode();
         let lease_ms = to_millis("lease", lease)?;
-        let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&self.keys.lock, &self.keys.writers], 4);
+        let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&self.keys.lock, &self.keys.writers], 5);
         call.arg(lease_ms)
             .arg(&*owner)
             .arg(format!("{}:{owner}:rwlock_timeout", self.keys.base))
-            .arg("0");
-        let sent_at = tokio::time::Instant::now();
-        let mut connection = core.connection();
-        let taken: i64 = call.invoke(&mut connection).await?;
-        if taken != 1 {
-            return Err(Error::NotHeld {
-                name: self.keys.lock.to_string(),
-                owner: writer.owner().to_owned(),
-            });
+            .arg("0")
+            .arg("1");
+        let keys = Arc::clone(&self.keys);
+        let task_core = Arc::clone(&core);
+        // Finished even if this future is dropped: a read hold it took is then dropped
+        // on the client's runtime, which gives it back.
+        let taking = Detached::new(core.background(), async move {
+            let sent_at = tokio::time::Instant::now();
+            let mut connection = task_core.connection();
+            let taken: i64 = call.invoke(&mut connection).await?;
+            if taken != 1 {
+                return Ok(None);
+            }
+            Ok::<_, Error>(Some(
+                Acquired {
+                    core: Arc::clone(&task_core),
+                    name: Arc::clone(&keys.lock),
+                    owner,
+                    release: Arc::new(ReadScripts(Arc::clone(&keys))),
+                    token: 0,
+                    sent_at,
+                    lease,
+                    lease_ms,
+                    renew,
+                }
+                .into_hold(),
+            ))
+        });
+        match taking.await? {
+            Some(hold) => Ok(self.read_guard(hold)),
+            None => Err(not_held()),
         }
-        let hold = Acquired {
-            core: Arc::clone(core),
-            name: Arc::clone(&self.keys.lock),
-            owner,
-            release: Arc::new(ReadScripts(Arc::clone(&self.keys))),
-            token: 0,
-            sent_at,
-            lease,
-            lease_ms,
-            renew,
-        }
-        .into_hold();
-        let reader = self.read_guard(hold);
-        writer.release().await?;
-        Ok(reader)
     }
 
     /// True if anyone holds the lock, for reading or writing.

@@ -24,6 +24,7 @@ pub(crate) static RW_READ_RELEASE: LuaScript = rw_script!("scripts/rw_read_relea
 pub(crate) static RW_WRITE_RELEASE: LuaScript = rw_script!("scripts/rw_write_release.lua");
 pub(crate) static RW_READ_REENTER: LuaScript = rw_script!("scripts/rw_read_reenter.lua");
 pub(crate) static RW_READ_RENEW: LuaScript = rw_script!("scripts/rw_read_renew.lua");
+pub(crate) static RW_READ_VERIFY: LuaScript = rw_script!("scripts/rw_read_verify.lua");
 
 /// A read holding, renewed by `rw_read_renew.lua`: every read hold's own key, and the
 /// hash with the longest of them. The scheduler passes `"<owner>|<base>"` as the owner.
@@ -33,11 +34,12 @@ pub(crate) static RW_READ_RENEWAL: RenewalKind = RenewalKind {
 };
 
 /// Every script of the read-write lock, for loading at connect.
-pub(crate) static ALL: [&LuaScript; 6] = [
+pub(crate) static ALL: [&LuaScript; 7] = [
     &RW_READ_ACQUIRE,
     &RW_WRITE_ACQUIRE,
     &RW_READ_RELEASE,
     &RW_WRITE_RELEASE,
     &RW_READ_REENTER,
     &RW_READ_RENEW,
+    &RW_READ_VERIFY,
 ];

@@ -14,8 +14,10 @@ local function hold_key(prefix, n)
     return prefix .. ':' .. n
 end
 
--- Sets the hash's expiry to the longest remaining lease of its read holds (each reader
--- field's hold keys), or to `floor` ms if that is longer. `base` is `{name}`.
+-- Sets the hash's expiry from its read holds (each reader field's hold keys): in read
+-- mode to the longest remaining lease, or `floor` ms if that is longer; in write mode
+-- never lower than it is, for the writer's lease governs then. Returns the longest
+-- remaining read lease (0 or less: no read hold is alive).
 local function expire_with_readers(hash, base, floor)
     local longest = floor
     local fields = redis.call('hgetall', hash)
@@ -28,9 +30,37 @@ local function expire_with_readers(hash, base, floor)
             end
         end
     end
+    if redis.call('hget', hash, 'mode') == 'write' then
+        longest = math.max(longest, redis.call('pttl', hash))
+    end
     if longest > 0 then
         redis.call('pexpire', hash, longest)
     end
+    return longest
+end
+
+-- Whether every hold key of the owner's `holds` read holds is still there (a hold whose
+-- lease ran out is gone).
+local function holds_alive(base, owner, holds)
+    local prefix = base .. ':' .. owner .. ':rwlock_timeout'
+    for n = 1, holds do
+        if redis.call('exists', hold_key(prefix, n)) == 0 then
+            return false
+        end
+    end
+    return true
+end
+
+-- Frees the lock once nobody alive holds it: in read mode with no read hold alive (the
+-- fields left are of readers whose leases ran out), DEL and publish `message`. Returns
+-- whether it freed it.
+local function free_if_abandoned(hash, base, channel, publish, message)
+    if redis.call('hget', hash, 'mode') == 'read' and expire_with_readers(hash, base, 0) <= 0 then
+        redis.call('del', hash)
+        redis.call(publish, channel, message)
+        return true
+    end
+    return false
 end
 
 -- The server's clock, in milliseconds.

@@ -23,7 +23,23 @@ local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
 if not holds then
     return -1
 end
+local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
 local prefix = ARGV[7] .. ':' .. ARGV[1] .. ':rwlock_timeout'
+if not holds_alive(ARGV[7], ARGV[1], holds) then
+    -- A hold's lease ran out: the holding was lost before this release. Its leftovers go,
+    -- and a lock nobody alive holds any more is freed.
+    for n = 1, holds do
+        redis.call('del', hold_key(prefix, n))
+    end
+    redis.call('hdel', KEYS[1], ARGV[1])
+    if redis.call('hlen', KEYS[1]) <= 1 then
+        redis.call('del', KEYS[1])
+        redis.call(publish, KEYS[2], '0')
+    else
+        free_if_abandoned(KEYS[1], ARGV[7], KEYS[2], publish, '0')
+    end
+    return -1
+end
 local left = tonumber(ARGV[2])
 for n = left + 1, holds do
     redis.call('del', hold_key(prefix, n))
@@ -43,13 +59,11 @@ if ARGV[4] ~= '0' then
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
 end
 if redis.call('hlen', KEYS[1]) > 1 then
-    -- Other readers, or the writer that took this read hold (a downgrade), remain.
-    if redis.call('hget', KEYS[1], 'mode') == 'read' then
-        expire_with_readers(KEYS[1], ARGV[7], 0)
-    end
+    -- Other readers, or the writer that took this read hold (a downgrade), remain; the
+    -- lock is freed if the readers left are all ones whose leases ran out.
+    free_if_abandoned(KEYS[1], ARGV[7], KEYS[2], publish, '0')
     return 0
 end
 redis.call('del', KEYS[1])
-local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
 redis.call(publish, KEYS[2], '0')
 return 0

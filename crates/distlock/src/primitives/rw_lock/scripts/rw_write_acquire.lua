@@ -13,11 +13,13 @@
 --          owner is new each time)
 --
 -- Returns the fencing token (>= 1) when the owner holds the write lock now, or
--- (-1 - PTTL) when it is held (PTTL 0: held with no expiry); a writer that will wait is
+-- (-1 - PTTL) when it is held (0: held with no expiry); a writer that will wait is
 -- then listed as waiting, so that readers with writer preference queue behind it.
 local mode = redis.call('hget', KEYS[1], 'mode')
 local mine = redis.call('hexists', KEYS[1], ARGV[2] .. ':write') == 1
-if mode == false or (mode == 'write' and mine) then
+-- A hash with no mode is a plain lock of the same name: held.
+local free = mode == false and redis.call('exists', KEYS[1]) == 0
+if free or (mode == 'write' and mine) then
     local token = fence_token(KEYS[2], ARGV[3])
     if type(token) == 'table' then
         return token
@@ -34,4 +36,4 @@ if ARGV[4] ~= '0' then
     redis.call('zadd', KEYS[3], alive, ARGV[5])
     redis.call('pexpire', KEYS[3], tonumber(ARGV[4]) + 1000)
 end
-return -1 - math.max(redis.call('pttl', KEYS[1]), 0)
+return -1 - math.max(redis.call('pttl', KEYS[1]), -1)

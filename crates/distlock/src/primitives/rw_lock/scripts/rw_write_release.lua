@@ -1,6 +1,7 @@
 -- Gives back one write hold; the last frees the lock and publishes `1` (Redisson's write
 -- unlock, which wakes every waiter), or, when the writer also took read holds (a
--- downgrade), leaves the lock to them in read mode. Built with rw_common.lua in front.
+-- downgrade), leaves the lock to them in read mode and publishes `1` so that waiting
+-- readers join them. Built with rw_common.lua in front.
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the channel, redisson_rwlock:{name}
@@ -34,12 +35,17 @@ redis.call('hdel', KEYS[1], ARGV[1])
 if ARGV[4] ~= '0' then
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
 end
+local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
 if redis.call('hlen', KEYS[1]) > 1 then
+    -- The writer's own read holds remain (a downgrade): the lock goes to read mode, and
+    -- waiting readers are told (Redisson publishes nothing here, and its readers wait out
+    -- the lease). Read holds whose leases ran out free it.
     redis.call('hset', KEYS[1], 'mode', 'read')
-    expire_with_readers(KEYS[1], ARGV[7], 0)
+    if not free_if_abandoned(KEYS[1], ARGV[7], KEYS[2], publish, '1') then
+        redis.call(publish, KEYS[2], '1')
+    end
     return 0
 end
 redis.call('del', KEYS[1])
-local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
 redis.call(publish, KEYS[2], '1')
 return 0
