@@ -162,6 +162,41 @@ async fn the_documented_minimal_acl_runs_every_lock_operation() {
         assert!(granted.verify().await.unwrap());
         granted.release().await.unwrap();
 
+        // The rest of the family: a read-write lock (a read hold renewed past its lease, a
+        // writer woken by the read release), semaphores, a latch.
+        let rw = holder.rw_lock("app:doc").unwrap();
+        let reader = rw.read().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            reader.verify().await.unwrap(),
+            "a read hold was not renewed"
+        );
+        let writing = tokio::spawn({
+            let rw = rival.rw_lock("app:doc").unwrap();
+            async move { rw.write().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reader.release().await.unwrap();
+        writing.await.unwrap().unwrap().release().await.unwrap();
+        let pool = holder.semaphore("app:pool").unwrap();
+        pool.try_set_permits(1).await.unwrap();
+        pool.acquire(1).await.unwrap().release().await.unwrap();
+        let gpus = holder.permit_semaphore("app:gpus").unwrap();
+        gpus.try_set_permits(1).await.unwrap();
+        let permit = gpus.acquire(1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(!permit.is_lost(), "a permit was not renewed");
+        permit.release().await.unwrap();
+        let latch = holder.count_down_latch("app:latch").unwrap();
+        latch.try_set_count(1).await.unwrap();
+        let waiting = tokio::spawn({
+            let latch = rival.count_down_latch("app:latch").unwrap();
+            async move { latch.wait_for(Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        latch.count_down().await.unwrap();
+        assert!(waiting.await.unwrap().unwrap());
+
         common::eventually(Duration::from_secs(5), "latches deleted", || {
             let mut admin = admin.clone();
             async move {
