@@ -65,7 +65,7 @@ pub use error::{Error, NodeFailure, Result};
 pub use primitives::count_down_latch::CountDownLatch;
 pub use primitives::fair_lock::FairLock;
 pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};
-pub use primitives::multi_lock::{MultiLock, MultiLockGuard};
+pub use primitives::multi_lock::{MultiLock, MultiLockGuard, MultiLockMember};
 pub use primitives::permit_semaphore::{LeasedPermits, PermitSemaphore};
 pub use primitives::red_lock::{RedLock, RedLockGuard};
 pub use primitives::rw_lock::{RwLock, RwReadGuard};

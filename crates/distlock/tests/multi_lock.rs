@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bounded, client, client_with_watchdog, raw, server};
-use distlock::{Error, MultiLock};
+use distlock::{Error, MultiLock, MultiLockMember};
 use distlock_testkit::ExclusionChecker;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -150,7 +150,7 @@ async fn refuses_empty_and_duplicate_sets() {
     let server = server().await;
     let client = client(&server).await;
     assert!(matches!(
-        MultiLock::new(Vec::new()),
+        MultiLock::new(Vec::<distlock::Lock>::new()),
         Err(Error::InvalidConfig { .. })
     ));
     assert!(matches!(
@@ -264,4 +264,67 @@ async fn a_member_lease_shorter_than_a_round_trip_does_not_make_lock_spin() {
     .await
     .unwrap();
     assert!(again.is_some(), "try_lock_for gave up on a free set");
+}
+
+/// A MultiLock takes any lock whose guard is a holding with a lease: a lease lock, a fair
+/// lock, a read hold and a write hold of read-write locks, all or nothing; each member is
+/// then held as it would be alone, and a fixed lease counts from when the set is held.
+#[tokio::test]
+async fn members_of_every_kind_are_held_together() {
+    let server = server().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    bounded(LIMIT, async {
+        let catalog = a.rw_lock("catalog").unwrap();
+        let ledger = a.rw_lock("ledger").unwrap();
+        let set = MultiLock::new([
+            MultiLockMember::from(a.lock("order").unwrap()),
+            MultiLockMember::from(a.fair_lock("payout").unwrap()),
+            MultiLockMember::read(&catalog.with_lease(Duration::from_secs(2))),
+            MultiLockMember::write(&ledger),
+        ])
+        .unwrap();
+        let guard = set.lock().await.unwrap();
+        assert_eq!(guard.names(), ["catalog", "ledger", "order", "payout"]);
+        assert!(guard.lease_remaining() <= Duration::from_secs(2));
+        assert!(b.lock("order").unwrap().try_lock().await.unwrap().is_none());
+        assert!(b
+            .fair_lock("payout")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none());
+        assert!(b
+            .rw_lock("catalog")
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .is_none());
+        let shared = b.rw_lock("catalog").unwrap().try_read().await.unwrap();
+        assert!(shared.is_some(), "a read member keeps other readers out");
+        drop(shared);
+        assert!(b
+            .rw_lock("ledger")
+            .unwrap()
+            .try_read()
+            .await
+            .unwrap()
+            .is_none());
+        guard.release().await.unwrap();
+        assert!(b
+            .rw_lock("ledger")
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .is_some());
+        // One key twice (a read and a write of one lock) would wait for itself.
+        assert!(MultiLock::new([
+            MultiLockMember::read(&catalog),
+            MultiLockMember::write(&catalog)
+        ])
+        .is_err());
+    })
+    .await;
 }

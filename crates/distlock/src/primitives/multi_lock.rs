@@ -26,9 +26,118 @@ use tokio_util::sync::CancellationToken;
 
 use crate::duration::to_millis;
 use crate::engine::lease_set::LeaseSet;
+use crate::engine::session::Session;
 use crate::error::{Error, Result};
+use crate::primitives::fair_lock::FairLock;
 use crate::primitives::lock::lease_set;
 use crate::primitives::lock::{Lock, LockGuard, ReleaseOutcome};
+use crate::primitives::rw_lock::RwLock;
+
+/// A member of a [`MultiLock`]: any lock whose guard is one holding with a lease. A
+/// [`Lock`] or a [`FairLock`] converts into one; a read-write lock joins for reading or
+/// for writing.
+#[derive(Clone, Debug)]
+pub enum MultiLockMember {
+    /// A lease lock.
+    Lock(Lock),
+    /// A fair lock: the member waits in its queue like any other waiter.
+    Fair(FairLock),
+    /// A read hold of a read-write lock.
+    Read(RwLock),
+    /// The write hold of a read-write lock.
+    Write(RwLock),
+}
+
+impl From<Lock> for MultiLockMember {
+    fn from(lock: Lock) -> Self {
+        MultiLockMember::Lock(lock)
+    }
+}
+
+impl From<FairLock> for MultiLockMember {
+    fn from(lock: FairLock) -> Self {
+        MultiLockMember::Fair(lock)
+    }
+}
+
+impl MultiLockMember {
+    /// A read hold of `lock`.
+    pub fn read(lock: &RwLock) -> Self {
+        MultiLockMember::Read(lock.clone())
+    }
+
+    /// The write hold of `lock`.
+    pub fn write(lock: &RwLock) -> Self {
+        MultiLockMember::Write(lock.clone())
+    }
+
+    /// The member's Redis key.
+    pub fn key(&self) -> &str {
+        match self {
+            MultiLockMember::Lock(lock) => lock.key(),
+            MultiLockMember::Fair(lock) => lock.key(),
+            MultiLockMember::Read(lock) | MultiLockMember::Write(lock) => lock.key(),
+        }
+    }
+
+    fn session(&self) -> &Session {
+        match self {
+            MultiLockMember::Lock(lock) => lock.session(),
+            MultiLockMember::Fair(lock) => lock.session(),
+            MultiLockMember::Read(lock) | MultiLockMember::Write(lock) => lock.session(),
+        }
+    }
+
+    fn fixed_lease(&self) -> Option<Duration> {
+        match self {
+            MultiLockMember::Lock(lock) => lock.fixed_lease(),
+            MultiLockMember::Fair(lock) => lock.fixed_lease(),
+            MultiLockMember::Read(lock) | MultiLockMember::Write(lock) => lock.fixed_lease(),
+        }
+    }
+
+    fn with_watchdog(&self) -> Self {
+        match self {
+            MultiLockMember::Lock(lock) => MultiLockMember::Lock(lock.with_watchdog()),
+            MultiLockMember::Fair(lock) => MultiLockMember::Fair(lock.with_watchdog()),
+            MultiLockMember::Read(lock) => MultiLockMember::Read(lock.with_watchdog()),
+            MultiLockMember::Write(lock) => MultiLockMember::Write(lock.with_watchdog()),
+        }
+    }
+
+    async fn lock(&self) -> Result<LockGuard> {
+        Ok(match self {
+            MultiLockMember::Lock(lock) => lock.lock().await?,
+            MultiLockMember::Fair(lock) => lock.lock().await?,
+            MultiLockMember::Read(lock) => lock.read().await?.into_lock_guard(),
+            MultiLockMember::Write(lock) => lock.write().await?,
+        })
+    }
+
+    async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        Ok(match self {
+            MultiLockMember::Lock(lock) => lock.try_lock().await?,
+            MultiLockMember::Fair(lock) => lock.try_lock().await?,
+            MultiLockMember::Read(lock) => lock
+                .try_read()
+                .await?
+                .map(crate::primitives::rw_lock::RwReadGuard::into_lock_guard),
+            MultiLockMember::Write(lock) => lock.try_write().await?,
+        })
+    }
+
+    async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
+        Ok(match self {
+            MultiLockMember::Lock(lock) => lock.try_lock_for(timeout).await?,
+            MultiLockMember::Fair(lock) => lock.try_lock_for(timeout).await?,
+            MultiLockMember::Read(lock) => lock
+                .try_read_for(timeout)
+                .await?
+                .map(crate::primitives::rw_lock::RwReadGuard::into_lock_guard),
+            MultiLockMember::Write(lock) => lock.try_write_for(timeout).await?,
+        })
+    }
+}
 
 /// A set of locks acquired together: all of them, or none.
 ///
@@ -62,9 +171,9 @@ use crate::primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 #[derive(Clone)]
 pub struct MultiLock {
     /// As the caller gave them, in acquisition order.
-    members: Vec<Lock>,
+    members: Vec<MultiLockMember>,
     /// The same locks in watchdog mode: how each is held while the set is collected.
-    collecting: Vec<Lock>,
+    collecting: Vec<MultiLockMember>,
 }
 
 impl fmt::Debug for MultiLock {
@@ -86,10 +195,12 @@ enum Collected {
 }
 
 impl MultiLock {
-    /// A MultiLock over `locks`. Fails with [`Error::InvalidConfig`] if there are none, or
-    /// if one lock is named twice on the same client (it would wait for itself).
-    pub fn new(locks: impl IntoIterator<Item = Lock>) -> Result<Self> {
-        let mut members: Vec<Lock> = locks.into_iter().collect();
+    /// A MultiLock over `locks`: [`Lock`]s, [`FairLock`]s, or read or write holds of
+    /// [`RwLock`]s ([`MultiLockMember`]). Fails with [`Error::InvalidConfig`] if there are
+    /// none, or if one key is named twice on the same deployment (it would wait for
+    /// itself).
+    pub fn new(locks: impl IntoIterator<Item = impl Into<MultiLockMember>>) -> Result<Self> {
+        let mut members: Vec<MultiLockMember> = locks.into_iter().map(Into::into).collect();
         if members.is_empty() {
             return Err(Error::InvalidConfig {
                 what: "multi-lock members",
@@ -104,8 +215,8 @@ impl MultiLock {
             return Err(Error::InvalidConfig {
                 what: "multi-lock members",
                 reason: format!(
-                    "the lock {:?} is named twice on the same deployment",
-                    pair[0].name()
+                    "the key {:?} is named twice on the same deployment",
+                    pair[0].key()
                 ),
             });
         }
@@ -120,7 +231,7 @@ impl MultiLock {
     }
 
     /// The members, in the order they are acquired.
-    pub fn members(&self) -> &[Lock] {
+    pub fn members(&self) -> &[MultiLockMember] {
         &self.members
     }
 
@@ -178,11 +289,11 @@ impl MultiLock {
     /// back.
     async fn collect<'a, F, Fut>(&'a self, acquire: F) -> Result<Collected>
     where
-        F: Fn(&'a Lock) -> Fut,
+        F: Fn(&'a MultiLockMember) -> Fut,
         Fut: Future<Output = Result<Option<LockGuard>>>,
     {
         // Checked before anything is taken: a bad lease must not cost a whole pass.
-        for lease in self.members.iter().filter_map(Lock::fixed_lease) {
+        for lease in self.members.iter().filter_map(MultiLockMember::fixed_lease) {
             to_millis("lease", lease)?;
         }
         let mut guards = Vec::with_capacity(self.collecting.len());
@@ -214,9 +325,9 @@ impl MultiLock {
     }
 }
 
-/// The order every MultiLock acquires in: by name, then by deployment.
-fn order_key(lock: &Lock) -> (&str, &str) {
-    (lock.key(), lock.session().core().target())
+/// The order every MultiLock acquires in: by key, then by deployment.
+fn order_key(member: &MultiLockMember) -> (&str, &str) {
+    (member.key(), member.session().core().target())
 }
 
 /// Proof that every member of a [`MultiLock`] is held. Dropping it releases them all in

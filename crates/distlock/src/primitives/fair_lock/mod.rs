@@ -212,6 +212,15 @@ impl FairLock {
         self.session.core().query(&length).await
     }
 
+    /// The fixed lease this lock is taken with; `None` in watchdog mode.
+    pub(crate) fn fixed_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
     fn guard(&self, hold: crate::primitives::lock::Hold) -> LockGuard {
         LockGuard::from_hold(hold, self.session.clone())
     }

@@ -290,6 +290,15 @@ impl RwLock {
         Ok(count == 1)
     }
 
+    /// The fixed lease this lock is taken with; `None` in watchdog mode.
+    pub(crate) fn fixed_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
     fn lease_mode(&self) -> (Duration, bool) {
         match self.lease {
             Some(lease) => (lease, false),
@@ -340,6 +349,11 @@ impl fmt::Debug for RwReadGuard {
 }
 
 impl RwReadGuard {
+    /// The holding's guard, as a MultiLock keeps its members.
+    pub(crate) fn into_lock_guard(self) -> LockGuard {
+        self.inner
+    }
+
     /// The lock's name, without the client's key prefix.
     pub fn name(&self) -> &str {
         self.inner.name()
