@@ -331,3 +331,39 @@ async fn draining_garbage_is_refused() {
         assert_eq!(stored, junk);
     }
 }
+
+/// Review: a waiter behind a head that asks for more than is free does not pass it on
+/// its fallback timer either: arrival order within a client is strict, as tokio's
+/// semaphore's is. The head still looks by itself, and gets its permits once they come.
+#[tokio::test]
+async fn a_waiter_behind_the_head_never_passes_it_on_a_timer() {
+    let server = server().await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    bounded(LIMIT, async {
+        let semaphore = a.semaphore("strict").unwrap();
+        semaphore.try_set_permits(0).await.unwrap();
+        let big = tokio::spawn({
+            let semaphore = semaphore.clone();
+            async move { semaphore.acquire(3).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let small = tokio::spawn({
+            let semaphore = semaphore.clone();
+            async move { semaphore.acquire(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        b.semaphore("strict").unwrap().release(2).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(
+            !small.is_finished(),
+            "a later, smaller waiter passed the head"
+        );
+        assert_eq!(semaphore.available_permits().await.unwrap(), 2);
+        b.semaphore("strict").unwrap().release(1).await.unwrap();
+        let permits = big.await.unwrap().unwrap();
+        assert_eq!(permits.permits(), 3);
+        permits.release().await.unwrap();
+        small.await.unwrap().unwrap().release().await.unwrap();
+    })
+    .await;
+}

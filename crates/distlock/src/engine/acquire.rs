@@ -275,7 +275,9 @@ async fn wait_for<A: Acquire>(
         let released = any_release(released, &mut released_elsewhere);
         if !my_turn {
             // Behind other local waiters: wait to be woken (or for the fallback) first.
-            my_turn = true;
+            if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+                return Ok(None);
+            }
             let fallback = if live() {
                 NO_HINT_RETRY
             } else {
@@ -284,7 +286,11 @@ async fn wait_for<A: Acquire>(
             let wake_at = deadline.map_or(Instant::now() + fallback, |deadline| {
                 deadline.min(Instant::now() + fallback)
             });
-            wait(core, released, wake_at).await?;
+            let woken = wait(core, released, wake_at).await?;
+            // In a queue kept in arrival order, the fallback timer is the head's alone: a
+            // waiter behind it looks only when a message wakes it, so it never passes a
+            // head asking for more than is free (tokio's semaphore is as strict).
+            my_turn = woken == Woken::ByMessage || !subscription.is_behind();
             continue;
         }
         if let Some(guard) = grant_in_mail(core, primitive, &subscription, last_busy)? {
@@ -321,7 +327,9 @@ async fn wait_for<A: Acquire>(
             }
             wake_at = wake_at.min(deadline);
         }
-        wait(core, released, wake_at).await?;
+        if wait(core, released, wake_at).await? == Woken::ByTimer && subscription.is_behind() {
+            my_turn = false;
+        }
     }
 }
 
@@ -336,12 +344,21 @@ async fn any_release(main: Pin<&mut Notified<'_>>, elsewhere: &mut Vec<Pin<Box<N
 
 /// Waits for a release message or `wake_at`; fails if the client starts shutting down
 /// meanwhile.
-async fn wait(core: &Core, released: impl Future<Output = ()>, wake_at: Instant) -> Result<()> {
+async fn wait(core: &Core, released: impl Future<Output = ()>, wake_at: Instant) -> Result<Woken> {
     tokio::select! {
-        _ = released => Ok(()),
-        _ = core.background().sleep_until(wake_at) => core.ensure_open(),
+        _ = released => Ok(Woken::ByMessage),
+        _ = core.background().sleep_until(wake_at) => core.ensure_open().map(|()| Woken::ByTimer),
         _ = core.closing().cancelled() => Err(Error::Shutdown),
     }
+}
+
+/// What ended a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// A message (or a reconnect, which wakes everyone).
+    ByMessage,
+    /// The fallback timer, or the caller's deadline.
+    ByTimer,
 }
 
 /// A direct grant among the messages addressed to this waiter, if one came: the guard it

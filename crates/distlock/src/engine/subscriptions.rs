@@ -273,6 +273,18 @@ impl Subscription {
         std::mem::take(&mut *lock_mailbox(&self.mailbox))
     }
 
+    /// True while this waiter is in a queue kept in arrival order and not at its head.
+    pub(crate) fn is_behind(&self) -> bool {
+        let Some(ticket) = self.ticket else {
+            return false;
+        };
+        self.shared
+            .channels()
+            .get(&self.channel)
+            .and_then(|entry| entry.queues.get(&self.queue))
+            .is_some_and(|queue| !queue.is_head(ticket))
+    }
+
     /// True if other local waiters were queued when this one joined: it should wait for
     /// its turn rather than try ahead of them.
     pub(crate) fn joined_a_queue(&self) -> bool {

@@ -138,6 +138,11 @@ impl Queue {
         self.waiters == 0
     }
 
+    /// True if `ticket` is the first in line.
+    pub(crate) fn is_head(&self, ticket: u64) -> bool {
+        self.tickets.front().is_some_and(|head| head.id == ticket)
+    }
+
     /// Applies a message with `payload` to the waiters.
     pub(crate) fn deliver(&self, payload: &[u8]) {
         match self.rule {
