@@ -41,8 +41,9 @@ impl Drop for SessionInner {
     fn drop(&mut self) {
         self.core.close();
         self.core
+            .parts
             .background
-            .shutdown_blocking(self.core.config.release_window());
+            .shutdown_blocking(self.core.parts.config.release_window());
     }
 }
 
@@ -63,7 +64,10 @@ impl Session {
     pub(crate) async fn shutdown(&self) {
         let core = &self.inner.core;
         core.close();
-        core.background.shutdown(core.config.release_window()).await;
+        core.parts
+            .background
+            .shutdown(core.parts.config.release_window())
+            .await;
     }
 }
 
@@ -76,9 +80,14 @@ pub(crate) struct Parts {
     pub(crate) latches: Latches,
     pub(crate) background: Background,
     pub(crate) deployment: Deployment,
+    /// Where the client connected (`host:port` of the server or first cluster seed):
+    /// names the node in errors, and orders locks of one name on different deployments.
     pub(crate) target: String,
+    /// Where lock writes go when they wait for replicas (empty while replica sync is off).
     pub(crate) synced: SyncSlot,
+    /// How to reach the servers again, for connections of their own.
     pub(crate) servers: Servers,
+    /// Whether the server may evict keys, as last checked.
     pub(crate) eviction: Arc<EvictionWatch>,
 }
 
@@ -90,22 +99,8 @@ pub(crate) struct Core {
     owners: AtomicU64,
     /// Numbers release requests; with the client id it names their unlock latches.
     requests: AtomicU64,
-    connection: Connection,
-    config: Config,
-    subscriptions: Subscriptions,
-    watchdog: Watchdog,
-    latches: Latches,
-    background: Background,
-    deployment: Deployment,
-    /// Where the client connected (`host:port` of the server or first cluster seed): names
-    /// the node in errors, and orders locks of one name on different deployments.
-    target: String,
-    /// Where lock writes go when they wait for replicas (empty while replica sync is off).
-    synced: SyncSlot,
-    /// How to reach the servers again, for connections of their own.
-    servers: Servers,
-    /// Whether the server may evict keys, as last checked.
-    eviction: Arc<EvictionWatch>,
+    /// What the client assembled at connect.
+    parts: Parts,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
 }
@@ -155,34 +150,11 @@ impl fmt::Write for OwnerBuf {
 
 impl Core {
     pub(crate) fn new(parts: Parts) -> Self {
-        let Parts {
-            connection,
-            config,
-            subscriptions,
-            watchdog,
-            latches,
-            background,
-            deployment,
-            target,
-            synced,
-            servers,
-            eviction,
-        } = parts;
         Self {
             id: uuid::Uuid::new_v4().to_string(),
             owners: AtomicU64::new(0),
             requests: AtomicU64::new(0),
-            connection,
-            config,
-            subscriptions,
-            watchdog,
-            latches,
-            background,
-            deployment,
-            target,
-            synced,
-            servers,
-            eviction,
+            parts,
             closing: CancellationToken::new(),
         }
     }
@@ -194,7 +166,7 @@ impl Core {
 
     /// How to reach the servers again, for connections of their own.
     pub(crate) fn servers(&self) -> &Servers {
-        &self.servers
+        &self.parts.servers
     }
 
     /// A new owner, never used before by any client: this client's id and a number.
@@ -233,7 +205,7 @@ impl Core {
     /// Fails while the server is known to evict keys (see [`EvictionWatch`]): nothing new
     /// is acquired where its key could be evicted.
     pub(crate) fn ensure_keys_stay(&self) -> Result<()> {
-        self.eviction.ensure_safe()
+        self.parts.eviction.ensure_safe()
     }
 
     /// Cancelled once the client starts shutting down.
@@ -245,11 +217,11 @@ impl Core {
     /// waiting, and every live holding is marked lost, because nothing will renew it.
     pub(crate) fn close(&self) {
         self.closing.cancel();
-        self.watchdog.close();
+        self.parts.watchdog.close();
     }
 
     pub(crate) fn connection(&self) -> Connection {
-        self.connection.clone()
+        self.parts.connection.clone()
     }
 
     /// [`Core::request`] for a single command.
@@ -278,35 +250,35 @@ impl Core {
     }
 
     pub(crate) fn config(&self) -> &Config {
-        &self.config
+        &self.parts.config
     }
 
     pub(crate) fn subscriptions(&self) -> &Subscriptions {
-        &self.subscriptions
+        &self.parts.subscriptions
     }
 
     pub(crate) fn watchdog(&self) -> &Watchdog {
-        &self.watchdog
+        &self.parts.watchdog
     }
 
     pub(crate) fn latches(&self) -> &Latches {
-        &self.latches
+        &self.parts.latches
     }
 
     pub(crate) fn background(&self) -> &Background {
-        &self.background
+        &self.parts.background
     }
 
     pub(crate) fn deployment(&self) -> Deployment {
-        self.deployment
+        self.parts.deployment
     }
 
     pub(crate) fn target(&self) -> &str {
-        &self.target
+        &self.parts.target
     }
 
     /// The synced-write connections and policy, when replica sync is on.
     pub(crate) fn synced(&self) -> Option<&SyncedWrites> {
-        self.synced.get()
+        self.parts.synced.get()
     }
 }

@@ -15,7 +15,7 @@ use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::is_connection_failure;
+use crate::error::{is_connection_failure, Result};
 use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
@@ -130,6 +130,34 @@ impl RwAttempt {
     }
 }
 
+impl RwAttempt {
+    /// Sends an acquisition `call` made for `owner`. A reply lost to a connection failure
+    /// gives up, in the background, whatever the owner may have taken (`write`: the
+    /// write hold).
+    async fn send(&self, call: ScriptCall, owner: &Arc<str>, write: bool) -> Result<i64> {
+        let mut connection = self.core.connection();
+        match call.invoke(&mut connection).await {
+            Ok(reply) => Ok(reply),
+            Err(err) => {
+                if is_connection_failure(&err) {
+                    let scripts: Arc<dyn HoldScripts> = if write {
+                        Arc::new(WriteScripts(Arc::clone(&self.keys)))
+                    } else {
+                        Arc::new(ReadScripts(Arc::clone(&self.keys)))
+                    };
+                    give_up(
+                        &self.core,
+                        scripts,
+                        Arc::clone(&self.keys.lock),
+                        Arc::clone(owner),
+                    );
+                }
+                Err(err.into())
+            }
+        }
+    }
+}
+
 /// Gives up, in the background, whatever `owner` may hold (an attempt whose reply was
 /// lost): harmless if it holds nothing.
 fn give_up(core: &Arc<Core>, scripts: Arc<dyn HoldScripts>, name: Arc<str>, owner: Arc<str>) {
@@ -167,20 +195,10 @@ impl Acquire for ReadAttempt {
             .arg(if rw.prefer_writers { "1" } else { "0" })
             .arg("0");
         let sent_at = Instant::now();
-        let made = self.clone_for_reply();
+        let made = ReadAttempt(rw.shallow_clone());
         Box::pin(async move {
             let rw = &made.0;
-            let mut connection = rw.core.connection();
-            let reply: i64 = match call.invoke(&mut connection).await {
-                Ok(reply) => reply,
-                Err(err) => {
-                    if is_connection_failure(&err) {
-                        let scripts = Arc::new(ReadScripts(Arc::clone(&rw.keys)));
-                        give_up(&rw.core, scripts, Arc::clone(&rw.keys.lock), owner);
-                    }
-                    return Err(err.into());
-                }
-            };
+            let reply = rw.send(call, &owner, false).await?;
             Ok(match reply {
                 1 => Attempt::Acquired(rw.acquired(owner, 0, sent_at, false)),
                 // A writer waits first (writer preference), whose release wakes us, or
@@ -206,12 +224,6 @@ impl Acquire for ReadAttempt {
         // waiter per client: missing it left a Redisson writer waiting out the readers'
         // lease. Every message wakes every local waiter; each looks again.
         WakeRule::All
-    }
-}
-
-impl ReadAttempt {
-    fn clone_for_reply(&self) -> ReadAttempt {
-        ReadAttempt(self.0.shallow_clone())
     }
 }
 
@@ -258,17 +270,7 @@ impl Acquire for WriteAttempt {
         let made = WriteAttempt(rw.shallow_clone());
         Box::pin(async move {
             let rw = &made.0;
-            let mut connection = rw.core.connection();
-            let reply: i64 = match call.invoke(&mut connection).await {
-                Ok(reply) => reply,
-                Err(err) => {
-                    if is_connection_failure(&err) {
-                        let scripts = Arc::new(WriteScripts(Arc::clone(&rw.keys)));
-                        give_up(&rw.core, scripts, Arc::clone(&rw.keys.lock), field);
-                    }
-                    return Err(err.into());
-                }
-            };
+            let reply = rw.send(call, &field, true).await?;
             Ok(match reply {
                 token @ 1.. => {
                     Attempt::Acquired(rw.acquired(field, token.unsigned_abs(), sent_at, true))
