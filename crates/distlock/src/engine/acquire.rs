@@ -45,6 +45,7 @@ use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 use crate::engine::detach::Detached;
+use crate::engine::observe;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::{Subscription, WakeRule};
 use crate::error::{Error, Result};
@@ -83,6 +84,9 @@ pub(crate) trait Acquire {
     /// channel (Redisson's layout gives `X` and `{X}` one), but each has its own queue, so
     /// a waiter never waits behind, or takes the wake-up of, a waiter for another lock.
     fn queue(&self) -> &str;
+
+    /// The kind of primitive, for logs and metrics labels.
+    fn kind(&self) -> &'static str;
 
     /// What a message on the channel means for this primitive's local waiters.
     fn wake_rule(&self) -> WakeRule {
@@ -177,8 +181,20 @@ pub(crate) async fn acquire<A: Acquire>(
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
+    let started = Instant::now();
     let mut abandon = Abandon::new(core, primitive.abandon());
     let outcome = wait_for(core, primitive, patience, &abandon).await;
+    let ended = match &outcome {
+        Ok(Some(_)) => observe::Outcome::Acquired,
+        Ok(None) => observe::Outcome::Busy,
+        Err(_) => observe::Outcome::Error,
+    };
+    observe::acquisition(
+        primitive.kind(),
+        primitive.queue(),
+        started.elapsed(),
+        ended,
+    );
     if matches!(outcome, Ok(Some(_))) {
         abandon.disarm();
     } else {

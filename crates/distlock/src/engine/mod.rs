@@ -13,7 +13,9 @@
 //! - [`lease_set`]: leases made of other leases (a MultiLock's, a RedLock's);
 //! - [`detach`]: run-to-completion, so a cancelled caller never leaves a script's effect
 //!   half-handled;
-//! - [`latches`]: deleting the answers of releases once read.
+//! - [`latches`]: deleting the answers of releases once read;
+//! - [`observe`]: tracing events and, with the `metrics` feature, metrics of acquisitions
+//!   and lost leases.
 //!
 //! A primitive only describes its scripts, channels and lease kinds; it never writes its
 //! own wait or renewal loop.
@@ -22,6 +24,7 @@ pub(crate) mod acquire;
 pub(crate) mod detach;
 pub(crate) mod latches;
 pub(crate) mod lease_set;
+pub(crate) mod observe;
 pub(crate) mod renewal;
 pub(crate) mod session;
 pub(crate) mod subscriptions;

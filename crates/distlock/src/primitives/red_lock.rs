@@ -303,6 +303,10 @@ enum Answer {
 impl Acquire for RedLockAttempt {
     type Guard = RedLockGuard;
 
+    fn kind(&self) -> &'static str {
+        "red_lock"
+    }
+
     fn attempt(&self) -> AttemptFuture<RedLockGuard> {
         let masters = Arc::clone(&self.masters);
         let home = Arc::clone(&self.home);

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::observe;
 use crate::transport::connection::Connection;
 use crate::transport::deployment::Deployment;
 use crate::transport::replica_sync::SyncSlot;
@@ -99,6 +100,9 @@ impl Entry {
     }
 
     pub(super) fn mark_lost(&mut self) {
+        if !self.lost && !self.closing {
+            observe::lost(self.kind.name);
+        }
         self.lost = true;
         self.renew = false;
         if let Some(signal) = &self.signal {

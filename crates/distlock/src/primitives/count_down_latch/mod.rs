@@ -196,6 +196,10 @@ struct Opening {
 impl Acquire for Opening {
     type Guard = ();
 
+    fn kind(&self) -> &'static str {
+        "latch"
+    }
+
     fn attempt(&self) -> AttemptFuture<()> {
         let (core, keys) = (Arc::clone(&self.core), Arc::clone(&self.keys));
         Box::pin(async move {

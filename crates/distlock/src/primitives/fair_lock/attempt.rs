@@ -74,6 +74,10 @@ impl Owner {
 impl Acquire for FairAttempt {
     type Guard = Hold;
 
+    fn kind(&self) -> &'static str {
+        "fair_lock"
+    }
+
     fn attempt(&self) -> AttemptFuture<Hold> {
         let keys = &self.owner.keys;
         let mut call = ScriptCall::new(

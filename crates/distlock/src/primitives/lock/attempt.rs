@@ -45,6 +45,10 @@ impl LockAttempt {
 impl Acquire for LockAttempt {
     type Guard = Hold;
 
+    fn kind(&self) -> &'static str {
+        "lock"
+    }
+
     fn attempt(&self) -> AttemptFuture<Hold> {
         let core = Arc::clone(&self.core);
         let name = Arc::clone(&self.name);

@@ -117,6 +117,7 @@ impl Acquired {
             lease_ms,
             renew,
         } = self;
+        tracing::debug!(key = %name, owner = %owner, token, fixed = !renew, ?lease, "held");
         let (kind, renewed_as) = release.renewal(&owner);
         let lease_entry = core
             .watchdog()

@@ -34,6 +34,10 @@ impl PermitAttempt {
 impl Acquire for PermitAttempt {
     type Guard = Held;
 
+    fn kind(&self) -> &'static str {
+        "permit_semaphore"
+    }
+
     fn attempt(&self) -> AttemptFuture<Held> {
         // Fresh ids for every attempt: an attempt whose reply is lost gives back exactly
         // the permits it may have taken, and nothing of another.

@@ -184,6 +184,10 @@ fn give_up(core: &Arc<Core>, scripts: Arc<dyn HoldScripts>, name: Arc<str>, owne
 impl Acquire for ReadAttempt {
     type Guard = Hold;
 
+    fn kind(&self) -> &'static str {
+        "read_lock"
+    }
+
     fn attempt(&self) -> AttemptFuture<Hold> {
         let rw = &self.0;
         let owner = rw.core.next_owner();
@@ -245,6 +249,10 @@ impl RwAttempt {
 
 impl Acquire for WriteAttempt {
     type Guard = Hold;
+
+    fn kind(&self) -> &'static str {
+        "write_lock"
+    }
 
     fn attempt(&self) -> AttemptFuture<Hold> {
         let rw = &self.0;

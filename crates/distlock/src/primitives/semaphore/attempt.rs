@@ -29,6 +29,10 @@ impl SemaphoreAttempt {
 impl Acquire for SemaphoreAttempt {
     type Guard = Taken;
 
+    fn kind(&self) -> &'static str {
+        "semaphore"
+    }
+
     fn attempt(&self) -> AttemptFuture<Taken> {
         let mut call = ScriptCall::new(&SEMAPHORE_ACQUIRE, &[&self.keys.key], 1);
         call.arg(self.permits);
