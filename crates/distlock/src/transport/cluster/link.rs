@@ -47,7 +47,7 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 
-use super::redirect::{direct_slot, misrouted, redirection, retry_pause, Misrouted};
+use super::redirect::{direct_slot, misrouted, redirection, retry_pause, within, Misrouted};
 use super::topology::{dialable, Node, Owner, Topology, REPLICAS_RECHECK};
 use super::CLUSTER_RETRIES;
 
@@ -228,21 +228,6 @@ impl ClusterLink {
             return Ok((written, Some((Value::Int(0), required))));
         }
         Ok((written, waited))
-    }
-
-    /// `work`, cut off at the response timeout.
-    async fn bounded<T>(
-        &self,
-        work: impl std::future::Future<Output = RedisResult<T>>,
-    ) -> RedisResult<T> {
-        tokio::time::timeout(self.shared.response_timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "a cluster pipeline and its redirections outlasted the response timeout",
-                )))
-            })
     }
 
     /// True unless this link's turn for the master of `write`'s slot is taken: a hint for
@@ -694,9 +679,12 @@ impl ConnectionLike for ClusterLink {
                         pipeline: pipeline.clone(),
                         exclusive: false,
                     };
-                    self.bounded(self.pipeline_to_slot(slot, &compose))
-                        .await
-                        .map(|sent| sent.replies)
+                    within(
+                        self.shared.response_timeout,
+                        self.pipeline_to_slot(slot, &compose),
+                    )
+                    .await
+                    .map(|sent| sent.replies)
                 }
                 _ => {
                     self.fallback

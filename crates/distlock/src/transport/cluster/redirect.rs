@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
-use redis::{Arg, Cmd, Value};
+use redis::{Arg, Cmd, RedisResult, Value};
 
 use super::topology::Node;
 use super::{CLUSTER_MAX_RETRY_WAIT_MS, CLUSTER_MIN_RETRY_WAIT_MS};
@@ -17,6 +17,22 @@ pub(crate) async fn retry_pause(attempt: u32) {
         .saturating_mul(1 << attempt.min(10))
         .min(CLUSTER_MAX_RETRY_WAIT_MS);
     tokio::time::sleep(Duration::from_millis(pause)).await;
+}
+
+/// `work`, cut off at `timeout`: a pipeline and every redirection it follows are bounded
+/// as redis-rs's response timeout bounds a command.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    work: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "a cluster pipeline and its redirections outlasted the response timeout",
+            )))
+        })
 }
 
 /// The slot and node of a MOVED or ASK reply's detail: `<slot> <host>:<port>`.
