@@ -35,6 +35,7 @@ enum Scenario {
     Failover,
     Network,
     Fair,
+    Rw,
 }
 
 #[derive(Debug, Parser)]
@@ -172,6 +173,11 @@ async fn run(args: Args) -> BenchResult<()> {
     if wanted(Scenario::Fair) {
         let connection = client.connection();
         for report in scenarios::fair::run(&url, &connection, plan).await? {
+            emit(report);
+        }
+    }
+    if wanted(Scenario::Rw) {
+        for report in scenarios::rw::run(&client, plan).await? {
             emit(report);
         }
     }

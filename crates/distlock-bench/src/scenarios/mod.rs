@@ -10,6 +10,7 @@ pub mod network;
 pub mod parallel;
 pub mod redlock;
 pub mod replica_sync;
+pub mod rw;
 pub mod uncontended;
 pub mod watchdog;
 
