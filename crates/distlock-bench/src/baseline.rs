@@ -21,8 +21,9 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(include_str!(
-        "../../distlock/src/primitives/lock/scripts/lock_release.lua"
+    Script::new(concat!(
+        include_str!("../../distlock/src/primitives/shared/latch.lua"),
+        include_str!("../../distlock/src/primitives/lock/scripts/lock_release.lua")
     ))
 });
 

@@ -11,6 +11,7 @@ pub(crate) static FAIR_ACQUIRE: LuaScript = LuaScript::new(concat!(
 ));
 pub(crate) static FAIR_RELEASE: LuaScript = LuaScript::new(concat!(
     include_str!("../shared/fence.lua"),
+    include_str!("../shared/latch.lua"),
     include_str!("scripts/queue.lua"),
     include_str!("scripts/fair_release.lua")
 ));

@@ -13,8 +13,10 @@ pub(crate) static LOCK_ACQUIRE: LuaScript = LuaScript::new(concat!(
 ));
 pub(crate) static LOCK_REENTER: LuaScript =
     LuaScript::new(include_str!("scripts/lock_reenter.lua"));
-pub(crate) static LOCK_RELEASE: LuaScript =
-    LuaScript::new(include_str!("scripts/lock_release.lua"));
+pub(crate) static LOCK_RELEASE: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/latch.lua"),
+    include_str!("scripts/lock_release.lua")
+));
 pub(crate) static LOCK_RENEW: LuaScript = LuaScript::new(include_str!("scripts/lock_renew.lua"));
 pub(crate) static LOCK_FORCE_UNLOCK: LuaScript =
     LuaScript::new(include_str!("scripts/lock_force_unlock.lua"));

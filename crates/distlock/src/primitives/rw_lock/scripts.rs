@@ -8,6 +8,7 @@ use crate::transport::script::LuaScript;
 macro_rules! rw_script {
     ($file:literal) => {
         LuaScript::new(concat!(
+            include_str!("../shared/latch.lua"),
             include_str!("scripts/rw_common.lua"),
             include_str!($file)
         ))

@@ -5,8 +5,10 @@ use crate::transport::script::LuaScript;
 
 pub(crate) static SEMAPHORE_ACQUIRE: LuaScript =
     LuaScript::new(include_str!("scripts/semaphore_acquire.lua"));
-pub(crate) static SEMAPHORE_ADD: LuaScript =
-    LuaScript::new(include_str!("scripts/semaphore_add.lua"));
+pub(crate) static SEMAPHORE_ADD: LuaScript = LuaScript::new(concat!(
+    include_str!("../shared/latch.lua"),
+    include_str!("scripts/semaphore_add.lua")
+));
 pub(crate) static SEMAPHORE_SET: LuaScript =
     LuaScript::new(include_str!("scripts/semaphore_set.lua"));
 pub(crate) static SEMAPHORE_DRAIN: LuaScript =

@@ -1,6 +1,8 @@
 -- Gives back one hold of a fair lock; the last hold hands the lock to the head of the
 -- queue. Built with ../../shared/fence.lua and queue.lua in front.
 --
+-- ../../shared/latch.lua is put in front (latched_answer: a retry's first answer).
+--
 -- KEYS[1]  lock hash
 -- KEYS[2]  queue (list)
 -- KEYS[3]  timeouts (sorted set)
@@ -26,11 +28,9 @@
 --
 -- The final release hands the lock on in the same call (queue.lua's hand_to_head): a
 -- distlock waiter at the head holds it, with its token, before this reply is sent.
-if ARGV[5] == '1' and ARGV[4] ~= '0' then
-    local cached = redis.call('get', KEYS[7])
-    if cached then
-        return tonumber(cached)
-    end
+local latched = latched_answer(KEYS[7], ARGV[5], ARGV[4])
+if latched then
+    return latched
 end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1

@@ -1,5 +1,7 @@
 -- Gives back one hold of a holding; the last hold frees the lock and wakes a waiter.
 --
+-- ../../shared/latch.lua is put in front (latched_answer: a retry's first answer).
+--
 -- KEYS[1]  lock hash
 -- KEYS[2]  release channel (a key, so that on a cluster it is slot-checked with the lock
 --          and a sharded publish routes with it)
@@ -22,11 +24,9 @@
 --
 -- A partial release sets an absolute count, so repeating it is harmless and needs no
 -- latch. The client deletes the latch once it has read the reply.
-if ARGV[6] == '1' and ARGV[5] ~= '0' then
-    local cached = redis.call('get', KEYS[3])
-    if cached then
-        return tonumber(cached)
-    end
+local latched = latched_answer(KEYS[3], ARGV[6], ARGV[5])
+if latched then
+    return latched
 end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1

@@ -1,6 +1,8 @@
 -- Gives back one read hold; the last hold of the last reader frees the lock and
 -- publishes `0` (Redisson's read unlock). Built with rw_common.lua in front.
 --
+-- ../../shared/latch.lua is put in front (latched_answer: a retry's first answer).
+--
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the channel, redisson_rwlock:{name}
 -- KEYS[3]  unlock latch (answer of a final release, for a retry after a lost reply)
@@ -13,11 +15,9 @@
 -- ARGV[7]  `<base>`: `{name}`, or the name when it carries its own hash tag
 --
 -- Returns the owner's read holds left, or -1 when it holds none (nothing is written).
-if ARGV[5] == '1' and ARGV[4] ~= '0' then
-    local cached = redis.call('get', KEYS[3])
-    if cached then
-        return tonumber(cached)
-    end
+local latched = latched_answer(KEYS[3], ARGV[5], ARGV[4])
+if latched then
+    return latched
 end
 local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
 if not holds then

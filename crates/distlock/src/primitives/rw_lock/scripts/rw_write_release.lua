@@ -3,6 +3,8 @@
 -- downgrade), leaves the lock to them in read mode and publishes `1` so that waiting
 -- readers join them. Built with rw_common.lua in front.
 --
+-- ../../shared/latch.lua is put in front (latched_answer: a retry's first answer).
+--
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the channel, redisson_rwlock:{name}
 -- KEYS[3]  unlock latch
@@ -15,11 +17,9 @@
 -- ARGV[7]  `<base>`: `{name}`, or the name when it carries its own hash tag
 --
 -- Returns the write holds left, or -1 when the owner does not hold the write lock.
-if ARGV[5] == '1' and ARGV[4] ~= '0' then
-    local cached = redis.call('get', KEYS[3])
-    if cached then
-        return tonumber(cached)
-    end
+local latched = latched_answer(KEYS[3], ARGV[5], ARGV[4])
+if latched then
+    return latched
 end
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1

@@ -1,6 +1,8 @@
 -- Adds permits to a semaphore (a release, or `add_permits`), and publishes the new count
 -- on its channel, as Redisson's release does: each waiter wakes up to that many waiters.
 --
+-- ../../shared/latch.lua is put in front (latched_answer: a retry's first answer).
+--
 -- KEYS[1]  the semaphore: a string holding how many permits are free
 -- KEYS[2]  its channel, redisson_sc:{name} (a key, so that on a cluster it is checked
 --          with the semaphore's slot and a sharded publish routes with it)
@@ -13,11 +15,9 @@
 --
 -- Returns the number of free permits after the change, or fails when the key holds
 -- something else than a count.
-if ARGV[4] == '1' then
-    local cached = redis.call('get', KEYS[3])
-    if cached then
-        return tonumber(cached)
-    end
+local latched = latched_answer(KEYS[3], ARGV[4], ARGV[3])
+if latched then
+    return latched
 end
 local free = redis.call('get', KEYS[1])
 if free ~= false and tonumber(free) == nil then
