@@ -14,6 +14,8 @@
 //! - [`detach`]: run-to-completion, so a cancelled caller never leaves a script's effect
 //!   half-handled;
 //! - [`latches`]: deleting the answers of releases once read;
+//! - [`write`]: acquisitions sent with replica sync, and given back when they cannot be
+//!   trusted;
 //! - [`observe`]: tracing events and, with the `metrics` feature, metrics of acquisitions
 //!   and lost leases.
 //!
@@ -29,3 +31,4 @@ pub(crate) mod renewal;
 pub(crate) mod session;
 pub(crate) mod subscriptions;
 pub(crate) mod waiters;
+pub(crate) mod write;

@@ -114,14 +114,9 @@ impl CountDownLatch {
             }
         };
         let core = self.session.core();
-        let set: i64 = core
-            .request(|mut connection| {
-                let mut call =
-                    ScriptCall::new(&LATCH_SET, &[&self.keys.key, &self.keys.channel], 2);
-                call.arg(count).arg(core.deployment().publish_command());
-                async move { call.invoke(&mut connection).await }
-            })
-            .await?;
+        let mut call = ScriptCall::new(&LATCH_SET, &[&self.keys.key, &self.keys.channel], 2);
+        call.arg(count).arg(core.deployment().publish_command());
+        let set: i64 = core.write(&call, &self.keys.key, true).await?;
         Ok(set == 1)
     }
 
@@ -130,11 +125,9 @@ impl CountDownLatch {
     pub async fn count_down(&self) -> Result<u64> {
         // Sent once: sent again after a lost reply, it would count down twice.
         let core = self.session.core();
-        core.ensure_open()?;
-        let mut connection = core.connection();
         let mut call = ScriptCall::new(&LATCH_COUNT_DOWN, &[&self.keys.key, &self.keys.channel], 1);
         call.arg(core.deployment().publish_command());
-        let left: i64 = call.invoke(&mut connection).await?;
+        let left: i64 = core.write(&call, &self.keys.key, false).await?;
         Ok(left.max(0).unsigned_abs())
     }
 

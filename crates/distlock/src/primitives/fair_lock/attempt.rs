@@ -103,8 +103,16 @@ impl Acquire for FairAttempt {
         Box::pin(async move {
             let core = &owner.core;
             core.ensure_keys_stay()?;
-            let mut connection = core.connection();
-            let reply: redis::Value = call.invoke(&mut connection).await?;
+            // A grant no replica acknowledged, or one whose reply was lost, is given on:
+            // the owner leaves the queue (a waiting call queues again at the back).
+            let reply: redis::Value = core
+                .take(
+                    &call,
+                    &owner.keys.lock,
+                    |reply| matches!(read_reply(reply), Ok(Reply::Token(_))),
+                    |_| leave(&owner),
+                )
+                .await?;
             Ok(match read_reply(&reply)? {
                 Reply::Token(token) => Attempt::Acquired(owner.hold(token, sent_at)),
                 // Queued (or not, for a caller that will not wait): look again when the
@@ -146,29 +154,41 @@ impl Acquire for FairAttempt {
         if !self.queue {
             return None;
         }
-        let keys = &self.owner.keys;
-        let mut call = ScriptCall::new(
-            &FAIR_LEAVE,
-            &[
-                &keys.lock,
-                &keys.queue,
-                &keys.timeouts,
-                &keys.waiters,
-                &keys.token_key,
-                &keys.channel,
-            ],
-            4,
-        );
-        call.arg(&*self.owner.owner)
-            .arg(self.owner.core.deployment().publish_command())
-            .arg(&*keys.other_token_key)
-            .arg(keys.redisson_wait_ms);
-        let core = Arc::clone(&self.owner.core);
+        let leaving = leave(&self.owner);
         Some(Box::pin(async move {
-            let mut connection = core.connection();
-            let _: i64 = call.invoke(&mut connection).await?;
+            leaving.await;
             Ok(())
         }))
+    }
+}
+
+/// `owner` leaves the queue, and gives the lock on if it was granted meanwhile: the
+/// clean-up of a wait that ends without the lock, and the give-back of a grant that
+/// cannot be trusted.
+fn leave(owner: &Arc<Owner>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let keys = &owner.keys;
+    let mut call = ScriptCall::new(
+        &FAIR_LEAVE,
+        &[
+            &keys.lock,
+            &keys.queue,
+            &keys.timeouts,
+            &keys.waiters,
+            &keys.token_key,
+            &keys.channel,
+        ],
+        4,
+    );
+    call.arg(&*owner.owner)
+        .arg(owner.core.deployment().publish_command())
+        .arg(&*keys.other_token_key)
+        .arg(keys.redisson_wait_ms);
+    let owner = Arc::clone(owner);
+    async move {
+        let mut connection = owner.core.connection();
+        if let Err(err) = call.invoke::<i64>(&mut connection).await {
+            tracing::warn!(lock = %owner.keys.lock, error = %err, "could not leave a fair lock's queue; the place runs out with its alive time");
+        }
     }
 }
 

@@ -10,7 +10,6 @@ use super::holding::{Acquired, Hold, PlainRelease};
 use super::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, RELEASE_MESSAGE};
 use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::session::Core;
-use crate::error::{is_connection_failure, Error};
 use crate::transport::script::ScriptCall;
 
 /// One acquisition, ready to be tried as often as the engine needs.
@@ -65,45 +64,25 @@ impl Acquire for LockAttempt {
             // RedLock's masters) without the engine: each server's own policy counts.
             core.ensure_keys_stay()?;
             let owner = core.next_owner();
-            let mut connection = core.connection();
             let mut call = ScriptCall::new(&LOCK_ACQUIRE, &[&name, &token_key], 3);
             call.arg(lease_ms).arg(&*owner).arg(&*other_token_key);
-            let reply = match core.synced() {
-                None => call.invoke::<i64>(&mut connection).await,
-                Some(synced) => match call.invoke_synced::<i64>(synced).await {
-                    Ok((token, acks)) if token >= 1 && !acks.enough() => {
-                        // No replica has it: a failover now would hand the lock to
-                        // someone else while this owner trusts it. Give it back.
-                        abandon(&core, &name, &channel, &owner);
-                        return Err(Error::NotReplicated {
-                            name: name.to_string(),
-                            acknowledged: acks.acknowledged,
-                            required: acks.required,
-                            timeout: synced.policy().timeout,
-                        });
-                    }
-                    #[cfg(feature = "cluster")]
-                    Err(err) if crate::transport::cluster::link::never_sent(&err) => {
-                        return Err(Error::NotReplicated {
-                            name: name.to_string(),
-                            acknowledged: 0,
-                            required: synced.policy().replicas,
-                            timeout: synced.policy().timeout,
-                        });
-                    }
-                    other => other.map(|(reply, _)| reply),
-                },
-            };
-            let reply = match reply {
-                Ok(reply) => reply,
-                Err(err) => {
-                    if is_connection_failure(&err) {
-                        // The script may have run: give up whatever this owner took.
-                        abandon(&core, &name, &channel, &owner);
-                    }
-                    return Err(err.into());
-                }
-            };
+            // Given back when its reply is lost or no replica has it: this owner is new to
+            // this attempt, so no later attempt can be what the give-back releases.
+            let reply = core
+                .take::<i64, _>(
+                    &call,
+                    &name,
+                    |token| *token >= 1,
+                    |_| {
+                        give_up(
+                            Arc::clone(&core),
+                            Arc::clone(&name),
+                            Arc::clone(&channel),
+                            Arc::clone(&owner),
+                        )
+                    },
+                )
+                .await?;
             match reply {
                 token @ 1.. => Ok(Attempt::Acquired(
                     Acquired {
@@ -136,35 +115,27 @@ impl Acquire for LockAttempt {
     }
 }
 
-/// Sends, in the background, a release for an owner that may or may not hold the lock (an
-/// attempt whose reply was lost). Harmless if it holds nothing.
-fn abandon(core: &Arc<Core>, name: &Arc<str>, channel: &Arc<str>, owner: &Arc<str>) {
-    let (core_for_task, name, channel, owner) = (
-        Arc::clone(core),
-        Arc::clone(name),
-        Arc::clone(channel),
-        Arc::clone(owner),
-    );
-    core.background().spawn(async move {
-        let mut connection = core_for_task.connection();
-        let outcome = ScriptCall::new(&LOCK_RELEASE, &[&name, &channel, &name], 7)
-            .arg(&*owner)
-            .arg(0)
-            .arg(1)
-            .arg(RELEASE_MESSAGE)
-            .arg(0)
-            .arg(0)
-            .arg(core_for_task.deployment().publish_command())
-            .invoke::<i64>(&mut connection)
-            .await;
-        match outcome {
-            Ok(0..) => tracing::debug!(lock = %name, "gave up a hold whose reply was lost"),
-            Ok(_) => {}
-            Err(err) => tracing::warn!(
-                error = %err,
-                lock = %name,
-                "could not give up an acquisition whose reply was lost; it expires with its lease"
-            ),
-        }
-    });
+/// Releases whatever `owner` may hold (an attempt whose reply was lost, or that no
+/// replica acknowledged). Harmless if it holds nothing.
+async fn give_up(core: Arc<Core>, name: Arc<str>, channel: Arc<str>, owner: Arc<str>) {
+    let mut connection = core.connection();
+    let outcome = ScriptCall::new(&LOCK_RELEASE, &[&name, &channel, &name], 7)
+        .arg(&*owner)
+        .arg(0)
+        .arg(1)
+        .arg(RELEASE_MESSAGE)
+        .arg(0)
+        .arg(0)
+        .arg(core.deployment().publish_command())
+        .invoke::<i64>(&mut connection)
+        .await;
+    match outcome {
+        Ok(0..) => tracing::debug!(lock = %name, "gave up a hold whose reply was lost"),
+        Ok(_) => {}
+        Err(err) => tracing::warn!(
+            error = %err,
+            lock = %name,
+            "could not give up an acquisition whose reply was lost; it expires with its lease"
+        ),
+    }
 }

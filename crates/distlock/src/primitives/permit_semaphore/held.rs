@@ -12,7 +12,7 @@ use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::lease::Lease;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::{is_connection_failure, Result};
+use crate::error::Result;
 use crate::transport::script::ScriptCall;
 
 /// One acquisition of `permits` leased permits.
@@ -59,22 +59,23 @@ impl Acquire for PermitAttempt {
         let (lease, renew) = (self.lease, self.renew);
         let sent_at = Instant::now();
         Box::pin(async move {
-            let mut connection = core.connection();
-            let reply: i64 = match call.invoke(&mut connection).await {
-                Ok(reply) => reply,
-                Err(err) => {
-                    if is_connection_failure(&err) {
-                        // The permits may have been taken: give them back by id.
+            // Permits whose reply was lost, or that no replica acknowledged, are given
+            // back by id: exactly the ones this attempt may have taken.
+            let reply: i64 = core
+                .take(
+                    &call,
+                    &keys.count,
+                    |reply| *reply == 1,
+                    |_| {
                         let giving_back = give_back(&core, &keys, &ids);
-                        core.background().spawn(async move {
+                        async move {
                             if let Err(err) = giving_back.await {
-                                tracing::warn!(error = %err, "could not give back permits whose acquisition reply was lost; their leases run out");
+                                tracing::warn!(error = %err, "could not give back permits that cannot be trusted; their leases run out");
                             }
-                        });
-                    }
-                    return Err(err.into());
-                }
-            };
+                        }
+                    },
+                )
+                .await?;
             Ok(match reply {
                 1 => Attempt::Acquired(Held::new(core, keys, ids, sent_at, lease, renew)),
                 0 => Attempt::Busy { retry_after: None },

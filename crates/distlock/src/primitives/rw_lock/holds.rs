@@ -15,7 +15,7 @@ use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::{is_connection_failure, Result};
+use crate::error::Result;
 use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
@@ -131,54 +131,51 @@ impl RwAttempt {
 }
 
 impl RwAttempt {
-    /// Sends an acquisition `call` made for `owner`. A reply lost to a connection failure
-    /// gives up, in the background, whatever the owner may have taken (`write`: the
-    /// write hold).
+    /// Sends an acquisition `call` made for `owner` (`write`: for the write hold). A hold
+    /// whose reply was lost, or that no replica acknowledged, is given up.
     async fn send(&self, call: ScriptCall, owner: &Arc<str>, write: bool) -> Result<i64> {
-        let mut connection = self.core.connection();
-        match call.invoke(&mut connection).await {
-            Ok(reply) => Ok(reply),
-            Err(err) => {
-                if is_connection_failure(&err) {
-                    let scripts: Arc<dyn HoldScripts> = if write {
-                        Arc::new(WriteScripts(Arc::clone(&self.keys)))
-                    } else {
-                        Arc::new(ReadScripts(Arc::clone(&self.keys)))
-                    };
+        let scripts: Arc<dyn HoldScripts> = if write {
+            Arc::new(WriteScripts(Arc::clone(&self.keys)))
+        } else {
+            Arc::new(ReadScripts(Arc::clone(&self.keys)))
+        };
+        // A write hold answers its token, a read hold 1.
+        self.core
+            .take(
+                &call,
+                &self.keys.lock,
+                |reply: &i64| *reply >= 1,
+                |_| {
                     give_up(
-                        &self.core,
+                        Arc::clone(&self.core),
                         scripts,
                         Arc::clone(&self.keys.lock),
                         Arc::clone(owner),
-                    );
-                }
-                Err(err.into())
-            }
-        }
+                    )
+                },
+            )
+            .await
     }
 }
 
-/// Gives up, in the background, whatever `owner` may hold (an attempt whose reply was
-/// lost): harmless if it holds nothing.
-fn give_up(core: &Arc<Core>, scripts: Arc<dyn HoldScripts>, name: Arc<str>, owner: Arc<str>) {
-    let task_core = Arc::clone(core);
-    core.background().spawn(async move {
-        let mut connection = task_core.connection();
-        let args = ReleaseArgs {
-            left: 0,
-            lease_ms: 0,
-            latch_ttl_ms: 0,
-            retry: false,
-            publish: task_core.deployment().publish_command(),
-        };
-        let outcome = scripts
-            .release(&name, &owner, &name, &args)
-            .invoke::<i64>(&mut connection)
-            .await;
-        if let Err(err) = outcome {
-            tracing::warn!(lock = %name, error = %err, "could not give up a read-write hold whose reply was lost; it expires with its lease");
-        }
-    });
+/// Gives up whatever `owner` may hold (an attempt whose reply was lost, or that no
+/// replica acknowledged): harmless if it holds nothing.
+async fn give_up(core: Arc<Core>, scripts: Arc<dyn HoldScripts>, name: Arc<str>, owner: Arc<str>) {
+    let mut connection = core.connection();
+    let args = ReleaseArgs {
+        left: 0,
+        lease_ms: 0,
+        latch_ttl_ms: 0,
+        retry: false,
+        publish: core.deployment().publish_command(),
+    };
+    let outcome = scripts
+        .release(&name, &owner, &name, &args)
+        .invoke::<i64>(&mut connection)
+        .await;
+    if let Err(err) = outcome {
+        tracing::warn!(lock = %name, error = %err, "could not give up a read-write hold whose reply was lost; it expires with its lease");
+    }
 }
 
 impl Acquire for ReadAttempt {

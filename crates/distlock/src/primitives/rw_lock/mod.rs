@@ -257,8 +257,9 @@ impl RwLock {
         // on the client's runtime, which gives it back.
         let taking = Detached::new(core.background(), async move {
             let sent_at = tokio::time::Instant::now();
-            let mut connection = task_core.connection();
-            let taken: i64 = call.invoke(&mut connection).await?;
+            // The writer still holds its write hold, which replicas have: a read hold
+            // a failover lost leaves the lock excluded all the same.
+            let taken: i64 = task_core.write(&call, &keys.lock, false).await?;
             if taken != 1 {
                 return Ok(None);
             }

@@ -38,8 +38,17 @@ impl Acquire for SemaphoreAttempt {
         call.arg(self.permits);
         let (core, keys, permits) = (Arc::clone(&self.core), Arc::clone(&self.keys), self.permits);
         Box::pin(async move {
-            let mut connection = core.connection();
-            let taken: i64 = call.invoke(&mut connection).await?;
+            let taken: i64 = core
+                .take(
+                    &call,
+                    &keys.key,
+                    |taken| *taken == 1,
+                    // After a lost reply (`None`) nobody can tell whether the permits
+                    // were taken: adding them back could make more permits than there
+                    // are, so they stay taken (docs/safety.md says so).
+                    |reply| add_back(&core, &keys, reply.map(|_| i64::from(permits))),
+                )
+                .await?;
             Ok(if taken == 1 {
                 Attempt::Acquired(Taken {
                     core: Some(core),
@@ -116,6 +125,21 @@ impl Drop for Taken {
                 tracing::warn!(semaphore = %semaphore.key, error = %err, "could not give back the permits of a dropped guard; they stay taken");
             }
         });
+    }
+}
+
+/// Adds back `permits` that were taken but no replica acknowledged (none when `None`).
+pub(crate) fn add_back(
+    core: &Arc<Core>,
+    keys: &Arc<SemaphoreKeys>,
+    permits: Option<i64>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let adding = permits.map(|permits| add_permits(core, keys, permits));
+    async move {
+        let Some(adding) = adding else { return };
+        if let Err(err) = adding.await {
+            tracing::warn!(error = %err, "could not give back permits no replica acknowledged; they stay taken");
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use attempt::{add_permits, SemaphoreAttempt, Taken};
+use attempt::{add_back, add_permits, SemaphoreAttempt, Taken};
 use scripts::{SEMAPHORE_DRAIN, SEMAPHORE_SET};
 
 use crate::engine::acquire::{acquire, Patience};
@@ -144,14 +144,9 @@ impl Semaphore {
             reason: format!("{permits} is more than a Redis counter holds"),
         })?;
         let core = self.session.core();
-        let set: i64 = core
-            .request(|mut connection| {
-                let mut call =
-                    ScriptCall::new(&SEMAPHORE_SET, &[&self.keys.key, &self.keys.channel], 2);
-                call.arg(permits).arg(core.deployment().publish_command());
-                async move { call.invoke(&mut connection).await }
-            })
-            .await?;
+        let mut call = ScriptCall::new(&SEMAPHORE_SET, &[&self.keys.key, &self.keys.channel], 2);
+        call.arg(permits).arg(core.deployment().publish_command());
+        let set: i64 = core.write(&call, &self.keys.key, true).await?;
         Ok(set == 1)
     }
 
@@ -172,11 +167,18 @@ impl Semaphore {
     pub async fn drain_permits(&self) -> Result<i64> {
         // Sent once: sent again after a lost reply, it would report 0 for permits the
         // first call took.
+        // Permits drained that no replica has are added back, and the call fails: a
+        // failover would bring them back while the caller counts them as its own.
         let core = self.session.core();
         core.ensure_open()?;
-        let mut connection = core.connection();
         let call = ScriptCall::new(&SEMAPHORE_DRAIN, &[&self.keys.key], 0);
-        Ok(call.invoke(&mut connection).await?)
+        core.take(
+            &call,
+            &self.keys.key,
+            |drained: &i64| *drained > 0,
+            |reply| add_back(core, &self.keys, reply.copied()),
+        )
+        .await
     }
 
     fn attempt(&self, permits: u32) -> Result<SemaphoreAttempt> {
