@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{bounded, client, client_with_watchdog, raw, server};
-use distlock::Error;
+use distlock::{Error, PermitSemaphore};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -237,4 +237,40 @@ async fn a_killed_holders_permits_come_back() {
         permits.release().await.unwrap();
     })
     .await;
+}
+
+/// Review: every permit asked for got an id built before Redis was asked, so an ask for
+/// `u32::MAX` permits tried to allocate 64 GiB and aborted the process. Asks above the
+/// documented bound, and zero, are typed errors; nothing is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asks_outside_the_bound_are_typed_errors() {
+    let server = server().await;
+    let client = client(&server).await;
+    let pool = client.permit_semaphore("bounded-ask").unwrap();
+    assert!(pool.try_set_permits(3).await.unwrap());
+    for ask in [0, PermitSemaphore::MAX_PERMITS_PER_CALL + 1, u32::MAX] {
+        let outcome = bounded(LIMIT, pool.try_acquire(ask)).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::InvalidArgument {
+                    what: "permits",
+                    ..
+                })
+            ),
+            "{ask}: {outcome:?}"
+        );
+        let waited = bounded(LIMIT, pool.acquire(ask)).await;
+        assert!(
+            matches!(waited, Err(Error::InvalidArgument { .. })),
+            "{ask}"
+        );
+    }
+    assert_eq!(pool.available_permits().await.unwrap(), 3);
+    let most = bounded(LIMIT, pool.try_acquire(3))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(most.permits(), 3);
+    most.release().await.unwrap();
 }

@@ -43,6 +43,7 @@ use std::time::Duration;
 use futures_util::future::{join_all, select, select_all};
 use tokio::sync::futures::Notified;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::engine::detach::Detached;
 use crate::engine::observe;
@@ -118,6 +119,13 @@ pub(crate) trait Acquire {
         None
     }
 
+    /// The fencing token a guard carries, for the acquisition's span: `None` for a
+    /// primitive without tokens (a read hold, permits, a latch).
+    fn token(&self, guard: &Self::Guard) -> Option<u64> {
+        let _ = guard;
+        None
+    }
+
     /// Channels of the same primitive on other clients, each announcing its releases too
     /// (a RedLock's other masters): a waiter wakes on a message on any of them, so one
     /// node that is down or slow does not leave it sleeping.
@@ -181,28 +189,35 @@ pub(crate) async fn acquire<A: Acquire>(
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
-    let started = Instant::now();
-    let mut abandon = Abandon::new(core, primitive.abandon());
-    let outcome = wait_for(core, primitive, patience, &abandon).await;
-    let ended = match &outcome {
-        Ok(Some(_)) => observe::Outcome::Acquired,
-        Ok(None) => observe::Outcome::Busy,
-        Err(_) => observe::Outcome::Error,
-    };
-    observe::acquisition(
-        primitive.kind(),
-        primitive.queue(),
-        started.elapsed(),
-        ended,
-    );
-    if matches!(outcome, Ok(Some(_))) {
-        abandon.disarm();
-    } else {
-        // Done before the caller hears the outcome: a timed-out waiter has left the
-        // queue when its call returns.
-        abandon.run().await;
+    let span = observe::acquisition_span(primitive.kind(), primitive.queue());
+    async {
+        let started = Instant::now();
+        let mut abandon = Abandon::new(core, primitive.abandon());
+        let outcome = wait_for(core, primitive, patience, &abandon).await;
+        let ended = match &outcome {
+            Ok(Some(guard)) => observe::Outcome::Acquired {
+                token: primitive.token(guard),
+            },
+            Ok(None) => observe::Outcome::Busy,
+            Err(_) => observe::Outcome::Error,
+        };
+        observe::acquisition(
+            primitive.kind(),
+            primitive.queue(),
+            started.elapsed(),
+            ended,
+        );
+        if matches!(outcome, Ok(Some(_))) {
+            abandon.disarm();
+        } else {
+            // Done before the caller hears the outcome: a timed-out waiter has left the
+            // queue when its call returns.
+            abandon.run().await;
+        }
+        outcome
     }
-    outcome
+    .instrument(span)
+    .await
 }
 
 /// The acquisition itself; [`acquire`] adds the clean-up when it ends without the
@@ -378,8 +393,9 @@ enum Woken {
 }
 
 /// A direct grant among the messages addressed to this waiter, if one came: the guard it
-/// makes. A grant that comes once the client is shutting down is given back (the guard is
-/// dropped) and the caller told so.
+/// makes. A grant that comes once the client is shutting down, or once the server may
+/// evict keys, is given back (the guard is dropped) and the caller told why: the server
+/// made the grant without asking, so the checks an attempt makes first are made here.
 fn grant_in_mail<A: Acquire>(
     core: &Core,
     primitive: &A,
@@ -393,9 +409,9 @@ fn grant_in_mail<A: Acquire>(
     };
     for payload in subscription.take_messages() {
         if let Some(guard) = primitive.granted(&payload, since) {
-            if core.ensure_open().is_err() {
+            if let Err(refused) = core.ensure_open().and_then(|()| core.ensure_keys_stay()) {
                 drop(guard);
-                return Err(Error::Shutdown);
+                return Err(refused);
             }
             return Ok(Some(guard));
         }

@@ -1,6 +1,7 @@
 //! What the engine tells the outside about acquisitions and leases: a tracing span per
-//! acquisition (the primitive, its key, how long it waited, how it ended), an event when a
-//! lease is lost, and, with the `metrics` feature, the same as metrics through the
+//! acquisition (`distlock.acquire`, debug level: the primitive and its key, then how long
+//! it waited, how it ended and the fencing token it got, recorded when it ends, with an
+//! event then too), and, with the `metrics` feature, the same as metrics through the
 //! `metrics` facade, so a service can chart contention without wrapping every call:
 //!
 //! - `distlock_wait_seconds` (histogram; labels `primitive`, `outcome`): how long each
@@ -18,7 +19,10 @@ use std::time::Duration;
 /// How an acquisition ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    Acquired,
+    /// Got it, with this fencing token when the primitive hands out tokens.
+    Acquired {
+        token: Option<u64>,
+    },
     Busy,
     Error,
 }
@@ -26,20 +30,47 @@ pub(crate) enum Outcome {
 impl Outcome {
     fn as_str(self) -> &'static str {
         match self {
-            Outcome::Acquired => "acquired",
+            Outcome::Acquired { .. } => "acquired",
             Outcome::Busy => "busy",
             Outcome::Error => "error",
         }
     }
 }
 
-/// An acquisition of `primitive` on `key` ended as `outcome` after `waited`.
+/// The span an acquisition of `primitive` on `key` runs in: everything it logs (the
+/// holding it starts, a reply it lost, a give-back) is inside it. `waited_ms`, `outcome`
+/// and `token` are recorded when it ends.
+pub(crate) fn acquisition_span(primitive: &'static str, key: &str) -> tracing::Span {
+    tracing::debug_span!(
+        "distlock.acquire",
+        primitive,
+        key,
+        waited_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        token = tracing::field::Empty,
+    )
+}
+
+/// An acquisition of `primitive` on `key` ended as `outcome` after `waited`: recorded on
+/// the current span (the acquisition's), and logged.
 pub(crate) fn acquisition(primitive: &'static str, key: &str, waited: Duration, outcome: Outcome) {
+    let waited_ms = waited.as_secs_f64() * 1e3;
+    let span = tracing::Span::current();
+    span.record("waited_ms", waited_ms);
+    span.record("outcome", outcome.as_str());
+    let token = match outcome {
+        Outcome::Acquired { token } => token,
+        _ => None,
+    };
+    if let Some(token) = token {
+        span.record("token", token);
+    }
     tracing::debug!(
         primitive,
         key,
-        waited_ms = waited.as_secs_f64() * 1e3,
+        waited_ms,
         outcome = outcome.as_str(),
+        token,
         "acquisition ended"
     );
     #[cfg(feature = "metrics")]

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::scripts::{FAIR_ACQUIRE, FAIR_LEAVE, FAIR_RELEASE};
 use super::FairKeys;
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
+use crate::engine::renewal::registry::safety_margin;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
@@ -139,15 +140,30 @@ impl Acquire for FairAttempt {
         WakeRule::Addressed
     }
 
+    fn token(&self, guard: &Hold) -> Option<u64> {
+        Some(guard.token())
+    }
+
     fn granted(&self, payload: &[u8], since: Instant) -> Option<Hold> {
         // "0" says "try now" (a Redisson release, or a grant the releaser could not
         // make); a token says the lock is this owner's already.
         let token: u64 = std::str::from_utf8(payload).ok()?.parse().ok()?;
-        let fresh = token > self.busy_at_token.load(Ordering::Acquire);
-        if token >= 1 && !fresh {
-            tracing::debug!(owner = %self.owner.owner, token, "a stale grant (made before the last look at the lock) is ignored");
+        if token == 0 {
+            return None;
         }
-        (token >= 1 && fresh).then(|| self.owner.hold(token, since))
+        if token <= self.busy_at_token.load(Ordering::Acquire) {
+            tracing::debug!(owner = %self.owner.owner, token, "a stale grant (made before the last look at the lock) is ignored");
+            return None;
+        }
+        // Read after its lease ran out (the waiter's runtime stalled while the client
+        // took the message): the lock may be another's by now. The next attempt looks:
+        // it takes the lock afresh if it is still this owner's, or queues again.
+        let lease = self.owner.lease;
+        if Instant::now() >= since + lease.saturating_sub(safety_margin(lease)) {
+            tracing::debug!(owner = %self.owner.owner, token, "a grant read after its lease ran out is not taken");
+            return None;
+        }
+        Some(self.owner.hold(token, since))
     }
 
     fn abandon(&self) -> Option<AbandonFuture> {

@@ -113,6 +113,10 @@ impl Acquire for LockAttempt {
     fn queue(&self) -> &str {
         &self.name
     }
+
+    fn token(&self, guard: &Hold) -> Option<u64> {
+        Some(guard.token())
+    }
 }
 
 /// Releases whatever `owner` may hold (an attempt whose reply was lost, or that no

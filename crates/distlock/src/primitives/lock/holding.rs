@@ -449,6 +449,11 @@ impl Hold {
         }
     }
 
+    /// The fencing token of the holding.
+    pub(crate) fn token(&self) -> u64 {
+        self.holding().token
+    }
+
     pub(super) fn holding(&self) -> &Holding {
         self.holding_arc()
     }

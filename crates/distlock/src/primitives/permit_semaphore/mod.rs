@@ -76,6 +76,12 @@ impl fmt::Debug for PermitSemaphore {
 }
 
 impl PermitSemaphore {
+    /// The most permits one call may ask for. Each permit is a lease with an id of its
+    /// own, sent in the acquisition's script call and renewed one by one: an ask for
+    /// millions would build a call of hundreds of megabytes before Redis could answer.
+    /// More is refused with [`Error::InvalidArgument`].
+    pub const MAX_PERMITS_PER_CALL: u32 = 10_000;
+
     /// The permit semaphore whose Redis key is `key`: the client's key prefix, then the
     /// name.
     pub(crate) fn new(session: Session, key: String) -> Self {
@@ -115,7 +121,8 @@ impl PermitSemaphore {
     }
 
     /// Waits until `permits` permits are free, and takes them, each a lease.
-    /// Cancel-safe: dropping the future leaves no permit taken.
+    /// Cancel-safe: dropping the future leaves no permit taken. `permits` must be in
+    /// `1..=`[`MAX_PERMITS_PER_CALL`](Self::MAX_PERMITS_PER_CALL).
     pub async fn acquire(&self, permits: u32) -> Result<LeasedPermits> {
         let attempt = self.attempt(permits)?;
         loop {
@@ -170,10 +177,13 @@ impl PermitSemaphore {
     }
 
     fn attempt(&self, permits: u32) -> Result<PermitAttempt> {
-        if permits == 0 {
+        if !(1..=Self::MAX_PERMITS_PER_CALL).contains(&permits) {
             return Err(Error::InvalidArgument {
                 what: "permits",
-                reason: "must be at least 1".into(),
+                reason: format!(
+                    "{permits} is not in 1..={} (PermitSemaphore::MAX_PERMITS_PER_CALL)",
+                    Self::MAX_PERMITS_PER_CALL
+                ),
             });
         }
         let core = self.session.core();

@@ -251,6 +251,10 @@ impl Acquire for WriteAttempt {
         "write_lock"
     }
 
+    fn token(&self, guard: &Hold) -> Option<u64> {
+        Some(guard.token())
+    }
+
     fn attempt(&self) -> AttemptFuture<Hold> {
         let rw = &self.0;
         let owner = rw.core.next_owner();
