@@ -213,6 +213,33 @@ impl Lock {
         })
     }
 
+    /// The highest fencing token handed out so far by this lock's counter (0 before the
+    /// first): the next acquisition gets a larger one. For operators (`distlock status`).
+    ///
+    /// Under the default [`FencingCounter::PerSlot`](crate::FencingCounter) the counter is
+    /// shared by every name of the lock's cluster slot, so this is at least the lock's
+    /// own last token. Both settings' counters are read, as acquisitions read them.
+    pub async fn last_fencing_token(&self) -> Result<u64> {
+        let mut read = redis::pipe();
+        read.get(&*self.token_key).get(&*self.other_token_key);
+        let (own, other): (Option<String>, Option<String>) = self
+            .session
+            .core()
+            .request(|mut connection| {
+                let read = &read;
+                async move { read.query_async(&mut connection).await }
+            })
+            .await?;
+        // A counter that is not a token (a key another app wrote) counts as none, as the
+        // acquire script treats it.
+        let token = |counter: Option<String>| {
+            counter
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(token(own).max(token(other)))
+    }
+
     /// Deletes the lock whoever holds it and wakes a waiter. Returns whether a lock was
     /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
     /// next renewal.

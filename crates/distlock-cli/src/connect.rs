@@ -1,0 +1,150 @@
+//! Where the password comes from, and the connection. The password is never taken from
+//! the command line (other users read it in `ps`), and never printed: errors name the
+//! server without it.
+
+use std::path::Path;
+
+use clap::parser::ValueSource;
+
+use crate::args::Connection;
+use crate::exit::{self, Failure};
+
+/// Connects to the Redis the arguments name. `ttl`: the lease the watchdog renews (`run`
+/// and `elect`); the library's default otherwise.
+pub async fn connect(
+    connection: &Connection,
+    url_source: Option<ValueSource>,
+    ttl: Option<std::time::Duration>,
+) -> Result<distlock::Client, Failure> {
+    if url_source == Some(ValueSource::CommandLine) && password_of(&connection.url).is_some() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--url carries a password, which other users of this machine can read on the \
+             command line; put the URL in REDIS_URL, or the password in --password-file",
+        ));
+    }
+    let url = match &connection.password_file {
+        None => connection.url.clone(),
+        Some(file) => with_password(&connection.url, &read_password(file)?)?,
+    };
+    let mut builder = distlock::Client::builder();
+    if let Some(ttl) = ttl {
+        builder = builder.watchdog_timeout(ttl);
+    }
+    builder
+        .connect(&url)
+        .await
+        .map_err(|err| redact(Failure::from(err), &url))
+}
+
+/// The first line of `file`, without its line ending.
+fn read_password(file: &Path) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(file).map_err(|err| {
+        Failure::new(
+            exit::USAGE,
+            format!("cannot read --password-file {}: {err}", file.display()),
+        )
+    })?;
+    let password = text.lines().next().unwrap_or("").to_owned();
+    if password.is_empty() {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!("--password-file {} is empty", file.display()),
+        ));
+    }
+    Ok(password)
+}
+
+/// The URL's authority (`user:password@host:port,…`) and where it sits in the URL.
+fn authority(url: &str) -> Option<(usize, &str)> {
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    Some((start, &rest[..end]))
+}
+
+/// The password part of a URL's user info, if it has one.
+fn password_of(url: &str) -> Option<&str> {
+    let (_, authority) = authority(url)?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    (!password.is_empty()).then_some(password)
+}
+
+/// `url` with `password` in its user info (percent-encoded), keeping a user it names.
+fn with_password(url: &str, password: &str) -> Result<String, Failure> {
+    if password_of(url).is_some() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "the URL already carries a password; give it there or in --password-file, not both",
+        ));
+    }
+    let Some((start, authority)) = authority(url) else {
+        return Err(Failure::new(
+            exit::USAGE,
+            "the Redis URL has no scheme (redis://…)",
+        ));
+    };
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (userinfo.trim_end_matches(':'), hosts),
+        None => ("", authority),
+    };
+    let encoded: String = password
+        .bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect();
+    Ok(format!(
+        "{}{user}:{encoded}@{hosts}{}",
+        &url[..start],
+        &url[start + authority.len()..]
+    ))
+}
+
+/// A failure whose message may quote the URL: its password is masked.
+fn redact(mut failure: Failure, url: &str) -> Failure {
+    if let Some(password) = password_of(url) {
+        failure.message = failure.message.replace(password, "***");
+    }
+    failure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_is_put_into_the_urls_user_info_encoded() {
+        assert_eq!(
+            with_password("redis://127.0.0.1:6379/0", "p@ss:w/rd").unwrap(),
+            "redis://:p%40ss%3Aw%2Frd@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            with_password("rediss://app@h:1", "x").unwrap(),
+            "rediss://app:x@h:1"
+        );
+        assert_eq!(
+            with_password("redis+sentinel://a:1,b:2/main", "x").unwrap(),
+            "redis+sentinel://:x@a:1,b:2/main"
+        );
+        assert!(with_password("redis://u:old@h:1", "new").is_err());
+        assert!(with_password("127.0.0.1:6379", "x").is_err());
+    }
+
+    #[test]
+    fn a_password_is_found_and_masked() {
+        assert_eq!(password_of("redis://u:secret@h:1/0"), Some("secret"));
+        assert_eq!(password_of("redis://:secret@h:1"), Some("secret"));
+        assert_eq!(password_of("redis://u@h:1"), None);
+        assert_eq!(password_of("redis://h:1/0?x=a@b"), None);
+        let failure = redact(
+            Failure::new(69, "cannot reach u:secret@h"),
+            "redis://u:secret@h:1",
+        );
+        assert_eq!(failure.message, "cannot reach u:***@h");
+    }
+}

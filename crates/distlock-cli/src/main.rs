@@ -1,0 +1,82 @@
+//! The `distlock` command: run a command under a lock on Redis, the way ops teams use
+//! `flock`, `etcdctl lock` and `consul lock`, with a fencing token for the command and a
+//! stop when the lock is lost. See docs/cli.md.
+//!
+//! - [`args`]: the command line;
+//! - [`connect`]: the password's sources, and the connection;
+//! - [`held`]: what is held (a lock, a fair lock, a permit) behind one face;
+//! - [`child`]: the command's process group, signals, and stopping it;
+//! - [`mark`]: the mark that keeps the next holder's command from starting early;
+//! - [`run`]: `run` and `elect`;
+//! - [`inspect`]: `status`, `list`, `force-unlock`;
+//! - [`exit`]: the exit codes.
+
+mod args;
+mod child;
+mod connect;
+mod exit;
+mod held;
+mod inspect;
+mod mark;
+mod run;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use args::{Cli, Command};
+use exit::Failure;
+
+/// How long the client's shutdown may take once the command is done.
+const SHUTDOWN_LIMIT: Duration = Duration::from_millis(500);
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
+    let url_source = matches.value_source("url");
+    // One thread: the command is spawned from it, so its parent-death signal is tied to
+    // this process. The library runs its own background work on a thread of its own.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => return Failure::new(exit::INTERNAL, format!("cannot start: {err}")).report(),
+    };
+    let outcome = runtime.block_on(async {
+        let ttl = match &cli.command {
+            Command::Run(args) => Some(args.hold.ttl),
+            Command::Elect(args) => Some(args.hold.ttl),
+            _ => None,
+        };
+        let client = connect::connect(&cli.connection, url_source, ttl).await?;
+        let code = match &cli.command {
+            Command::Run(args) => run::run(&client, args).await,
+            Command::Elect(args) => run::elect(&client, args).await,
+            Command::Status(args) => inspect::status(&client, args).await,
+            Command::List(args) => inspect::list(&client, args).await,
+            Command::ForceUnlock(args) => inspect::force_unlock(&client, args).await,
+        };
+        // Every release was awaited above; what a shutdown could still wait for is a
+        // Redis that is gone (after a lost lock), and the exit must not wait on it.
+        let _ = tokio::time::timeout(SHUTDOWN_LIMIT, client.shutdown()).await;
+        // Not dropped: its drop would wait for that Redis again, and the process exits
+        // right after this.
+        std::mem::forget(client);
+        code
+    });
+    let code = match outcome {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("distlock: {}", failure.message);
+            failure.code
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(i32::from(code))
+}

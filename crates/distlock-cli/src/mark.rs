@@ -1,0 +1,113 @@
+//! The mark a running command leaves beside its lock, so that the next holder's command
+//! never starts while it still runs.
+//!
+//! A lock can be taken away from a holder whose command is still running: a force-unlock,
+//! or a lease that ran out while Redis was unreachable. The holder's distlock then stops
+//! its command, but that takes until the command exits (up to `--kill-grace`), and
+//! meanwhile the next `distlock run` may already hold the lock. So every `run` and `elect`
+//! of a lock (not of a semaphore) marks the lock while its command runs: a key beside
+//! the lock, holding the owner id, expiring a little after the holder's lease (its
+//! distlock refreshes it while the lock is confirmed), and deleted once the command has
+//! exited. A new holder waits for a mark of another owner to go before it starts its
+//! command. A holder whose distlock died (kill -9) took its command with it (the parent
+//! death signal), and its mark runs out with its lease.
+
+use std::time::Duration;
+
+use crate::exit::Failure;
+
+/// How much longer than the holder's lease a mark lives: the time a command killed at
+/// the lease's end takes to exit, and the mark's own round trip.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// How often a new holder looks whether the previous command's mark is gone.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The mark of one lock.
+pub struct Mark {
+    connection: distlock::Connection,
+    key: String,
+}
+
+/// `distlock_running:{<name>}`, in the lock's cluster slot (a name with a hash tag of its
+/// own keeps it, as the library's helper keys do).
+pub fn key(name: &str) -> String {
+    if name.contains('{') {
+        format!("distlock_running:{name}")
+    } else {
+        format!("distlock_running:{{{name}}}")
+    }
+}
+
+impl Mark {
+    pub fn new(client: &distlock::Client, name: &str) -> Mark {
+        Mark {
+            connection: client.connection(),
+            key: key(name),
+        }
+    }
+
+    /// Waits until no other holder's command is marked as running (at most for the rest
+    /// of that holder's lease, as its mark expires then).
+    pub async fn wait_for_others(&mut self, owner: &str) -> Result<(), Failure> {
+        let mut told = false;
+        loop {
+            let (marked, ttl_ms): (Option<String>, i64) = redis::pipe()
+                .get(&self.key)
+                .pttl(&self.key)
+                .query_async(&mut self.connection)
+                .await?;
+            match marked {
+                None => return Ok(()),
+                Some(marked) if marked == owner => return Ok(()),
+                // A mark without expiry is not ours to honour: it would wait forever.
+                Some(_) if ttl_ms < 0 => return Ok(()),
+                Some(_) => {}
+            }
+            if !told {
+                eprintln!("distlock: waiting for the previous holder's command to stop");
+                told = true;
+            }
+            let ttl = Duration::from_millis(ttl_ms.unsigned_abs());
+            tokio::time::sleep(POLL.min(ttl)).await;
+        }
+    }
+
+    /// Marks the lock as running `owner`'s command while `lease_left` remains of its lease.
+    pub async fn set(&mut self, owner: &str, lease_left: Duration) -> Result<(), Failure> {
+        let ttl_ms = u64::try_from((lease_left + SLACK).as_millis()).unwrap_or(u64::MAX);
+        redis::cmd("SET")
+            .arg(&self.key)
+            .arg(owner)
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async::<()>(&mut self.connection)
+            .await
+            .map_err(Failure::from)
+    }
+
+    /// Removes the mark, if it is still `owner`'s.
+    pub async fn clear(&mut self, owner: &str) -> Result<(), Failure> {
+        static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(include_str!("scripts/running_clear.lua"))
+        });
+        CLEAR
+            .key(&self.key)
+            .arg(owner)
+            .invoke_async::<i64>(&mut self.connection)
+            .await
+            .map(drop)
+            .map_err(Failure::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_shares_its_locks_slot() {
+        assert_eq!(key("jobs"), "distlock_running:{jobs}");
+        assert_eq!(key("a{b}c"), "distlock_running:a{b}c");
+    }
+}
