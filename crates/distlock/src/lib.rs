@@ -52,6 +52,8 @@
 
 mod client;
 mod config;
+/// CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with (shared with build.rs).
+mod crc16;
 mod duration;
 mod engine;
 mod error;

@@ -40,6 +40,9 @@ pub(crate) struct Background {
     tasks: TaskTracker,
     /// Cancelled at shutdown: stops the long-lived services (watchdog, hub).
     services: CancellationToken,
+    /// Cancelled when a shutdown starts: work that waits to batch (latch deletions) goes
+    /// at once instead of holding the shutdown up.
+    draining: CancellationToken,
     /// Keeps the shared thread running while this client has a part alive.
     _shared: Arc<SharedThread>,
 }
@@ -83,6 +86,7 @@ impl Background {
             thread: shared.thread,
             tasks: TaskTracker::new(),
             services: CancellationToken::new(),
+            draining: CancellationToken::new(),
             _shared: shared,
         })
     }
@@ -231,6 +235,11 @@ impl Background {
     }
 
     /// Cancelled when the client's services stop (at shutdown).
+    /// Cancelled once a shutdown has started.
+    pub(crate) fn draining(&self) -> CancellationToken {
+        self.draining.clone()
+    }
+
     pub(crate) fn stopping(&self) -> &CancellationToken {
         &self.services
     }
@@ -278,6 +287,7 @@ impl Background {
     /// Closes the tracker, and returns the task that waits for it and then stops the
     /// services: spawned on the client's runtime, so it runs whatever the caller does.
     fn drain(&self, limit: Duration) -> tokio::task::JoinHandle<()> {
+        self.draining.cancel();
         self.tasks.close();
         let tasks = self.tasks.clone();
         let services = self.services.clone();

@@ -65,14 +65,18 @@ impl Latches {
             pending.len() == 1
         };
         if first {
-            background.spawn(drain(Arc::clone(&self.shared)));
+            background.spawn(drain(Arc::clone(&self.shared), background.draining()));
         }
     }
 }
 
-async fn drain(shared: Arc<Shared>) {
-    // Runs on the client's runtime, so this timer is its own.
-    tokio::time::sleep(LINGER).await;
+async fn drain(shared: Arc<Shared>, shutting_down: tokio_util::sync::CancellationToken) {
+    // Runs on the client's runtime, so this timer is its own. A shutdown does not wait
+    // for the batch to fill: a command-line tool exits right after its release.
+    tokio::select! {
+        () = tokio::time::sleep(LINGER) => {}
+        () = shutting_down.cancelled() => {}
+    }
     loop {
         let batch: Vec<String> = {
             let mut pending = shared.pending();

@@ -12,12 +12,10 @@
 //! still hashes with the lock key. Without a prefix (the default) the layout is exactly
 //! Redisson's.
 
-use std::collections::HashMap;
-use std::sync::LazyLock;
-
 use redis::cluster_routing::Slot;
 
 use crate::config::FencingCounter;
+use crate::crc16::crc16;
 use crate::error::{Error, Result};
 
 /// Redis keys may be up to 512 MB; a lock name that large is a bug, and it would be copied
@@ -103,28 +101,30 @@ pub(crate) fn token_key_of_other(counter: FencingCounter, prefix: &str, key: &st
     token_key(other, prefix, key)
 }
 
-/// For every hash slot, the smallest decimal number whose text hashes to it. Built once,
-/// on first use, by hashing numbers until every slot has one (about 180,000 hashes, a few
-/// milliseconds); redis-rs's own slot function, so it agrees with the cluster client.
-static SLOT_TAGS: LazyLock<HashMap<Slot, u32>> = LazyLock::new(|| {
-    const SLOTS: usize = 16_384;
-    let mut tags = HashMap::with_capacity(SLOTS);
-    let mut candidate: u32 = 0;
-    while tags.len() < SLOTS {
-        tags.entry(Slot::for_key(candidate.to_string()))
-            .or_insert(candidate);
-        candidate += 1;
-    }
-    tags
-});
+// SLOT_TAGS: for every hash slot, the smallest decimal number whose text hashes to it,
+// computed by build.rs (checked below against redis-rs's slot function, which the cluster
+// client uses).
+include!(concat!(env!("OUT_DIR"), "/slot_tags.rs"));
 
 /// A short tag that hashes to the same slot as the key `name`.
 fn slot_tag(name: &str) -> u32 {
-    // Every slot has a tag: the table is filled until it covers all of them.
-    SLOT_TAGS
-        .get(&Slot::for_key(name))
-        .copied()
-        .unwrap_or_default()
+    SLOT_TAGS[usize::from(slot_of(name))]
+}
+
+/// The cluster slot of `key`: the checksum of its hash tag (the text between its first
+/// `{` and the next `}`, when not empty) or of the whole key.
+fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&byte| byte == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&byte| byte == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16(hashed) % 16_384
 }
 
 /// A fair lock's queue of waiting owners (Redisson's list).
@@ -192,7 +192,46 @@ pub(crate) fn unlock_latch(prefix: &str, key: &str, request_id: impl std::fmt::D
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+
+    /// The table build.rs wrote holds, for every slot, the smallest number hashing to it
+    /// by redis-rs's slot function (the cluster client's), and our slot function agrees
+    /// with redis-rs's on names with and without hash tags.
+    #[test]
+    fn the_tag_table_and_the_slot_function_agree_with_redis_rs() {
+        let mut smallest: HashMap<Slot, u32> = HashMap::new();
+        let mut candidate = 0u32;
+        while smallest.len() < SLOT_TAGS.len() {
+            smallest
+                .entry(Slot::for_key(candidate.to_string()))
+                .or_insert(candidate);
+            candidate += 1;
+        }
+        for (slot, tag) in SLOT_TAGS.iter().enumerate() {
+            let slot = Slot::new(u16::try_from(slot).unwrap()).unwrap();
+            assert_eq!(smallest.get(&slot), Some(tag));
+        }
+        for name in [
+            "jobs",
+            "a{b}c",
+            "{}x",
+            "x{}",
+            "{a",
+            "a}",
+            "{{a}}",
+            "é",
+            "",
+            "{user1000}.following",
+        ] {
+            assert_eq!(
+                Slot::new(slot_of(name)),
+                Some(Slot::for_key(name)),
+                "{name:?}"
+            );
+        }
+    }
 
     #[test]
     fn per_slot_counters_share_the_lock_names_slot() {
