@@ -36,6 +36,7 @@ enum Scenario {
     Network,
     Fair,
     Rw,
+    Semaphore,
 }
 
 #[derive(Debug, Parser)]
@@ -178,6 +179,11 @@ async fn run(args: Args) -> BenchResult<()> {
     }
     if wanted(Scenario::Rw) {
         for report in scenarios::rw::run(&client, plan).await? {
+            emit(report);
+        }
+    }
+    if wanted(Scenario::Semaphore) {
+        for report in scenarios::semaphore::run(&client, &url, stats.clone(), plan).await? {
             emit(report);
         }
     }

@@ -11,6 +11,7 @@ pub mod parallel;
 pub mod redlock;
 pub mod replica_sync;
 pub mod rw;
+pub mod semaphore;
 pub mod uncontended;
 pub mod watchdog;
 
