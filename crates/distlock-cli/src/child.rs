@@ -1,24 +1,34 @@
-//! The command distlock runs: its own process group, the signals it is sent, and how it
-//! is stopped.
+//! The command distlock runs: its own process group, the terminal when it has one, the
+//! signals it is sent, and how it is stopped.
 
+use std::os::fd::AsFd;
 use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::{killpg, signal as set_handler, SigHandler, Signal};
+use nix::unistd::{getpgrp, tcgetpgrp, tcsetpgrp, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::exit::{self, Failure};
 
+/// How often a stop looks whether the command's process group is empty yet.
+const GROUP_POLL: Duration = Duration::from_millis(10);
+
 /// A running command, leader of its own process group.
 pub struct Child {
     process: tokio::process::Child,
     group: Pid,
+    /// The terminal was handed to the command's group (stdin is the terminal and
+    /// distlock had it): it is taken back when the command ends.
+    has_terminal: bool,
 }
 
 impl Child {
     /// Starts `command` with `env` added, in a process group of its own, with stdin,
-    /// stdout and stderr passed through. It gets SIGKILL if distlock dies (Linux), so a
+    /// stdout and stderr passed through. When distlock runs in the foreground of a
+    /// terminal, the command's group gets the terminal (it reads it, and Ctrl-C and
+    /// Ctrl-Z reach it, as under a shell). It gets SIGKILL if distlock dies (Linux), so a
     /// `kill -9` of distlock never leaves it running without its lock.
     pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, Failure> {
         let (program, args) = command
@@ -49,42 +59,121 @@ impl Child {
         })?;
         let id = process
             .id()
+            .and_then(|id| i32::try_from(id).ok())
             .ok_or_else(|| Failure::new(exit::INTERNAL, "the command ended before it started"))?;
-        let group = Pid::from_raw(
-            i32::try_from(id)
-                .map_err(|_| Failure::new(exit::INTERNAL, "process id out of range"))?,
-        );
-        Ok(Child { process, group })
+        let group = Pid::from_raw(id);
+        let has_terminal = hand_terminal_to(group);
+        Ok(Child {
+            process,
+            group,
+            has_terminal,
+        })
     }
 
-    /// Sends `signal` to the command's process group.
+    /// Sends `signal` to the command's process group, then SIGCONT, so that a command
+    /// stopped (Ctrl-Z, or reading a terminal it does not own) handles it, as a shell's
+    /// `kill` does.
     pub fn signal(&self, signal: Signal) {
         // ESRCH: the group is gone already, which is what a stop wants.
         let _ = killpg(self.group, signal);
+        if signal != Signal::SIGKILL && signal != Signal::SIGCONT {
+            let _ = killpg(self.group, Signal::SIGCONT);
+        }
     }
 
     /// Waits for the command to exit.
     pub async fn wait(&mut self) -> Result<ExitStatus, Failure> {
-        self.process.wait().await.map_err(|err| {
+        let status = self.process.wait().await.map_err(|err| {
             Failure::new(
                 exit::INTERNAL,
                 format!("cannot wait for the command: {err}"),
             )
-        })
+        });
+        self.take_terminal_back();
+        status
     }
 
-    /// Stops the command: SIGTERM to its group, then SIGKILL at `kill_at` if it has not
-    /// exited.
+    /// Stops the command's whole process group: SIGTERM, then SIGKILL at `kill_at` to
+    /// whatever of the group is left, even when the command itself exited on SIGTERM (a
+    /// process it started may ignore it). Returns once the group is gone (or a second
+    /// after SIGKILL, for processes the kernel has not reaped yet).
     pub async fn stop(&mut self, kill_at: Instant) -> Result<ExitStatus, Failure> {
         self.signal(Signal::SIGTERM);
-        tokio::select! {
-            status = self.process.wait() => {
-                return status.map_err(|err| Failure::new(exit::INTERNAL, format!("cannot wait for the command: {err}")));
-            }
-            () = tokio::time::sleep_until(kill_at) => {}
+        let exited = tokio::select! {
+            status = self.wait() => Some(status?),
+            () = tokio::time::sleep_until(kill_at) => None,
+        };
+        while self.group_alive() && Instant::now() < kill_at {
+            tokio::time::sleep(GROUP_POLL).await;
         }
         self.signal(Signal::SIGKILL);
-        self.wait().await
+        let status = match exited {
+            Some(status) => status,
+            None => self.wait().await?,
+        };
+        let killed_at = Instant::now();
+        while self.group_alive() && killed_at.elapsed() < Duration::from_secs(1) {
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        Ok(status)
+    }
+
+    /// Whether any live process of the command's group is left. Zombies do not count: a
+    /// process that died after its parent is reaped by init, and in a container init may
+    /// never do it.
+    fn group_alive(&self) -> bool {
+        if killpg(self.group, None).is_err() {
+            return false;
+        }
+        live_members(self.group).unwrap_or(true)
+    }
+
+    fn take_terminal_back(&mut self) {
+        if std::mem::take(&mut self.has_terminal) {
+            // From a background group this would stop distlock with SIGTTOU.
+            // SAFETY: only the disposition of SIGTTOU changes, for the one call.
+            unsafe {
+                let previous = set_handler(Signal::SIGTTOU, SigHandler::SigIgn);
+                let _ = tcsetpgrp(std::io::stdin().as_fd(), getpgrp());
+                if let Ok(previous) = previous {
+                    let _ = set_handler(Signal::SIGTTOU, previous);
+                }
+            }
+        }
+    }
+}
+
+/// Whether `group` has a member that is not a zombie, from /proc (Linux); `None` where
+/// /proc cannot be read.
+fn live_members(group: Pid) -> Option<bool> {
+    let group = group.as_raw().to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …": comm may hold spaces and parentheses.
+        let Some((_, fields)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = fields.split_whitespace();
+        let (Some(state), Some(_ppid), Some(pgrp)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if pgrp == group && state != "Z" && state != "X" {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// Gives the terminal on stdin to `group` if distlock holds it now (it runs in the
+/// foreground). Returns whether it did.
+fn hand_terminal_to(group: Pid) -> bool {
+    let stdin = std::io::stdin();
+    match tcgetpgrp(stdin.as_fd()) {
+        Ok(foreground) if foreground == getpgrp() => tcsetpgrp(stdin.as_fd(), group).is_ok(),
+        _ => false,
     }
 }
 
@@ -93,7 +182,7 @@ pub fn code_of(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => (code & 0xff) as u8,
-        (None, Some(signal)) => (128 + signal).clamp(0, 255) as u8,
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
         (None, None) => exit::INTERNAL,
     }
 }
@@ -129,4 +218,9 @@ impl Forwarded {
             _ = self.hangup.recv() => Signal::SIGHUP,
         }
     }
+}
+
+/// The exit code for ending on `signal` before the command ran: as a shell reports it.
+pub fn signal_code(signal: Signal) -> u8 {
+    u8::try_from(128 + signal as i32).unwrap_or(u8::MAX)
 }

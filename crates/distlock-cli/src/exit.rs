@@ -53,7 +53,7 @@ impl Failure {
 
     /// Prints the message and gives the code.
     pub fn report(self) -> ExitCode {
-        eprintln!("distlock: {}", self.message);
+        crate::out::say(&self.message);
         ExitCode::from(self.code)
     }
 }
@@ -82,7 +82,24 @@ impl From<distlock::Error> for Failure {
             | Error::QuorumUnavailable { .. } => UNAVAILABLE,
             _ => INTERNAL,
         };
-        Failure::new(code, err.to_string())
+        let message = match &err {
+            Error::EvictionPolicy { target, policy } => format!(
+                "the Redis at {target} has maxmemory-policy {policy}: it may evict lock keys, \
+                 which hands a held lock to another; set maxmemory-policy noeviction"
+            ),
+            _ => err.to_string(),
+        };
+        // A lock, a semaphore and another application's key cannot share a name.
+        if message.contains("WRONGTYPE") {
+            return Failure::new(
+                USAGE,
+                format!(
+                    "the name is taken by a key of another kind (a lock and a semaphore, or \
+                     another application's key, cannot share a name): {message}"
+                ),
+            );
+        }
+        Failure::new(code, message)
     }
 }
 

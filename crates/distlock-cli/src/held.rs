@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome};
 
 use crate::args::Hold;
-use crate::exit::Failure;
+use crate::exit::{self, Failure};
 
 /// A lock guard or a permit.
 pub enum Held {
@@ -40,8 +40,22 @@ pub async fn take(
             Some(lease) => semaphore.with_lease(lease),
             None => semaphore.with_watchdog(),
         };
-        // The first holder sets the count; later ones find it set.
-        semaphore.try_set_permits(u64::from(permits)).await?;
+        // The first holder sets the count; later ones must ask for the same.
+        if !semaphore.try_set_permits(u64::from(permits)).await? {
+            let total = permits_in(client, &semaphore, &hold.name).await?;
+            if total != i64::from(permits) {
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!(
+                        "{} has {total} permits, not {permits}: every run of one name must give \
+                         the same -n (to change it, delete {} and {} while nothing holds a permit)",
+                        hold.name,
+                        semaphore.key(),
+                        crate::mark::tagged(&hold.name, "timeout")
+                    ),
+                ));
+            }
+        }
         let taken = match patience {
             Patience::None => semaphore.try_acquire(1).await?,
             Patience::Within(wait) => semaphore.try_acquire_for(1, wait).await?,
@@ -69,6 +83,37 @@ pub async fn take(
         take_lock!(client.lock(hold.name.clone())?)
     };
     Ok(taken.map(Held::Lock))
+}
+
+/// How many permits the semaphore has in all: the free ones and the ones held now, read
+/// in one transaction (an acquisition between two reads would move a permit from one
+/// count to the other).
+async fn permits_in(
+    client: &Client,
+    semaphore: &distlock::PermitSemaphore,
+    name: &str,
+) -> Result<i64, Failure> {
+    let mut connection = client.connection();
+    let (free, held): (Option<i64>, i64) = redis::pipe()
+        .atomic()
+        .get(semaphore.key())
+        // Permits whose lease ran out count as free: the next acquisition reclaims them.
+        .cmd("ZCOUNT")
+        .arg(crate::mark::tagged(name, "timeout"))
+        .arg(format!("({}", unix_ms()))
+        .arg("+inf")
+        .query_async(&mut connection)
+        .await?;
+    Ok(free.unwrap_or(0) + held)
+}
+
+/// Now, in milliseconds since the epoch, by this machine's clock. (The permits' leases
+/// are counted by the server's; a clock apart by more than the lease would miscount
+/// permits whose lease is just running out, which only matters for the -n check.)
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| now.as_millis())
 }
 
 impl Held {
@@ -108,12 +153,11 @@ impl Held {
         }
     }
 
-    /// Asks the server whether it is still held (a lock); a permit is checked by its
-    /// renewals only.
+    /// Asks the server whether it is still held.
     pub async fn verify(&self) -> Result<bool, Failure> {
         match self {
             Held::Lock(guard) => Ok(guard.verify().await?),
-            Held::Permit(permit) => Ok(!permit.is_lost()),
+            Held::Permit(permit) => Ok(permit.verify().await?),
         }
     }
 

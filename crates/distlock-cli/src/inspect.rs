@@ -1,4 +1,9 @@
 //! `distlock status`, `list` and `force-unlock`: what an operator asks about a lock.
+//!
+//! A key counts as a lock only when it has a lock's shape: a hash whose fields are
+//! holders (`<client id>:<n>`, a writer's `…:write`, a read-write lock's `mode`) with
+//! whole-number hold counts. Another application's hash is never shown as a lock, and
+//! never deleted by `force-unlock`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -7,13 +12,14 @@ use serde::Serialize;
 
 use crate::args::{ForceUnlock, List, Status};
 use crate::exit::{self, Failure};
+use crate::out::print;
 
-/// A lock as the server has it now.
+/// A lock, or a permit semaphore, as the server has it now.
 #[derive(Debug, Serialize)]
 struct Snapshot {
     name: String,
     held: bool,
-    /// `lock`, `fair lock`, `read-write lock`, `semaphore`, or `none`.
+    /// `lock`, `fair lock`, `read-write lock`, `semaphore`, `none`, or `not a lock`.
     kind: String,
     /// `read` or `write`, for a read-write lock.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,42 +40,72 @@ struct Snapshot {
 
 #[derive(Debug, Serialize)]
 struct Holder {
+    /// The holder's id: a lock's owner field, or a permit's id.
     owner: String,
     holds: u64,
+    /// A permit's own lease, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_remaining_ms: Option<u64>,
+}
+
+impl Snapshot {
+    fn free(name: &str, kind: &str) -> Snapshot {
+        Snapshot {
+            name: name.to_owned(),
+            held: false,
+            kind: kind.into(),
+            mode: None,
+            holders: Vec::new(),
+            lease_remaining_ms: None,
+            queued: None,
+            free_permits: None,
+            last_fencing_token: None,
+        }
+    }
 }
 
 /// `distlock status NAME`.
 pub async fn status(client: &distlock::Client, args: &Status) -> Result<u8, Failure> {
     let snapshot = snapshot(client, &args.name).await?;
     if args.json {
-        println!("{}", to_json(&snapshot)?);
+        print(&to_json(&snapshot)?);
         return Ok(0);
     }
-    println!("name:        {}", snapshot.name);
-    println!("held:        {}", if snapshot.held { "yes" } else { "no" });
-    println!(
-        "kind:        {}{}",
-        snapshot.kind,
-        snapshot
-            .mode
-            .as_deref()
-            .map(|mode| format!(" ({mode})"))
-            .unwrap_or_default()
-    );
+    let mut lines = vec![
+        format!("name:        {}", snapshot.name),
+        format!("held:        {}", if snapshot.held { "yes" } else { "no" }),
+        format!(
+            "kind:        {}{}",
+            snapshot.kind,
+            snapshot
+                .mode
+                .as_deref()
+                .map(|mode| format!(" ({mode})"))
+                .unwrap_or_default()
+        ),
+    ];
     for holder in &snapshot.holders {
-        println!("holder:      {} (holds {})", holder.owner, holder.holds);
+        lines.push(match holder.lease_remaining_ms {
+            Some(lease) => format!("holder:      {} ({} left)", holder.owner, seconds(lease)),
+            None => format!("holder:      {} (holds {})", holder.owner, holder.holds),
+        });
     }
     if let Some(lease) = snapshot.lease_remaining_ms {
-        println!("lease left:  {}", seconds(lease));
+        lines.push(format!("lease left:  {}", seconds(lease)));
     }
     if let Some(queued) = snapshot.queued {
-        println!("queued:      {queued}");
+        lines.push(format!("queued:      {queued}"));
     }
     if let Some(free) = snapshot.free_permits {
-        println!("free:        {free} permits");
+        lines.push(format!("free:        {free} permits"));
     }
     if let Some(token) = snapshot.last_fencing_token {
-        println!("last token:  {token}");
+        lines.push(format!("last token:  {token}"));
+    }
+    for line in lines {
+        if !print(&line) {
+            break;
+        }
     }
     Ok(0)
 }
@@ -83,69 +119,129 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
              against each master's URL",
         ));
     }
-    let mut connection = client.connection();
-    let mut cursor: u64 = 0;
     let mut found = Vec::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&args.pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .arg("TYPE")
-            .arg("hash")
-            .query_async(&mut connection)
-            .await?;
-        for key in keys {
-            let snapshot = snapshot(client, &key).await?;
-            // Hashes of other apps, or a lock released since the scan saw it.
-            if snapshot.held && snapshot.kind != "none" {
+    // Locks are hashes named as given; permit semaphores are known by their set of
+    // permits, `{name}:timeout`.
+    for (kind, pattern) in [
+        ("hash", args.pattern.clone()),
+        ("zset", format!("{{{}}}:timeout", args.pattern)),
+    ] {
+        for key in scan(client, &pattern, kind).await? {
+            let name = match kind {
+                "zset" => match key
+                    .strip_prefix('{')
+                    .and_then(|key| key.strip_suffix("}:timeout"))
+                {
+                    Some(name) => name.to_owned(),
+                    None => continue,
+                },
+                _ => key,
+            };
+            // A key the library cannot take as a lock name (another app's) is skipped.
+            let Ok(snapshot) = snapshot(client, &name).await else {
+                continue;
+            };
+            if snapshot.held {
                 found.push(snapshot);
             }
         }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
     }
     found.sort_by(|a, b| a.name.cmp(&b.name));
     if args.json {
         for snapshot in &found {
-            println!("{}", to_json(snapshot)?);
+            if !print(&to_json(snapshot)?) {
+                break;
+            }
         }
         return Ok(0);
     }
-    println!(
+    if !print(&format!(
         "{:<32} {:<16} {:>10} {:>6}  HOLDER",
         "NAME", "KIND", "LEASE LEFT", "HOLDS"
-    );
+    )) {
+        return Ok(0);
+    }
     for snapshot in &found {
         let kind = match &snapshot.mode {
             Some(mode) => format!("{} ({mode})", snapshot.kind),
             None => snapshot.kind.clone(),
         };
-        let lease = snapshot
-            .lease_remaining_ms
-            .map(seconds)
-            .unwrap_or_else(|| "-".into());
         for holder in &snapshot.holders {
-            println!(
+            let lease = holder
+                .lease_remaining_ms
+                .or(snapshot.lease_remaining_ms)
+                .map(seconds)
+                .unwrap_or_else(|| "-".into());
+            let line = format!(
                 "{:<32} {:<16} {:>10} {:>6}  {}",
                 snapshot.name, kind, lease, holder.holds, holder.owner
             );
+            if !print(&line) {
+                return Ok(0);
+            }
         }
     }
     Ok(0)
 }
 
+/// The keys of `kind` matching `pattern`, by SCAN. Keys that are not UTF-8 are skipped:
+/// distlock never names a lock so.
+async fn scan(
+    client: &distlock::Client,
+    pattern: &str,
+    kind: &str,
+) -> Result<Vec<String>, Failure> {
+    let mut connection = client.connection();
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .arg("TYPE")
+            .arg(kind)
+            .query_async(&mut connection)
+            .await?;
+        keys.extend(
+            batch
+                .into_iter()
+                .filter_map(|key| String::from_utf8(key).ok()),
+        );
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
 /// `distlock force-unlock NAME`.
 pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Result<u8, Failure> {
     let snapshot = snapshot(client, &args.name).await?;
-    if !snapshot.held {
-        println!("{} is not locked", args.name);
-        return Ok(0);
+    match snapshot.kind.as_str() {
+        "semaphore" => {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{} is a semaphore: force-unlock deletes locks only; its permits come back as their leases end",
+                    args.name
+                ),
+            ))
+        }
+        "not a lock" => {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("{} is not a lock (another application's key?); not deleted", args.name),
+            ))
+        }
+        _ => {}
     }
+    let Some(confirmed) = snapshot.holders.first() else {
+        print(&format!("{} is not locked", args.name));
+        return Ok(0);
+    };
     if !args.yes {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
@@ -159,32 +255,38 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
             .iter()
             .map(|holder| holder.owner.as_str())
             .collect();
-        print!(
+        let mut stdout = std::io::stdout().lock();
+        let _ = write!(
+            stdout,
             "Delete {} held by {}? Its holder's command is stopped. [y/N] ",
             args.name,
             holders.join(", ")
         );
-        let _ = std::io::stdout().flush();
+        let _ = stdout.flush();
+        drop(stdout);
         let mut answer = String::new();
         stdin
             .lock()
             .read_line(&mut answer)
             .map_err(|err| Failure::new(exit::INTERNAL, err.to_string()))?;
         if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            println!("not deleted");
+            print("not deleted");
             return Ok(1);
         }
     }
-    let deleted = client.lock(args.name.clone())?.force_unlock().await?;
-    println!(
-        "{}",
-        if deleted {
-            format!("{} unlocked", args.name)
-        } else {
-            format!("{} is not locked", args.name)
-        }
-    );
-    Ok(0)
+    // Only the holder that was shown: a lock that passed to another holder meanwhile is
+    // not that holder's to delete.
+    let lock = client.lock(args.name.clone())?;
+    if lock.force_unlock_held_by(&confirmed.owner).await? {
+        print(&format!("{} unlocked", args.name));
+        Ok(0)
+    } else {
+        print(&format!(
+            "{} is no longer held by {}; not deleted (look again with status)",
+            args.name, confirmed.owner
+        ));
+        Ok(1)
+    }
 }
 
 /// Reads what `name` holds.
@@ -198,68 +300,121 @@ async fn snapshot(client: &distlock::Client, name: &str) -> Result<Snapshot, Fai
         .pttl(&key)
         .query_async(&mut connection)
         .await?;
-    let mut snapshot = Snapshot {
-        name: name.to_owned(),
-        held: false,
-        kind: "none".into(),
-        mode: None,
-        holders: Vec::new(),
-        lease_remaining_ms: u64::try_from(pttl).ok(),
-        queued: None,
-        free_permits: None,
-        last_fencing_token: None,
-    };
     match kind.as_str() {
-        "hash" => {
-            let fields: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async(&mut connection)
-                .await?;
-            for (field, value) in fields {
-                if field == "mode" {
-                    snapshot.mode = Some(value);
-                    continue;
-                }
-                // A lock's fields are owners with hold counts; another app's hash is not
-                // a lock.
-                let Ok(holds) = value.parse::<u64>() else {
-                    return Ok(Snapshot {
-                        held: false,
-                        kind: "none".into(),
-                        holders: Vec::new(),
-                        ..snapshot
-                    });
-                };
-                snapshot.holders.push(Holder {
-                    owner: field,
-                    holds,
-                });
-            }
-            snapshot.held = !snapshot.holders.is_empty();
-            let queued = client.fair_lock(name.to_owned())?.queued().await?;
-            snapshot.kind = if snapshot.mode.is_some() {
-                "read-write lock".into()
-            } else if queued > 0 {
-                "fair lock".into()
-            } else {
-                "lock".into()
-            };
-            snapshot.queued = (queued > 0).then_some(queued as u64);
-            snapshot.last_fencing_token = Some(lock.last_fencing_token().await?);
+        "hash" => lock_snapshot(client, &lock, name, pttl).await,
+        "none" | "string" => permit_snapshot(client, name, &kind).await,
+        _ => Ok(Snapshot::free(name, "not a lock")),
+    }
+}
+
+/// Hashes bigger than this are not locks (a read-write lock has one field per reader
+/// process and the mode): they are not read whole.
+const MOST_LOCK_FIELDS: i64 = 1024;
+
+async fn lock_snapshot(
+    client: &distlock::Client,
+    lock: &distlock::Lock,
+    name: &str,
+    pttl: i64,
+) -> Result<Snapshot, Failure> {
+    let mut connection = client.connection();
+    let fields: i64 = redis::cmd("HLEN")
+        .arg(lock.key())
+        .query_async(&mut connection)
+        .await?;
+    if fields > MOST_LOCK_FIELDS {
+        return Ok(Snapshot::free(name, "not a lock"));
+    }
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(lock.key())
+        .query_async(&mut connection)
+        .await?;
+    let mut snapshot = Snapshot::free(name, "lock");
+    for (field, value) in entries {
+        let (Ok(field), Ok(value)) = (String::from_utf8(field), String::from_utf8(value)) else {
+            return Ok(Snapshot::free(name, "not a lock"));
+        };
+        if field == "mode" {
+            snapshot.mode = Some(value);
+            continue;
         }
-        "string" => {
-            let free: Option<String> = redis::cmd("GET")
-                .arg(&key)
-                .query_async(&mut connection)
-                .await?;
-            if let Some(free) = free.and_then(|free| free.parse::<i64>().ok()) {
-                snapshot.kind = "semaphore".into();
-                snapshot.free_permits = Some(free);
-            }
+        match value.parse::<u64>() {
+            Ok(holds) if is_owner(&field) => snapshot.holders.push(Holder {
+                owner: field,
+                holds,
+                lease_remaining_ms: None,
+            }),
+            _ => return Ok(Snapshot::free(name, "not a lock")),
         }
-        _ => {}
+    }
+    snapshot.held = !snapshot.holders.is_empty();
+    snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
+    let queued = client.fair_lock(name.to_owned())?.queued().await?;
+    snapshot.kind = if snapshot.mode.is_some() {
+        "read-write lock".into()
+    } else if queued > 0 {
+        "fair lock".into()
+    } else {
+        "lock".into()
+    };
+    snapshot.queued = (queued > 0).then(|| u64::try_from(queued).unwrap_or(u64::MAX));
+    snapshot.last_fencing_token = Some(lock.last_fencing_token().await?);
+    Ok(snapshot)
+}
+
+/// A permit semaphore (`distlock run -n`): its free count at the name, and its permits,
+/// each with its lease, in `{name}:timeout`.
+async fn permit_snapshot(
+    client: &distlock::Client,
+    name: &str,
+    kind: &str,
+) -> Result<Snapshot, Failure> {
+    let semaphore = client.permit_semaphore(name.to_owned())?;
+    let mut connection = client.connection();
+    let permits_key = crate::mark::tagged(name, "timeout");
+    let ((seconds, micros), permits): ((u64, u64), Vec<(String, f64)>) = redis::pipe()
+        .cmd("TIME")
+        .cmd("ZRANGE")
+        .arg(&permits_key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut connection)
+        .await?;
+    if kind == "none" && permits.is_empty() {
+        return Ok(Snapshot::free(name, "none"));
+    }
+    let now_ms = seconds * 1000 + micros / 1000;
+    let mut snapshot = Snapshot::free(name, "semaphore");
+    for (id, deadline) in permits {
+        // Deadlines are whole milliseconds on the server's clock.
+        let deadline = deadline as u64;
+        if deadline > now_ms {
+            snapshot.holders.push(Holder {
+                owner: id,
+                holds: 1,
+                lease_remaining_ms: Some(deadline - now_ms),
+            });
+        }
+    }
+    snapshot.held = !snapshot.holders.is_empty();
+    if kind == "string" {
+        snapshot.free_permits = semaphore.available_permits().await.ok();
     }
     Ok(snapshot)
+}
+
+/// A lock holder's field: `<client id>:<n>`, or a writer's `<client id>:<n>:write`.
+fn is_owner(field: &str) -> bool {
+    let field = field.strip_suffix(":write").unwrap_or(field);
+    match field.rsplit_once(':') {
+        Some((client, number)) => {
+            !client.is_empty()
+                && !number.is_empty()
+                && number.bytes().all(|byte| byte.is_ascii_digit())
+        }
+        None => false,
+    }
 }
 
 fn seconds(ms: u64) -> String {
@@ -268,4 +423,31 @@ fn seconds(ms: u64) -> String {
 
 fn to_json(snapshot: &Snapshot) -> Result<String, Failure> {
     serde_json::to_string(snapshot).map_err(|err| Failure::new(exit::INTERNAL, err.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_holder_shaped_fields_are_lock_holders() {
+        for owner in [
+            "2d241cd5-8c3a-4f1e-9b2a-0c1d2e3f4a5b:1",
+            "abc:12:write",
+            "x:y:3",
+        ] {
+            assert!(is_owner(owner), "{owner}");
+        }
+        for other in [
+            "views",
+            "clicks",
+            ":1",
+            "abc:",
+            "abc:1x",
+            "abc:write",
+            "mode",
+        ] {
+            assert!(!is_owner(other), "{other}");
+        }
+    }
 }

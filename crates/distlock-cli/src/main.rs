@@ -9,7 +9,8 @@
 //! - [`mark`]: the mark that keeps the next holder's command from starting early;
 //! - [`run`]: `run` and `elect`;
 //! - [`inspect`]: `status`, `list`, `force-unlock`;
-//! - [`exit`]: the exit codes.
+//! - [`exit`]: the exit codes;
+//! - [`out`]: output that never panics on a closed pipe.
 
 mod args;
 mod child;
@@ -18,6 +19,7 @@ mod exit;
 mod held;
 mod inspect;
 mod mark;
+mod out;
 mod run;
 
 use std::io::Write;
@@ -54,7 +56,21 @@ fn main() -> ExitCode {
             Command::Elect(args) => Some(args.hold.ttl),
             _ => None,
         };
-        let client = connect::connect(&cli.connection, url_source, ttl).await?;
+        // Looking at locks and deleting one must work on a server that may evict keys,
+        // to clean up; taking one must not.
+        let allow_eviction = matches!(
+            &cli.command,
+            Command::Status(_) | Command::List(_) | Command::ForceUnlock(_)
+        );
+        let connect =
+            async || connect::connect(&cli.connection, url_source, ttl, allow_eviction).await;
+        let client = match &cli.command {
+            Command::Elect(_) => match run::connect_for_elect(connect).await? {
+                Ok(client) => client,
+                Err(code) => return Ok(code),
+            },
+            _ => connect().await?,
+        };
         let code = match &cli.command {
             Command::Run(args) => run::run(&client, args).await,
             Command::Elect(args) => run::elect(&client, args).await,
@@ -73,7 +89,7 @@ fn main() -> ExitCode {
     let code = match outcome {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("distlock: {}", failure.message);
+            out::say(&failure.message);
             failure.code
         }
     };

@@ -14,6 +14,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::exit::Failure;
 
 /// How much longer than the holder's lease a mark lives: the time a command killed at
@@ -27,7 +29,14 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct Mark {
     connection: distlock::Connection,
     key: String,
+    /// When the mark set last expires, by the local clock (counted from before the SET
+    /// was sent, so never later than the server's).
+    expires_at: Option<Instant>,
 }
+
+/// How long a stop may spend extending the mark over its grace before it gives up (a
+/// Redis that does not answer).
+const COVER_LIMIT: Duration = Duration::from_millis(300);
 
 /// `distlock_running:{<name>}`, in the lock's cluster slot (a name with a hash tag of its
 /// own keeps it, as the library's helper keys do).
@@ -39,11 +48,22 @@ pub fn key(name: &str) -> String {
     }
 }
 
+/// `{<name>}:<suffix>`, Redisson's helper keys after the name (`<name>:<suffix>` when the
+/// name has a hash tag of its own).
+pub fn tagged(name: &str, suffix: &str) -> String {
+    if name.contains('{') {
+        format!("{name}:{suffix}")
+    } else {
+        format!("{{{name}}}:{suffix}")
+    }
+}
+
 impl Mark {
     pub fn new(client: &distlock::Client, name: &str) -> Mark {
         Mark {
             connection: client.connection(),
             key: key(name),
+            expires_at: None,
         }
     }
 
@@ -56,7 +76,8 @@ impl Mark {
                 .get(&self.key)
                 .pttl(&self.key)
                 .query_async(&mut self.connection)
-                .await?;
+                .await
+                .map_err(|err| self.failure(err))?;
             match marked {
                 None => return Ok(()),
                 Some(marked) if marked == owner => return Ok(()),
@@ -65,7 +86,7 @@ impl Mark {
                 Some(_) => {}
             }
             if !told {
-                eprintln!("distlock: waiting for the previous holder's command to stop");
+                crate::out::say("waiting for the previous holder's command to stop");
                 told = true;
             }
             let ttl = Duration::from_millis(ttl_ms.unsigned_abs());
@@ -75,7 +96,21 @@ impl Mark {
 
     /// Marks the lock as running `owner`'s command while `lease_left` remains of its lease.
     pub async fn set(&mut self, owner: &str, lease_left: Duration) -> Result<(), Failure> {
-        let ttl_ms = u64::try_from((lease_left + SLACK).as_millis()).unwrap_or(u64::MAX);
+        self.set_for(owner, lease_left + SLACK).await
+    }
+
+    /// Keeps the mark until `until` if Redis answers in time (a command being stopped
+    /// after a loss must stay marked until it is gone), and returns when the mark
+    /// expires: the time by which the command must be gone.
+    pub async fn cover(&mut self, owner: &str, until: Instant) -> Option<Instant> {
+        let wanted = until.saturating_duration_since(Instant::now()) + SLACK;
+        let _ = tokio::time::timeout(COVER_LIMIT, self.set_for(owner, wanted)).await;
+        self.expires_at
+    }
+
+    async fn set_for(&mut self, owner: &str, ttl: Duration) -> Result<(), Failure> {
+        let sent_at = Instant::now();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         redis::cmd("SET")
             .arg(&self.key)
             .arg(owner)
@@ -83,7 +118,9 @@ impl Mark {
             .arg(ttl_ms)
             .query_async::<()>(&mut self.connection)
             .await
-            .map_err(Failure::from)
+            .map_err(|err| self.failure(err))?;
+        self.expires_at = Some(sent_at + ttl);
+        Ok(())
     }
 
     /// Removes the mark, if it is still `owner`'s.
@@ -97,7 +134,17 @@ impl Mark {
             .invoke_async::<i64>(&mut self.connection)
             .await
             .map(drop)
-            .map_err(Failure::from)
+            .map_err(|err| self.failure(err))
+    }
+}
+
+impl Mark {
+    /// A failure on the mark, naming its key (an ACL that does not cover it is the
+    /// likely cause: docs/cli.md lists the patterns).
+    fn failure(&self, err: redis::RedisError) -> Failure {
+        let mut failure = Failure::from(err);
+        failure.message = format!("the running mark {}: {}", self.key, failure.message);
+        failure
     }
 }
 

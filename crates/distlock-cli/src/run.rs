@@ -7,17 +7,19 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::args::{Elect, Hold, Run};
-use crate::child::{code_of, Child, Forwarded};
+use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
 use crate::held::{take, Held, Patience};
 use crate::mark::Mark;
+use crate::out::say;
 
-/// How often a holder asks the server whether the lock is still its own (one HEXISTS):
-/// a force-unlock is noticed this fast, not at the next renewal (every 10 s).
+/// How often a holder asks the server whether the lock is still its own (one round
+/// trip): a force-unlock or a restarted Redis is noticed this fast, not at the next
+/// renewal (every third of the ttl).
 const VERIFY_EVERY: Duration = Duration::from_millis(500);
 
 /// How long the clean-up after the command (the mark, the release) may take.
-const CLEANUP_LIMIT: Duration = Duration::from_secs(2);
+const CLEANUP_LIMIT: Duration = Duration::from_secs(1);
 
 /// How often `elect` tries again while Redis cannot be reached.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
@@ -26,8 +28,35 @@ const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 enum Ended {
     /// It exited by itself (or on a signal passed on to it), while the lock was held.
     Exited(std::process::ExitStatus),
-    /// The lock was lost, and the command stopped.
+    /// It was stopped: the lock was lost, or its lease was about to end.
+    Stopped(Why),
+    /// A signal came before the command started; it never ran.
+    Signalled(Signal),
+}
+
+/// Why a command was stopped.
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    /// The server says the lock is no longer this holder's (a force-unlock, a restart
+    /// without persistence), or its deadline passed without a renewal.
     Lost,
+    /// The lease would end within the grace: a fixed `--lease` running out, or renewals
+    /// that did not get through.
+    LeaseEnding { fixed: bool },
+}
+
+impl Why {
+    fn describe(self, name: &str) -> String {
+        match self {
+            Why::Lost => format!("lost {name} while the command ran; it was stopped"),
+            Why::LeaseEnding { fixed: true } => {
+                format!("the --lease on {name} was running out; the command was stopped")
+            }
+            Why::LeaseEnding { fixed: false } => format!(
+                "could not renew {name} (Redis unreachable?); the command was stopped before the lease ran out"
+            ),
+        }
+    }
 }
 
 /// `distlock run`.
@@ -43,20 +72,39 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
         signal = signals.next() => return Ok(signal_code(signal)),
     };
     let Some(held) = taken else {
-        eprintln!(
-            "distlock: {} is held by someone else; not run",
+        say(&format!(
+            "{} is held by someone else; not run",
             args.hold.name
-        );
+        ));
         return Ok(args.conflict_exit_code);
     };
     match hold_and_run(client, &args.hold, held, &mut signals).await? {
         Ended::Exited(status) => Ok(code_of(status)),
-        Ended::Lost => {
-            eprintln!(
-                "distlock: lost {} while the command ran; it was stopped",
-                args.hold.name
-            );
+        Ended::Signalled(signal) => Ok(signal_code(signal)),
+        Ended::Stopped(why) => {
+            say(&why.describe(&args.hold.name));
             Ok(exit::LOST)
+        }
+    }
+}
+
+/// Connects for `elect`, trying again while Redis cannot be reached: a leader started
+/// before its Redis (at boot) waits for it instead of exiting.
+pub async fn connect_for_elect(
+    connect: impl AsyncFn() -> Result<distlock::Client, Failure>,
+) -> Result<Result<distlock::Client, u8>, Failure> {
+    let mut signals = Forwarded::install()?;
+    loop {
+        match connect().await {
+            Ok(client) => return Ok(Ok(client)),
+            Err(failure) if failure.code == exit::UNAVAILABLE => {
+                say(&format!("{}; trying again", failure.message));
+                tokio::select! {
+                    () = tokio::time::sleep(UNAVAILABLE_RETRY) => {}
+                    signal = signals.next() => return Ok(Err(signal_code(signal))),
+                }
+            }
+            Err(failure) => return Err(failure),
         }
     }
 }
@@ -73,32 +121,49 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
             Ok(Some(held)) => held,
             Ok(None) => continue,
             Err(failure) if failure.code == exit::UNAVAILABLE => {
-                eprintln!("distlock: {}; trying again", failure.message);
-                tokio::select! {
-                    () = tokio::time::sleep(UNAVAILABLE_RETRY) => continue,
-                    signal = signals.next() => return Ok(signal_code(signal)),
+                if unavailable(&failure, &mut signals).await.is_some() {
+                    return Ok(exit::LOST);
                 }
+                continue;
             }
             Err(failure) => return Err(failure),
         };
-        eprintln!(
-            "distlock: leading {}{}; starting the command",
+        say(&format!(
+            "leading {}{}; starting the command",
             args.hold.name,
             held.token()
                 .map(|token| format!(" (fencing token {token})"))
                 .unwrap_or_default()
-        );
-        match hold_and_run(client, &args.hold, held, &mut signals).await? {
-            Ended::Exited(status) => return Ok(code_of(status)),
-            Ended::Lost => eprintln!(
-                "distlock: lost {}; the command was stopped; taking the lock again",
-                args.hold.name
-            ),
+        ));
+        match hold_and_run(client, &args.hold, held, &mut signals).await {
+            Ok(Ended::Exited(status)) => return Ok(code_of(status)),
+            Ok(Ended::Signalled(signal)) => return Ok(signal_code(signal)),
+            Ok(Ended::Stopped(why)) => say(&format!(
+                "{}; taking the lock again",
+                why.describe(&args.hold.name)
+            )),
+            // The mark could not be read or written (Redis went away): try again.
+            Err(failure) if failure.code == exit::UNAVAILABLE => {
+                if let Some(signal) = unavailable(&failure, &mut signals).await {
+                    return Ok(signal_code(signal));
+                }
+            }
+            Err(failure) => return Err(failure),
         }
     }
 }
 
-/// Runs the command while `held` lasts, then gives it back.
+/// Reports `failure` and waits before the next try; a signal instead ends the wait.
+async fn unavailable(failure: &Failure, signals: &mut Forwarded) -> Option<Signal> {
+    say(&format!("{}; trying again", failure.message));
+    tokio::select! {
+        () = tokio::time::sleep(UNAVAILABLE_RETRY) => None,
+        signal = signals.next() => Some(signal),
+    }
+}
+
+/// Runs the command while `held` lasts, then gives it back: on every path, once the
+/// lock is taken, the mark and the lock are cleaned up.
 async fn hold_and_run(
     client: &distlock::Client,
     hold: &Hold,
@@ -107,106 +172,138 @@ async fn hold_and_run(
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
     let mut mark = held.is_exclusive().then(|| Mark::new(client, &hold.name));
-    if let Some(mark) = &mut mark {
-        mark.wait_for_others(&owner).await?;
-        mark.set(&owner, held.lease_remaining()).await?;
-    }
-    let mut env = vec![
-        ("DISTLOCK_NAME", hold.name.clone()),
-        ("DISTLOCK_OWNER", owner.clone()),
-    ];
-    if let Some(token) = held.token() {
-        env.push(("DISTLOCK_FENCING_TOKEN", token.to_string()));
-    }
-    let ended = match Child::spawn(&hold.command, &env) {
-        Ok(mut child) => {
-            supervise(
-                &mut child,
-                &held,
-                hold.kill_grace,
-                signals,
-                mark.as_mut(),
-                &owner,
-            )
-            .await
-        }
-        Err(failure) => Err(failure),
-    };
+    let ended = run_marked(hold, &held, signals, mark.as_mut(), &owner).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
         if let Some(mark) = &mut mark {
             if let Err(failure) = mark.clear(&owner).await {
-                eprintln!(
-                    "distlock: could not clear the running mark ({}); it expires with the lease",
+                say(&format!(
+                    "could not clear the running mark ({}); it expires with the lease",
                     failure.message
-                );
+                ));
             }
         }
         match &ended {
             // Not ours any more: nothing to give back.
-            Ok(Ended::Lost) => held.abandon(),
-            // Exited, or never started: give it back.
+            Ok(Ended::Stopped(Why::Lost)) => held.abandon(),
             _ => match held.release().await {
-                Ok(outcome) if outcome.was_lost() => {
-                    eprintln!("distlock: the lock had been lost by the time the command exited");
+                Ok(outcome) if outcome.was_lost() && matches!(ended, Ok(Ended::Exited(_))) => {
+                    say("the lock had been lost by the time the command exited");
                 }
                 Ok(_) => {}
-                Err(failure) => eprintln!(
-                    "distlock: could not release the lock ({}); it expires with its lease",
+                Err(failure) => say(&format!(
+                    "could not release the lock ({}); it expires with its lease",
                     failure.message
-                ),
+                )),
             },
         }
     };
     if tokio::time::timeout(CLEANUP_LIMIT, cleanup).await.is_err() {
-        eprintln!(
-            "distlock: Redis did not answer the clean-up in time; the lock expires with its lease"
-        );
+        say("Redis did not answer the clean-up in time; the lock expires with its lease");
     }
     ended
 }
 
-/// Waits for the command to exit, passing signals on, and stops it when the lock is lost
-/// or its loss is seen coming.
-async fn supervise(
-    child: &mut Child,
+/// Waits for the previous holder's command to be gone, marks the lock, and runs the
+/// command under it.
+async fn run_marked(
+    hold: &Hold,
     held: &Held,
-    kill_grace: Duration,
     signals: &mut Forwarded,
     mut mark: Option<&mut Mark>,
     owner: &str,
 ) -> Result<Ended, Failure> {
+    if let Some(mark) = mark.as_deref_mut() {
+        tokio::select! {
+            waited = mark.wait_for_others(owner) => waited?,
+            signal = signals.next() => return Ok(Ended::Signalled(signal)),
+        }
+        mark.set(owner, held.lease_remaining()).await?;
+    }
+    let mut env = vec![
+        ("DISTLOCK_NAME", hold.name.clone()),
+        ("DISTLOCK_OWNER", owner.to_owned()),
+    ];
+    if let Some(token) = held.token() {
+        env.push(("DISTLOCK_FENCING_TOKEN", token.to_string()));
+    }
+    let mut child = Child::spawn(&hold.command, &env)?;
+    let (why, kill_by) =
+        match supervise(&mut child, held, hold, signals, mark.as_deref_mut(), owner).await? {
+            Supervised::Exited(status) => return Ok(Ended::Exited(status)),
+            Supervised::Stop { why, kill_by } => (why, kill_by),
+        };
+    // The mark must outlive the command: extended over the grace if Redis answers, and
+    // if not, the command is killed before the mark runs out.
+    let kill_at = match mark {
+        Some(mark) => match mark.cover(owner, kill_by).await {
+            Some(expires_at) => {
+                kill_by.min(expires_at.checked_sub(MARK_MARGIN).unwrap_or(expires_at))
+            }
+            None => kill_by,
+        },
+        None => kill_by,
+    };
+    child.stop(kill_at).await?;
+    Ok(Ended::Stopped(why))
+}
+
+/// How long before the mark expires a stopped command is killed at the latest.
+const MARK_MARGIN: Duration = Duration::from_millis(100);
+
+/// What supervising the command decided.
+enum Supervised {
+    Exited(std::process::ExitStatus),
+    /// Stop it, killing what is left of it by `kill_by`.
+    Stop {
+        why: Why,
+        kill_by: Instant,
+    },
+}
+
+/// Waits for the command to exit, passing signals on, and decides to stop it when the
+/// lock is lost or its loss is seen coming.
+async fn supervise(
+    child: &mut Child,
+    held: &Held,
+    hold: &Hold,
+    signals: &mut Forwarded,
+    mark: Option<&mut Mark>,
+    owner: &str,
+) -> Result<Supervised, Failure> {
     // A lease too short for the whole grace gets half of it: SIGTERM at half the lease.
-    let grace = kill_grace.min(held.lease_remaining() / 2);
+    let grace = hold.kill_grace.min(held.lease_remaining() / 2);
+    let fixed = hold.lease.is_some();
     let mut lost = held.lost();
     // The check runs beside the other branches, so a slow or stopped Redis never holds
     // up the stop at the lease's end.
+    let mut mark = mark;
     let mut check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
     loop {
         // When the lease would end within the grace: renewals have not kept it up.
         let coming = Instant::now() + held.lease_remaining().saturating_sub(grace);
         tokio::select! {
-            status = child.wait() => return Ok(Ended::Exited(status?)),
+            status = child.wait() => return Ok(Supervised::Exited(status?)),
             signal = signals.next() => child.signal(signal),
             () = &mut lost => {
                 // Gone already (taken away, or its deadline passed): the grace is all
                 // the command gets.
-                child.stop(Instant::now() + kill_grace).await?;
-                return Ok(Ended::Lost);
+                return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
             }
             () = tokio::time::sleep_until(coming) => {
                 let left = held.lease_remaining();
                 if left <= grace {
                     // SIGTERM now, SIGKILL as the lease ends: never past it.
-                    child.stop(Instant::now() + left).await?;
-                    return Ok(Ended::Lost);
+                    return Ok(Supervised::Stop {
+                        why: Why::LeaseEnding { fixed },
+                        kill_by: Instant::now() + left,
+                    });
                 }
             }
             still_held = &mut check => {
                 if !still_held {
-                    child.stop(Instant::now() + kill_grace).await?;
-                    return Ok(Ended::Lost);
+                    return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
                 }
                 drop(check);
                 check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
@@ -230,9 +327,4 @@ async fn check_after(held: &Held, mark: Option<&mut Mark>, owner: &str) -> bool 
         }
         Err(_) => true,
     }
-}
-
-/// The exit code for ending on `signal` before the command ran: as a shell reports it.
-fn signal_code(signal: Signal) -> u8 {
-    128 + signal as u8
 }

@@ -242,3 +242,28 @@ async fn data_layout_matches_redisson() {
     })
     .await;
 }
+
+/// An operator confirms deleting one holder's lock; by the time the delete is sent the
+/// lock may have passed to another holder, whose lock must stay (the distlock command's
+/// force-unlock, review B6).
+#[tokio::test]
+async fn a_force_unlock_for_one_holder_spares_the_next() {
+    let server = server().await;
+    let client = client(&server).await;
+    let lock = client.lock("handed").unwrap();
+    let first = lock.try_lock().await.unwrap().expect("free");
+    let shown = first.owner().to_owned();
+    first.release().await.unwrap();
+    let second = lock.try_lock().await.unwrap().expect("free");
+    assert!(!lock.force_unlock_held_by(&shown).await.unwrap());
+    assert!(
+        lock.is_locked().await.unwrap(),
+        "the next holder's lock was deleted"
+    );
+    assert!(lock.force_unlock_held_by(second.owner()).await.unwrap());
+    assert!(!lock.is_locked().await.unwrap());
+    assert!(matches!(
+        lock.force_unlock_held_by("").await,
+        Err(distlock::Error::InvalidArgument { .. })
+    ));
+}

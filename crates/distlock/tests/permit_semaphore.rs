@@ -274,3 +274,28 @@ async fn asks_outside_the_bound_are_typed_errors() {
     assert_eq!(most.permits(), 3);
     most.release().await.unwrap();
 }
+
+/// `verify` asks the server: a permit whose entry is gone (the server restarted without
+/// its data, or the set was deleted) is reported, and its lost signal fires, before any
+/// renewal would notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_notices_a_permit_that_is_gone() {
+    let server = server().await;
+    let client = client(&server).await;
+    let pool = client.permit_semaphore("verified").unwrap();
+    assert!(pool.try_set_permits(2).await.unwrap());
+    let held = bounded(LIMIT, pool.try_acquire(2))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(held.verify().await.unwrap());
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("DEL")
+        .arg("{verified}:timeout")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!held.verify().await.unwrap());
+    assert!(held.is_lost());
+    bounded(LIMIT, held.lost()).await;
+}

@@ -242,17 +242,35 @@ impl Lock {
 
     /// Deletes the lock whoever holds it and wakes a waiter. Returns whether a lock was
     /// deleted. For operators: the holder is not told, beyond its lost signal firing at its
-    /// next renewal.
+    /// next renewal (or its next [`LockGuard::verify`](crate::LockGuard::verify)).
     pub async fn force_unlock(&self) -> Result<bool> {
+        self.force_unlock_where("").await
+    }
+
+    /// Deletes the lock only while `owner` holds it (a holder an operator was shown and
+    /// confirmed), and wakes a waiter. Returns false, deleting nothing, when the lock is
+    /// free or has passed to another holder meanwhile.
+    pub async fn force_unlock_held_by(&self, owner: &str) -> Result<bool> {
+        if owner.is_empty() {
+            return Err(Error::InvalidArgument {
+                what: "owner",
+                reason: "is empty; use force_unlock to delete whoever holds the lock".into(),
+            });
+        }
+        self.force_unlock_where(owner).await
+    }
+
+    async fn force_unlock_where(&self, owner: &str) -> Result<bool> {
         let channel = &self.channel;
         let deleted: i64 = self
             .session
             .core()
             .request(|mut connection| {
-                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 2);
+                let mut unlock = ScriptCall::new(&LOCK_FORCE_UNLOCK, &[&self.name, channel], 3);
                 unlock
                     .arg(RELEASE_MESSAGE)
-                    .arg(self.session.core().deployment().publish_command());
+                    .arg(self.session.core().deployment().publish_command())
+                    .arg(owner);
                 async move { unlock.invoke(&mut connection).await }
             })
             .await?;

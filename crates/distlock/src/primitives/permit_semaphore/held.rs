@@ -137,6 +137,28 @@ impl Held {
         }
     }
 
+    /// Asks the server whether every permit is still in the semaphore's set (one
+    /// ZMSCORE). A permit that is gone (its lease ran out on the server, or the set was
+    /// deleted) marks them all lost.
+    pub(crate) async fn verify(&self) -> Result<bool> {
+        let Some(core) = &self.core else {
+            return Ok(false);
+        };
+        let mut scores = redis::cmd("ZMSCORE");
+        scores.arg(&*self.keys.timeouts);
+        for id in &self.ids {
+            scores.arg(&**id);
+        }
+        let scores: Vec<Option<f64>> = core.query(&scores).await?;
+        let held = scores.iter().all(Option::is_some);
+        if !held {
+            for lease in &self.leases {
+                lease.mark_lost();
+            }
+        }
+        Ok(held)
+    }
+
     pub(crate) fn ids(&self) -> &[Arc<str>] {
         &self.ids
     }

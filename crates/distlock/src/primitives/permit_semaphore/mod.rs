@@ -243,6 +243,14 @@ impl LeasedPermits {
         !self.leases().is_trusted()
     }
 
+    /// Asks the server whether every permit is still this guard's (one round trip), as
+    /// [`LockGuard::verify`](crate::LockGuard::verify) does for a lock: false, and the
+    /// lost signal fired, when one is gone (its lease ran out on the server, the
+    /// semaphore was deleted, or the server restarted without its data).
+    pub async fn verify(&self) -> Result<bool> {
+        self.held.verify().await
+    }
+
     /// How long every permit is sure to last, by the local clock; zero once one is lost.
     pub fn lease_remaining(&self) -> Duration {
         self.leases().remaining()

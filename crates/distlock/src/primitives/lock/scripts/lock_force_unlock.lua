@@ -4,8 +4,11 @@
 -- KEYS[2]  release channel
 -- ARGV[1]  release message
 -- ARGV[2]  "publish", or "spublish" on a Redis 7 cluster
+-- ARGV[3]  "" to delete whoever holds it; or an owner: delete only while that owner
+--          holds it (an operator confirmed deleting that holder's lock, not a later one's)
 --
--- Returns 1 when a lock was deleted, 0 when there was none; fails with a NOPERM error,
+-- Returns 1 when a lock was deleted, 0 when there was none (or ARGV[3]'s owner no longer
+-- holds it); fails with a NOPERM error,
 -- having written nothing, when the user's ACL refuses the publish or the delete.
 --
 -- A refused call aborts a script but keeps what it wrote before: both writes are checked
@@ -13,6 +16,9 @@
 -- before the delete, so a refused channel leaves the lock as it was.
 local publish = ARGV[2] == 'spublish' and 'spublish' or 'publish'
 if redis.call('exists', KEYS[1]) == 0 then
+    return 0
+end
+if ARGV[3] ~= '' and redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
     return 0
 end
 if redis.acl_check_cmd and not (redis.acl_check_cmd(publish, KEYS[2], ARGV[1])

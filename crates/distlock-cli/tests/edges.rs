@@ -1,0 +1,364 @@
+//! Breaks a hostile review found in the first `distlock` command, each a test that failed
+//! on that build: overlaps at the edges of a stop, keys of other applications, mixed
+//! kinds on one name, output nobody reads, and a leader started before its Redis.
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock_testkit::RedisServer;
+use tokio::process::{Child, Command};
+
+const LIMIT: Duration = Duration::from_secs(40);
+
+fn distlock(url: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    command
+        .env("REDIS_URL", url)
+        .kill_on_drop(true)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(LIMIT, child.wait_with_output())
+        .await
+        .expect("distlock finished in time")
+        .expect("distlock ran")
+}
+
+async fn run_to_end(mut command: Command) -> Output {
+    finish(command.spawn().expect("distlock started")).await
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn until_exists(path: &Path) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < LIMIT,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn alive(pid_file: &Path) -> bool {
+    let pid = std::fs::read_to_string(pid_file).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+    // A zombie is dead: only its parent has not read its status.
+    !stat.is_empty()
+        && stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+/// Review B1 and B2: a grace longer than the lease, and a process of the command that
+/// ignores SIGTERM after the command itself exits on it. Both used to run on after the
+/// mark was gone, beside the next holder's command.
+#[tokio::test]
+async fn what_the_command_started_is_stopped_before_the_next_holder_starts() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, overlap, ran) = (
+        dir.path().join("gpid"),
+        dir.path().join("overlap"),
+        dir.path().join("ran"),
+    );
+    // The command exits on SIGTERM; the process it started ignores it.
+    let first_command = format!(
+        "(trap '' TERM; while :; do sleep 0.05; done) & echo $! > {pid}.tmp; mv {pid}.tmp {pid}; wait",
+        pid = pid.display()
+    );
+    let mut first = distlock(&server.url());
+    first.args([
+        "run",
+        "grand",
+        "--ttl",
+        "2s",
+        "--kill-grace",
+        "4s",
+        "--",
+        "sh",
+        "-c",
+        &first_command,
+    ]);
+    let first = first.spawn().unwrap();
+    until_exists(&pid).await;
+    let mut second = distlock(&server.url());
+    second.args(["run", "grand", "--", "sh", "-c"]).arg(format!(
+        "if [ -e /proc/$(cat {pid}) ] && ! grep -q ') Z' /proc/$(cat {pid})/stat; then echo overlap > {overlap}; fi; touch {ran}",
+        pid = pid.display(),
+        overlap = overlap.display(),
+        ran = ran.display()
+    ));
+    let second = second.spawn().unwrap();
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "grand", "--yes"]);
+    assert_eq!(run_to_end(unlock).await.status.code(), Some(0));
+    let first = finish(first).await;
+    assert_eq!(first.status.code(), Some(79), "{}", stderr(&first));
+    assert!(
+        !alive(&pid),
+        "the process the command started outlived the stop"
+    );
+    let second = finish(second).await;
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    assert!(ran.exists());
+    assert!(
+        !overlap.exists(),
+        "the next holder's command ran beside the first one's process"
+    );
+}
+
+/// Review B5: another application's hash of integers is neither shown as a lock nor
+/// deleted by force-unlock.
+#[tokio::test]
+async fn another_applications_hash_is_not_a_lock() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("stats:page")
+        .arg("views")
+        .arg(5)
+        .arg("clicks")
+        .arg(7)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "stats:page", "--yes"]);
+    let unlock = run_to_end(unlock).await;
+    assert_eq!(unlock.status.code(), Some(2), "{}", stderr(&unlock));
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("stats:page")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(exists, 1, "force-unlock deleted another application's data");
+    let mut status = distlock(&server.url());
+    status.args(["status", "stats:page", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+    assert_eq!(json["held"], false);
+    assert_eq!(json["kind"], "not a lock");
+    // Keys list cannot take as lock names, or that are not UTF-8, do not stop a listing.
+    let _: () = redis::cmd("HSET")
+        .arg("sess}42")
+        .arg("u")
+        .arg(1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(b"bin\xffname".as_slice())
+        .arg("f")
+        .arg(1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let holder = {
+        let mut run = distlock(&server.url());
+        run.args(["run", "real", "--", "sleep", "30"]);
+        run.spawn().unwrap()
+    };
+    let mut listed = String::new();
+    let asked = Instant::now();
+    while !listed.contains("\"real\"") {
+        assert!(asked.elapsed() < LIMIT, "{listed}");
+        let mut list = distlock(&server.url());
+        list.args(["list", "--json"]);
+        let list = run_to_end(list).await;
+        assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
+        listed = String::from_utf8_lossy(&list.stdout).into_owned();
+    }
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    drop(holder);
+}
+
+/// Review B11: output nobody reads (`distlock list | head -1`) is not a panic.
+#[tokio::test]
+async fn a_closed_output_is_not_a_panic() {
+    let server = RedisServer::start().await.unwrap();
+    let holders: Vec<Child> = (0..3)
+        .map(|index| {
+            let mut run = distlock(&server.url());
+            run.args(["run", &format!("job{index}"), "--", "sleep", "30"]);
+            run.spawn().unwrap()
+        })
+        .collect();
+    let asked = Instant::now();
+    loop {
+        let mut list = distlock(&server.url());
+        list.args(["list"]);
+        let text = String::from_utf8_lossy(&run_to_end(list).await.stdout).into_owned();
+        if text.lines().count() == 4 {
+            break;
+        }
+        assert!(asked.elapsed() < LIMIT, "{text}");
+    }
+    for args in [vec!["list"], vec!["status", "job0"]] {
+        let mut closed = distlock(&server.url());
+        closed.args(&args).stdout(Stdio::piped());
+        let mut child = closed.spawn().unwrap();
+        drop(child.stdout.take());
+        let output = finish(child).await;
+        assert!(
+            !stderr(&output).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_ne!(output.status.code(), Some(101), "{args:?}");
+    }
+    drop(holders);
+}
+
+/// Review B7: a refusal on the running mark (an ACL that does not cover it) after the lock
+/// was taken gives the lock back, and names the mark.
+#[tokio::test]
+async fn a_refused_mark_gives_the_lock_back() {
+    let server = RedisServer::start().await.unwrap();
+    let mut admin = server.connection().await.unwrap();
+    let rules = [
+        "on",
+        ">apppw",
+        "~jobs*",
+        "~redisson_lock__channel:*",
+        "~redisson_lock_token:*",
+        "~distlock_fence:*",
+        "~redisson_unlock_latch:*",
+        "&*",
+        "+@all",
+    ];
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("app");
+    for rule in rules {
+        setuser.arg(rule);
+    }
+    let _: () = setuser.query_async(&mut admin).await.unwrap();
+    let url = format!("redis://app:apppw@127.0.0.1:{}", server.port());
+    let mut run = distlock(&url);
+    run.args(["run", "jobs1", "--", "true"]);
+    let run = run_to_end(run).await;
+    assert_eq!(run.status.code(), Some(77), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("distlock_running:{jobs1}"),
+        "{}",
+        stderr(&run)
+    );
+    let held: i64 = redis::cmd("EXISTS")
+        .arg("jobs1")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the lock was left held");
+}
+
+/// Review B9 and B10: a lock and a semaphore on one name, and permits asked with a
+/// different -n: clear refusals (exit 2), never "Redis unreachable"; a semaphore's status
+/// shows its holders.
+#[tokio::test]
+async fn kinds_and_permit_counts_do_not_mix() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut pool = distlock(&server.url());
+    pool.args(["run", "pool", "-n", "2", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", started.display()));
+    let pool = pool.spawn().unwrap();
+    until_exists(&started).await;
+    for args in [
+        vec!["run", "pool", "--", "true"],
+        vec!["run", "pool", "-n", "3", "--", "true"],
+        vec!["run", "pool", "-n", "1", "--", "true"],
+    ] {
+        let mut other = distlock(&server.url());
+        other.args(&args);
+        let other = run_to_end(other).await;
+        assert_eq!(other.status.code(), Some(2), "{args:?}: {}", stderr(&other));
+    }
+    let mut status = distlock(&server.url());
+    status.args(["status", "pool", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+    assert_eq!(json["held"], true, "{json}");
+    assert_eq!(json["kind"], "semaphore");
+    assert_eq!(json["free_permits"], 1);
+    assert_eq!(json["holders"].as_array().unwrap().len(), 1);
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "pool", "--yes"]);
+    assert_eq!(run_to_end(unlock).await.status.code(), Some(2));
+    drop(pool);
+}
+
+/// Review B13a: a leader started while its Redis is down waits for it.
+#[tokio::test]
+async fn a_leader_started_before_its_redis_waits_for_it() {
+    let mut server = RedisServer::start().await.unwrap();
+    server.kill().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut elect = distlock(&server.url());
+    elect.args(["elect", "boot", "--", "sh", "-c"]).arg(format!(
+        "trap 'exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+        started.display()
+    ));
+    let elect = elect.spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart().await.unwrap();
+    until_exists(&started).await;
+    let pid = nix::unistd::Pid::from_raw(elect.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let elect = finish(elect).await;
+    assert_eq!(elect.status.code(), Some(0), "{}", stderr(&elect));
+}
+
+/// Review B13b: a signal while waiting for the previous holder's command ends the wait;
+/// the command never runs and the lock is given back.
+#[tokio::test]
+async fn a_signal_during_the_wait_for_the_previous_command_ends_it() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    // A previous holder's command still marked as running.
+    let _: () = redis::cmd("SET")
+        .arg("distlock_running:{marked}")
+        .arg("someone-else:1")
+        .arg("PX")
+        .arg(20_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let mut run = distlock(&server.url());
+    run.args(["run", "marked", "--", "touch"]).arg(&ran);
+    let run = run.spawn().unwrap();
+    let asked = Instant::now();
+    loop {
+        let held: i64 = redis::cmd("EXISTS")
+            .arg("marked")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if held == 1 {
+            break;
+        }
+        assert!(asked.elapsed() < LIMIT);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let run = finish(run).await;
+    assert_eq!(run.status.code(), Some(128 + 15), "{}", stderr(&run));
+    assert!(!ran.exists(), "the command ran after the signal");
+    let held: i64 = redis::cmd("EXISTS")
+        .arg("marked")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the lock was left held");
+}
