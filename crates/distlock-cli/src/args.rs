@@ -81,9 +81,10 @@ pub struct Hold {
     /// lock is lost. Shortened to what the lease allows when the loss is seen coming.
     #[arg(long, value_parser = positive_duration, default_value = "5s", value_name = "DURATION")]
     pub kill_grace: Duration,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
-    pub command: Vec<String>,
+    /// The command and its arguments, after `--` (any bytes: file names need not be
+    /// UTF-8).
+    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND", value_parser = clap::builder::OsStringValueParser::new())]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]

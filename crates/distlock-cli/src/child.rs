@@ -30,7 +30,7 @@ impl Child {
     /// terminal, the command's group gets the terminal (it reads it, and Ctrl-C and
     /// Ctrl-Z reach it, as under a shell). It gets SIGKILL if distlock dies (Linux), so a
     /// `kill -9` of distlock never leaves it running without its lock.
-    pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, Failure> {
+    pub fn spawn(command: &[std::ffi::OsString], env: &[(&str, String)]) -> Result<Child, Failure> {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| Failure::new(exit::USAGE, "no command after --"))?;
@@ -121,7 +121,7 @@ impl Child {
     /// Whether any live process of the command's group is left. Zombies do not count: a
     /// process that died after its parent is reaped by init, and in a container init may
     /// never do it.
-    fn group_alive(&self) -> bool {
+    pub fn group_alive(&self) -> bool {
         if killpg(self.group, None).is_err() {
             return false;
         }

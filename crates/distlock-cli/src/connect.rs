@@ -18,7 +18,7 @@ pub async fn connect(
     ttl: Option<std::time::Duration>,
     allow_eviction: bool,
 ) -> Result<distlock::Client, Failure> {
-    if url_source == Some(ValueSource::CommandLine) && password_of(&connection.url).is_some() {
+    if url_source == Some(ValueSource::CommandLine) && carries_password(&connection.url) {
         return Err(Failure::new(
             exit::USAGE,
             "--url carries a password, which other users of this machine can read on the \
@@ -33,10 +33,14 @@ pub async fn connect(
     if let Some(ttl) = ttl {
         builder = builder.watchdog_timeout(ttl);
     }
-    builder
-        .connect(&url)
-        .await
-        .map_err(|err| redact(Failure::from(err), &url))
+    builder.connect(&url).await.map_err(|err| match err {
+        // A URL that does not parse is not quoted: where its password ends is unknown.
+        distlock::Error::InvalidUrl { reason, .. } => Failure::new(
+            exit::USAGE,
+            format!("the Redis URL is not valid ({reason}); a password in a URL must be percent-encoded, or given in --password-file"),
+        ),
+        err => redact(Failure::from(err), &url),
+    })
 }
 
 /// The first line of `file`, without its line ending.
@@ -76,6 +80,17 @@ fn password_of(url: &str) -> Option<&str> {
     let (userinfo, _) = authority.rsplit_once('@')?;
     let (_, password) = userinfo.split_once(':')?;
     (!password.is_empty()).then_some(password)
+}
+
+/// Whether the URL carries a password anywhere: its user info, or a query parameter
+/// (`sentinel_password=`).
+fn carries_password(url: &str) -> bool {
+    password_of(url).is_some()
+        || url.split_once('?').is_some_and(|(_, query)| {
+            query
+                .split('&')
+                .any(|pair| pair.to_ascii_lowercase().contains("password="))
+        })
 }
 
 /// `url` with `password` in its user info (percent-encoded), keeping a user it names.

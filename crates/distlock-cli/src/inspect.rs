@@ -115,28 +115,31 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
     if client.is_cluster() {
         return Err(Failure::new(
             exit::USAGE,
-            "list scans one server, and a cluster spreads locks over its masters: run it \
-             against each master's URL",
+            "list does not scan a Redis Cluster yet (its locks are spread over the masters); \
+             use status NAME, or redis-cli --cluster call HOST:PORT SCAN 0 TYPE hash",
         ));
     }
     let mut found = Vec::new();
     // Locks are hashes named as given; permit semaphores are known by their set of
-    // permits, `{name}:timeout`.
-    for (kind, pattern) in [
+    // permits: `{name}:timeout`, or `name:timeout` for a name with a hash tag of its own.
+    let scans = [
         ("hash", args.pattern.clone()),
         ("zset", format!("{{{}}}:timeout", args.pattern)),
-    ] {
+        ("zset", format!("{}:timeout", args.pattern)),
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for (kind, pattern) in scans {
         for key in scan(client, &pattern, kind).await? {
             let name = match kind {
-                "zset" => match key
-                    .strip_prefix('{')
-                    .and_then(|key| key.strip_suffix("}:timeout"))
-                {
-                    Some(name) => name.to_owned(),
+                "zset" => match semaphore_of(&key) {
+                    Some(name) => name,
                     None => continue,
                 },
                 _ => key,
             };
+            if !seen.insert(name.clone()) {
+                continue;
+            }
             // A key the library cannot take as a lock name (another app's) is skipped.
             let Ok(snapshot) = snapshot(client, &name).await else {
                 continue;
@@ -182,6 +185,20 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
         }
     }
     Ok(0)
+}
+
+/// The semaphore whose set of permits is `key`: `{name}:timeout` for a name without
+/// braces, `name:timeout` for one with a hash tag.
+fn semaphore_of(key: &str) -> Option<String> {
+    let inner = key.strip_suffix(":timeout")?;
+    match inner
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+    {
+        Some(name) if !name.contains(['{', '}']) => Some(name.to_owned()),
+        _ if inner.contains('{') => Some(inner.to_owned()),
+        _ => None,
+    }
 }
 
 /// The keys of `kind` matching `pattern`, by SCAN. Keys that are not UTF-8 are skipped:
@@ -347,6 +364,10 @@ async fn lock_snapshot(
             _ => return Ok(Snapshot::free(name, "not a lock")),
         }
     }
+    // A lock always has a lease, and a plain one (no mode) has one holder.
+    if pttl < 0 || (snapshot.mode.is_none() && snapshot.holders.len() > 1) {
+        return Ok(Snapshot::free(name, "not a lock"));
+    }
     snapshot.held = !snapshot.holders.is_empty();
     snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
     let queued = client.fair_lock(name.to_owned())?.queued().await?;
@@ -384,6 +405,14 @@ async fn permit_snapshot(
     if kind == "none" && permits.is_empty() {
         return Ok(Snapshot::free(name, "none"));
     }
+    let free = match kind {
+        "string" => match semaphore.available_permits().await {
+            Ok(free) => Some(free),
+            // Not a count: another application's string.
+            Err(_) => return Ok(Snapshot::free(name, "not a lock")),
+        },
+        _ => None,
+    };
     let now_ms = seconds * 1000 + micros / 1000;
     let mut snapshot = Snapshot::free(name, "semaphore");
     for (id, deadline) in permits {
@@ -398,23 +427,27 @@ async fn permit_snapshot(
         }
     }
     snapshot.held = !snapshot.holders.is_empty();
-    if kind == "string" {
-        snapshot.free_permits = semaphore.available_permits().await.ok();
-    }
+    snapshot.free_permits = free;
     Ok(snapshot)
 }
 
-/// A lock holder's field: `<client id>:<n>`, or a writer's `<client id>:<n>:write`.
+/// A lock holder's field: `<client id>:<n>`, or a writer's `<client id>:<n>:write`, where
+/// the client id is a UUID (distlock's and Redisson's both are).
 fn is_owner(field: &str) -> bool {
     let field = field.strip_suffix(":write").unwrap_or(field);
-    match field.rsplit_once(':') {
-        Some((client, number)) => {
-            !client.is_empty()
-                && !number.is_empty()
-                && number.bytes().all(|byte| byte.is_ascii_digit())
-        }
-        None => false,
-    }
+    let Some((client, number)) = field.rsplit_once(':') else {
+        return false;
+    };
+    !number.is_empty() && number.bytes().all(|byte| byte.is_ascii_digit()) && is_uuid(client)
+}
+
+/// `8-4-4-4-12` hexadecimal digits.
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.iter().map(|group| group.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|group| group.bytes().all(|byte| byte.is_ascii_hexdigit()))
 }
 
 fn seconds(ms: u64) -> String {
@@ -431,12 +464,9 @@ mod tests {
 
     #[test]
     fn only_holder_shaped_fields_are_lock_holders() {
-        for owner in [
-            "2d241cd5-8c3a-4f1e-9b2a-0c1d2e3f4a5b:1",
-            "abc:12:write",
-            "x:y:3",
-        ] {
-            assert!(is_owner(owner), "{owner}");
+        let id = "2d241cd5-8c3a-4f1e-9b2a-0c1d2e3f4a5b";
+        for owner in [format!("{id}:1"), format!("{id}:12:write")] {
+            assert!(is_owner(&owner), "{owner}");
         }
         for other in [
             "views",
@@ -446,6 +476,9 @@ mod tests {
             "abc:1x",
             "abc:write",
             "mode",
+            "user:42",
+            "abc:12:write",
+            "x:y:3",
         ] {
             assert!(!is_owner(other), "{other}");
         }

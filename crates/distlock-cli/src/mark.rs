@@ -38,11 +38,12 @@ pub struct Mark {
 /// Redis that does not answer).
 const COVER_LIMIT: Duration = Duration::from_millis(300);
 
-/// `distlock_running:{<name>}`, in the lock's cluster slot (a name with a hash tag of its
-/// own keeps it, as the library's helper keys do).
+/// The mark of lock `name`, in the lock's cluster slot: `distlock_running:{<name>}`, or
+/// `<name>:distlock_running` for a name with a hash tag of its own (which keeps it). The
+/// two shapes never meet: `q` and `{q}` are different locks with different marks.
 pub fn key(name: &str) -> String {
     if name.contains('{') {
-        format!("distlock_running:{name}")
+        format!("{name}:distlock_running")
     } else {
         format!("distlock_running:{{{name}}}")
     }
@@ -67,36 +68,40 @@ impl Mark {
         }
     }
 
-    /// Waits until no other holder's command is marked as running (at most for the rest
-    /// of that holder's lease, as its mark expires then).
-    pub async fn wait_for_others(&mut self, owner: &str) -> Result<(), Failure> {
+    /// Claims the mark for `owner` while `lease_left` remains of its lease, waiting while
+    /// another holder's command is marked as running (at most until `deadline`, and never
+    /// longer than that holder's mark lives). False when the deadline came first.
+    pub async fn claim(
+        &mut self,
+        owner: &str,
+        lease_left: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<bool, Failure> {
         let mut told = false;
         loop {
-            let (marked, ttl_ms): (Option<String>, i64) = redis::pipe()
-                .get(&self.key)
-                .pttl(&self.key)
-                .query_async(&mut self.connection)
-                .await
-                .map_err(|err| self.failure(err))?;
-            match marked {
-                None => return Ok(()),
-                Some(marked) if marked == owner => return Ok(()),
-                // A mark without expiry is not ours to honour: it would wait forever.
-                Some(_) if ttl_ms < 0 => return Ok(()),
-                Some(_) => {}
+            let others_left = self.claim_once(owner, lease_left + SLACK).await?;
+            let Some(others_left) = others_left else {
+                return Ok(true);
+            };
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Ok(false);
             }
             if !told {
                 crate::out::say("waiting for the previous holder's command to stop");
                 told = true;
             }
-            let ttl = Duration::from_millis(ttl_ms.unsigned_abs());
-            tokio::time::sleep(POLL.min(ttl)).await;
+            let mut pause = POLL.min(others_left);
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline.saturating_duration_since(Instant::now()));
+            }
+            tokio::time::sleep(pause).await;
         }
     }
 
-    /// Marks the lock as running `owner`'s command while `lease_left` remains of its lease.
+    /// Keeps the mark `owner`'s while `lease_left` remains of its lease. Another holder's
+    /// mark is left alone.
     pub async fn set(&mut self, owner: &str, lease_left: Duration) -> Result<(), Failure> {
-        self.set_for(owner, lease_left + SLACK).await
+        self.claim_once(owner, lease_left + SLACK).await.map(drop)
     }
 
     /// Keeps the mark until `until` if Redis answers in time (a command being stopped
@@ -104,23 +109,34 @@ impl Mark {
     /// expires: the time by which the command must be gone.
     pub async fn cover(&mut self, owner: &str, until: Instant) -> Option<Instant> {
         let wanted = until.saturating_duration_since(Instant::now()) + SLACK;
-        let _ = tokio::time::timeout(COVER_LIMIT, self.set_for(owner, wanted)).await;
+        let _ = tokio::time::timeout(COVER_LIMIT, self.claim_once(owner, wanted)).await;
         self.expires_at
     }
 
-    async fn set_for(&mut self, owner: &str, ttl: Duration) -> Result<(), Failure> {
+    /// Sets the mark to `owner` for `ttl` unless another holder's mark is there; `Some`
+    /// of how long that one has left when it is.
+    async fn claim_once(
+        &mut self,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Duration>, Failure> {
+        static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(include_str!("scripts/running_claim.lua"))
+        });
         let sent_at = Instant::now();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        redis::cmd("SET")
-            .arg(&self.key)
+        let others_left: u64 = CLAIM
+            .key(&self.key)
             .arg(owner)
-            .arg("PX")
             .arg(ttl_ms)
-            .query_async::<()>(&mut self.connection)
+            .invoke_async(&mut self.connection)
             .await
             .map_err(|err| self.failure(err))?;
+        if others_left > 0 {
+            return Ok(Some(Duration::from_millis(others_left)));
+        }
         self.expires_at = Some(sent_at + ttl);
-        Ok(())
+        Ok(None)
     }
 
     /// Removes the mark, if it is still `owner`'s.
@@ -153,8 +169,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_mark_shares_its_locks_slot() {
+    fn a_mark_shares_its_locks_slot_and_no_other_lock_has_it() {
         assert_eq!(key("jobs"), "distlock_running:{jobs}");
-        assert_eq!(key("a{b}c"), "distlock_running:a{b}c");
+        assert_eq!(key("a{b}c"), "a{b}c:distlock_running");
+        assert_ne!(key("q"), key("{q}"));
     }
 }

@@ -32,6 +32,12 @@ enum Ended {
     Stopped(Why),
     /// A signal came before the command started; it never ran.
     Signalled(Signal),
+    /// The previous holder's command was still stopping when the caller's patience ran
+    /// out (`--no-wait`, `--wait`); the command never ran.
+    Busy,
+    /// The lock was lost while the previous holder's command was stopping; the command
+    /// never ran.
+    LostBeforeStart,
 }
 
 /// Why a command was stopped.
@@ -67,6 +73,12 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
         (false, Some(wait)) => Patience::Within(wait),
         (false, None) => Patience::Forever,
     };
+    // The wait for the previous holder's command shares the caller's patience.
+    let deadline = match patience {
+        Patience::None => Some(Instant::now()),
+        Patience::Within(wait) => Some(Instant::now() + wait),
+        Patience::Forever => None,
+    };
     let taken = tokio::select! {
         taken = take(client, &args.hold, patience) => taken?,
         signal = signals.next() => return Ok(signal_code(signal)),
@@ -78,9 +90,23 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
         ));
         return Ok(args.conflict_exit_code);
     };
-    match hold_and_run(client, &args.hold, held, &mut signals).await? {
+    match hold_and_run(client, &args.hold, held, &mut signals, deadline).await? {
         Ended::Exited(status) => Ok(code_of(status)),
         Ended::Signalled(signal) => Ok(signal_code(signal)),
+        Ended::Busy => {
+            say(&format!(
+                "the previous holder's command on {} is still stopping; not run",
+                args.hold.name
+            ));
+            Ok(args.conflict_exit_code)
+        }
+        Ended::LostBeforeStart => {
+            say(&format!(
+                "lost {} before the command started; not run",
+                args.hold.name
+            ));
+            Ok(exit::LOST)
+        }
         Ended::Stopped(why) => {
             say(&why.describe(&args.hold.name));
             Ok(exit::LOST)
@@ -135,9 +161,15 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
                 .map(|token| format!(" (fencing token {token})"))
                 .unwrap_or_default()
         ));
-        match hold_and_run(client, &args.hold, held, &mut signals).await {
+        match hold_and_run(client, &args.hold, held, &mut signals, None).await {
             Ok(Ended::Exited(status)) => return Ok(code_of(status)),
             Ok(Ended::Signalled(signal)) => return Ok(signal_code(signal)),
+            Ok(Ended::Busy | Ended::LostBeforeStart) => {
+                say(&format!(
+                    "lost {} before the command started; taking it again",
+                    args.hold.name
+                ));
+            }
             Ok(Ended::Stopped(why)) => say(&format!(
                 "{}; taking the lock again",
                 why.describe(&args.hold.name)
@@ -169,10 +201,11 @@ async fn hold_and_run(
     hold: &Hold,
     held: Held,
     signals: &mut Forwarded,
+    deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
     let mut mark = held.is_exclusive().then(|| Mark::new(client, &hold.name));
-    let ended = run_marked(hold, &held, signals, mark.as_mut(), &owner).await;
+    let ended = run_marked(hold, &held, signals, mark.as_mut(), &owner, deadline).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
@@ -186,7 +219,7 @@ async fn hold_and_run(
         }
         match &ended {
             // Not ours any more: nothing to give back.
-            Ok(Ended::Stopped(Why::Lost)) => held.abandon(),
+            Ok(Ended::Stopped(Why::Lost) | Ended::LostBeforeStart) => held.abandon(),
             _ => match held.release().await {
                 Ok(outcome) if outcome.was_lost() && matches!(ended, Ok(Ended::Exited(_))) => {
                     say("the lock had been lost by the time the command exited");
@@ -213,13 +246,23 @@ async fn run_marked(
     signals: &mut Forwarded,
     mut mark: Option<&mut Mark>,
     owner: &str,
+    deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
     if let Some(mark) = mark.as_deref_mut() {
         tokio::select! {
-            waited = mark.wait_for_others(owner) => waited?,
+            claimed = mark.claim(owner, held.lease_remaining(), deadline) => {
+                if !claimed? {
+                    return Ok(Ended::Busy);
+                }
+            }
             signal = signals.next() => return Ok(Ended::Signalled(signal)),
         }
-        mark.set(owner, held.lease_remaining()).await?;
+        // The wait may have been long: the lock may have been taken from this holder
+        // meanwhile (a force-unlock while it waited), and another may be waiting on
+        // this mark now.
+        if !held.verify().await? {
+            return Ok(Ended::LostBeforeStart);
+        }
     }
     let mut env = vec![
         ("DISTLOCK_NAME", hold.name.clone()),
@@ -248,6 +291,10 @@ async fn run_marked(
     child.stop(kill_at).await?;
     Ok(Ended::Stopped(why))
 }
+
+/// How often the group of a command that has exited is looked at, while jobs it left in
+/// the background still run.
+const GROUP_POLL: Duration = Duration::from_millis(20);
 
 /// How long before the mark expires a stopped command is killed at the latest.
 const MARK_MARGIN: Duration = Duration::from_millis(100);
@@ -280,11 +327,25 @@ async fn supervise(
     // up the stop at the lease's end.
     let mut mark = mark;
     let mut check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
+    // The command's own exit status, once it has exited: the lock is kept until the rest
+    // of its process group (jobs it left in the background) is gone too.
+    let mut exited = None;
     loop {
         // When the lease would end within the grace: renewals have not kept it up.
         let coming = Instant::now() + held.lease_remaining().saturating_sub(grace);
         tokio::select! {
-            status = child.wait() => return Ok(Supervised::Exited(status?)),
+            status = child.wait(), if exited.is_none() => {
+                let status = status?;
+                if !child.group_alive() {
+                    return Ok(Supervised::Exited(status));
+                }
+                exited = Some(status);
+            }
+            () = tokio::time::sleep(GROUP_POLL), if exited.is_some() => {
+                if let (Some(status), false) = (exited, child.group_alive()) {
+                    return Ok(Supervised::Exited(status));
+                }
+            }
             signal = signals.next() => child.signal(signal),
             () = &mut lost => {
                 // Gone already (taken away, or its deadline passed): the grace is all

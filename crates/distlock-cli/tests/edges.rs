@@ -362,3 +362,197 @@ async fn a_signal_during_the_wait_for_the_previous_command_ends_it() {
         .unwrap();
     assert_eq!(held, 0, "the lock was left held");
 }
+
+/// Second review B1: a holder that loses the lock while it waits for the previous
+/// command to stop never starts its command; the holder after it does, once.
+#[tokio::test]
+async fn a_holder_that_loses_the_lock_while_waiting_never_starts() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (a_pid, b_ran, c_ran) = (
+        dir.path().join("a"),
+        dir.path().join("b-ran"),
+        dir.path().join("c-ran"),
+    );
+    let mut a = distlock(&server.url());
+    a.args(["run", "chain", "--kill-grace", "3s", "--", "sh", "-c"])
+        .arg(format!(
+            "trap '' TERM; echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; while :; do sleep 0.05; done",
+            pid = a_pid.display()
+        ));
+    let a = a.spawn().unwrap();
+    until_exists(&a_pid).await;
+    let force = |url: String| async move {
+        let mut unlock = distlock(&url);
+        unlock.args(["force-unlock", "chain", "--yes"]);
+        run_to_end(unlock).await
+    };
+    let held_by = |url: String| async move {
+        let mut status = distlock(&url);
+        status.args(["status", "chain", "--json"]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+        json["holders"][0]["owner"].as_str().map(str::to_owned)
+    };
+    let first_owner = held_by(server.url()).await;
+    force(server.url()).await;
+    // B takes the lock and waits for A's command to stop.
+    let mut b = distlock(&server.url());
+    b.args(["run", "chain", "--", "touch"]).arg(&b_ran);
+    let b = b.spawn().unwrap();
+    let asked = Instant::now();
+    while held_by(server.url()).await == first_owner || held_by(server.url()).await.is_none() {
+        assert!(asked.elapsed() < LIMIT, "B never took the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B loses it while it waits; C takes it.
+    force(server.url()).await;
+    let mut c = distlock(&server.url());
+    c.args(["run", "chain", "--", "touch"]).arg(&c_ran);
+    let c = c.spawn().unwrap();
+    let (a, b, c) = (finish(a).await, finish(b).await, finish(c).await);
+    assert_eq!(a.status.code(), Some(79), "{}", stderr(&a));
+    assert_eq!(b.status.code(), Some(79), "{}", stderr(&b));
+    assert!(!b_ran.exists(), "B ran its command after losing the lock");
+    assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+    assert!(c_ran.exists());
+}
+
+/// Second review B2: jobs a command leaves in the background keep its lock until they
+/// end; the next holder starts after them.
+#[tokio::test]
+async fn background_jobs_of_the_command_keep_the_lock() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (done, overlap) = (dir.path().join("bg-done"), dir.path().join("overlap"));
+    let mut first = distlock(&server.url());
+    first.args(["run", "bg", "--", "sh", "-c"]).arg(format!(
+        "(sleep 0.5; touch {}) & echo started",
+        done.display()
+    ));
+    let first = run_to_end(first).await;
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert!(
+        done.exists(),
+        "distlock returned before the background job ended"
+    );
+    let mut second = distlock(&server.url());
+    second.args(["run", "bg", "--", "sh", "-c"]).arg(format!(
+        "test -e {} || touch {}",
+        done.display(),
+        overlap.display()
+    ));
+    assert_eq!(run_to_end(second).await.status.code(), Some(0));
+    assert!(!overlap.exists());
+}
+
+/// Second review B4: `q` and `{q}` are different locks with different marks; and
+/// `--no-wait` does not wait for a previous command that is still stopping.
+#[tokio::test]
+async fn marks_of_different_locks_never_meet_and_no_wait_never_waits() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut q = distlock(&server.url());
+    q.args(["run", "q", "--kill-grace", "3s", "--", "sh", "-c"])
+        .arg(format!(
+            "trap '' TERM; touch {}; while :; do sleep 0.05; done",
+            started.display()
+        ));
+    let q = q.spawn().unwrap();
+    until_exists(&started).await;
+    let asked = Instant::now();
+    let mut braced = distlock(&server.url());
+    braced.args(["run", "{q}", "--no-wait", "--", "true"]);
+    assert_eq!(run_to_end(braced).await.status.code(), Some(0));
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    // q is force-unlocked while its command ignores SIGTERM: a --no-wait run takes the
+    // lock but finds the command still stopping, and reports the conflict at once.
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "q", "--yes"]);
+    run_to_end(unlock).await;
+    let asked = Instant::now();
+    let mut skipped = distlock(&server.url());
+    skipped.args(["run", "q", "--no-wait", "--", "true"]);
+    let skipped = run_to_end(skipped).await;
+    assert_eq!(skipped.status.code(), Some(75), "{}", stderr(&skipped));
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(finish(q).await.status.code(), Some(79));
+}
+
+/// Second review B5, B6, B8, B9: a hash of `user:<n>` counters is not a lock; a plain
+/// string is not a semaphore; semaphores with braces in their names are listed; a
+/// password in the query string is refused on the command line; a URL that does not
+/// parse is not quoted; arguments that are not UTF-8 reach the command.
+#[tokio::test]
+async fn odd_keys_urls_and_arguments() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("pageviews")
+        .arg("user:42")
+        .arg(7)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("plain")
+        .arg("hello")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    for (name, kind) in [("pageviews", "not a lock"), ("plain", "not a lock")] {
+        let mut status = distlock(&server.url());
+        status.args(["status", name, "--json"]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+        assert_eq!(json["kind"], kind, "{name}: {json}");
+        let mut unlock = distlock(&server.url());
+        unlock.args(["force-unlock", name, "--yes"]);
+        assert_eq!(run_to_end(unlock).await.status.code(), Some(2), "{name}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut pool = distlock(&server.url());
+    pool.args(["run", "a{s}", "-n", "2", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", started.display()));
+    let pool = pool.spawn().unwrap();
+    until_exists(&started).await;
+    let mut list = distlock(&server.url());
+    list.args(["list", "--json"]);
+    let listed = String::from_utf8_lossy(&run_to_end(list).await.stdout).into_owned();
+    assert!(listed.contains("\"name\":\"a{s}\""), "{listed}");
+    assert!(!listed.contains("pageviews"), "{listed}");
+    drop(pool);
+
+    let mut query = distlock(&server.url());
+    query
+        .args([
+            "--url",
+            "redis+sentinel://127.0.0.1:1/m?sentinel_password=hunter2",
+        ])
+        .args(["status", "x"]);
+    assert_eq!(run_to_end(query).await.status.code(), Some(2));
+    let bad = distlock("redis://:p@ss:w%rd/#?x@127.0.0.1:1");
+    let mut bad = bad;
+    bad.args(["status", "x"]);
+    let bad = run_to_end(bad).await;
+    assert!(!stderr(&bad).contains("ss:w"), "{}", stderr(&bad));
+
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = distlock(&server.url());
+    bytes
+        .args(["run", "bytes", "--", "printf", "%s"])
+        .arg(std::ffi::OsStr::from_bytes(b"\xffname"));
+    let bytes = run_to_end(bytes).await;
+    assert_eq!(bytes.status.code(), Some(0), "{}", stderr(&bytes));
+    assert_eq!(bytes.stdout, b"\xffname");
+}
