@@ -37,6 +37,8 @@ enum Scenario {
     Fair,
     Rw,
     Semaphore,
+    /// The distlock command against flock and redis-cli (not part of `all`).
+    Cli,
 }
 
 #[derive(Debug, Parser)]
@@ -188,6 +190,10 @@ async fn run(args: Args) -> BenchResult<()> {
         }
     }
     // These start servers of their own (5 masters; a master and a replica).
+    // Spawns processes: asked for by name only.
+    if args.scenario == Scenario::Cli {
+        emit(scenarios::cli::run(&url, server.port(), args.runs as usize).await?);
+    }
     if wanted(Scenario::Redlock) {
         emit(scenarios::redlock::run(plan).await?);
     }

@@ -2,6 +2,7 @@
 //! are medians over repeated runs, and whose ratio is taken against a baseline measured
 //! in the same run.
 
+pub mod cli;
 pub mod cluster;
 pub mod contended;
 pub mod failover;
