@@ -1,7 +1,7 @@
 //! The crate's layers import only downward, and no source file grows past what a reader can
 //! hold. See docs/design.md for the picture.
 //!
-//! Layers, from the bottom: the leaves (`config`, `error`, `duration`, `runtime`), then
+//! Layers, from the bottom: the leaves (`config`, `error`, `duration`, `runtime`, `crc16`), then
 //! `transport`, `engine`, `primitives`, `client`, and `lib.rs`, which only re-exports. A
 //! file may name `crate::<module>` only for a module of its own layer or one below.
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// The layer of a top-level module of the crate.
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
-        "config" | "error" | "duration" | "runtime" => 0,
+        "config" | "error" | "duration" | "runtime" | "crc16" => 0,
         "transport" => 1,
         "engine" => 2,
         "primitives" => 3,

@@ -177,3 +177,66 @@ async fn a_patient_fair_waiter_waits_through_a_replica_stall() {
     guard.release().await.unwrap();
     assert!(!common::key_exists(&master, "redisson_lock_queue:{stalled}").await);
 }
+
+/// Review: a release hands a fair lock to the next waiter inside its own script, which
+/// no WAIT follows on the waiter's side. With replica sync on, the waiter takes such a
+/// grant only through an attempt of its own that replicas acknowledged: while the replica
+/// is away it holds nothing, and once the replica is back it gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_fair_grant_waits_for_replicas_too() {
+    let (master, replica, holder_client) = replicated().await;
+    let waiter_client = Client::builder()
+        .replica_sync(FAST_SYNC)
+        .connect(&master.url())
+        .await
+        .expect("connect");
+    let holder = holder_client
+        .fair_lock("handed")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free");
+    let fair = waiter_client.fair_lock("handed").unwrap();
+    let waiter = {
+        let fair = fair.clone();
+        tokio::spawn(async move { fair.try_lock_for(Duration::from_secs(20)).await })
+    };
+    common::eventually(Duration::from_secs(10), "the waiter queued", || async {
+        fair.queued().await.unwrap() == 1
+    })
+    .await;
+    replica.pause().unwrap();
+    let waits_before = master
+        .info_commandstats()
+        .await
+        .unwrap()
+        .get("wait")
+        .copied()
+        .unwrap_or(0);
+    holder.release().await.unwrap();
+    // The waiter's own attempts on the grant are refused while the replica is away.
+    common::eventually(Duration::from_secs(10), "refused attempts", || async {
+        master
+            .info_commandstats()
+            .await
+            .unwrap()
+            .get("wait")
+            .copied()
+            .unwrap_or(0)
+            >= waits_before + 3
+    })
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter took a grant no replica had"
+    );
+    replica.resume().unwrap();
+    let guard = bounded(LIMIT, waiter)
+        .await
+        .unwrap()
+        .expect("acquired once the replica answered")
+        .expect("within the wait");
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}

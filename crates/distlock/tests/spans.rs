@@ -137,6 +137,8 @@ async fn each_acquisition_runs_in_a_span_with_its_wait_outcome_and_token() {
     assert_eq!(field(refused, "outcome"), "busy");
     assert_eq!(field(refused, "token"), "");
     assert_eq!(field(fair_span, "primitive"), "fair_lock");
+    // The lock's key, not the waiter's own channel.
+    assert_eq!(field(fair_span, "key"), "fair-spanned");
     assert_eq!(field(fair_span, "token"), fair.fencing_token().to_string());
     assert_eq!(field(sem_span, "primitive"), "semaphore");
     assert_eq!(field(sem_span, "outcome"), "acquired");

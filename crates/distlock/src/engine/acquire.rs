@@ -89,6 +89,12 @@ pub(crate) trait Acquire {
     /// The kind of primitive, for logs and metrics labels.
     fn kind(&self) -> &'static str;
 
+    /// The primitive's key, for logs: its queue, unless that is a waiter's own (a fair
+    /// lock's waiter queues on its channel).
+    fn key(&self) -> &str {
+        self.queue()
+    }
+
     /// What a message on the channel means for this primitive's local waiters.
     fn wake_rule(&self) -> WakeRule {
         WakeRule::OneOrAll
@@ -189,7 +195,7 @@ pub(crate) async fn acquire<A: Acquire>(
     primitive: &A,
     patience: Patience,
 ) -> Result<Option<A::Guard>> {
-    let span = observe::acquisition_span(primitive.kind(), primitive.queue());
+    let span = observe::acquisition_span(primitive.kind(), primitive.key());
     async {
         let started = Instant::now();
         let mut abandon = Abandon::new(core, primitive.abandon());
@@ -201,12 +207,7 @@ pub(crate) async fn acquire<A: Acquire>(
             Ok(None) => observe::Outcome::Busy,
             Err(_) => observe::Outcome::Error,
         };
-        observe::acquisition(
-            primitive.kind(),
-            primitive.queue(),
-            started.elapsed(),
-            ended,
-        );
+        observe::acquisition(primitive.kind(), primitive.key(), started.elapsed(), ended);
         if matches!(outcome, Ok(Some(_))) {
             abandon.disarm();
         } else {
@@ -259,6 +260,19 @@ async fn wait_for<A: Acquire>(
             // grant (given back already): a caller with patience waits for the replicas
             // as it would for a holder, with the backoff of the waiting loop below.
             Err(Error::NotReplicated { .. }) if still_patient => {}
+            // A caller with a deadline waits through a failed first try (a reply that
+            // timed out while its runtime was stalled, a connection being reopened) as
+            // through later ones, and hears the failure only if its wait ends on one.
+            // One without a deadline hears it now rather than wait on a dead server.
+            // (A RedLock's missing quorum is answered at once, as before: its masters'
+            // own timeouts have already been waited for.)
+            Err(Error::Redis(err))
+                if still_patient
+                    && deadline.is_some()
+                    && crate::error::is_connection_failure(&err) =>
+            {
+                tracing::debug!(error = %err, "the first attempt failed; waiting within the deadline");
+            }
             Err(err) => return Err(err),
         }
     }

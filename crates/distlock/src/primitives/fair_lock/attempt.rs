@@ -3,7 +3,7 @@
 //! place, the direct grant read from the waiter's own channel, and leaving the queue when
 //! the acquisition gives up.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +34,11 @@ pub(crate) struct FairAttempt {
     /// grant that ran out while the waiter was stalled, its lock since taken by another),
     /// and is stale.
     pub(super) busy_at_token: Arc<AtomicU64>,
+    /// Set when an attempt gave its grant back (no replica had it, or its reply was
+    /// lost): a grant message still in the mailbox may be the one given back, or older.
+    /// Grant messages are refused until an attempt finds the lock busy again, which
+    /// raises `busy_at_token` past every grant made before it.
+    pub(super) gave_back: Arc<AtomicBool>,
 }
 
 /// The acquisition's owner, and what a holding it gets is made of.
@@ -100,6 +105,7 @@ impl Acquire for FairAttempt {
             .arg(keys.redisson_wait_ms);
         let (owner, refresh) = (Arc::clone(&self.owner), self.refresh);
         let busy_at_token = Arc::clone(&self.busy_at_token);
+        let gave_back = Arc::clone(&self.gave_back);
         let sent_at = Instant::now();
         Box::pin(async move {
             let core = &owner.core;
@@ -111,7 +117,10 @@ impl Acquire for FairAttempt {
                     &call,
                     &owner.keys.lock,
                     |reply| matches!(read_reply(reply), Ok(Reply::Token(_))),
-                    |_| leave(&owner),
+                    |_| {
+                        gave_back.store(true, Ordering::Release);
+                        leave(&owner)
+                    },
                 )
                 .await?;
             Ok(match read_reply(&reply)? {
@@ -120,6 +129,7 @@ impl Acquire for FairAttempt {
                 // place needs refreshing, or when the waiter's channel says so.
                 Reply::Busy { highest_token } => {
                     busy_at_token.fetch_max(highest_token, Ordering::AcqRel);
+                    gave_back.store(false, Ordering::Release);
                     Attempt::Busy {
                         retry_after: Some(refresh),
                     }
@@ -136,6 +146,10 @@ impl Acquire for FairAttempt {
         &self.channel
     }
 
+    fn key(&self) -> &str {
+        &self.owner.keys.lock
+    }
+
     fn wake_rule(&self) -> WakeRule {
         WakeRule::Addressed
     }
@@ -149,6 +163,16 @@ impl Acquire for FairAttempt {
         // make); a token says the lock is this owner's already.
         let token: u64 = std::str::from_utf8(payload).ok()?.parse().ok()?;
         if token == 0 {
+            return None;
+        }
+        // With replica sync on, a grant made by the releasing script was followed by no
+        // WAIT of its own: the waiter's next attempt takes the granted lock afresh (the
+        // acquire script answers a granted owner with a token) and waits for replicas.
+        if self.owner.core.synced().is_some() {
+            return None;
+        }
+        if self.gave_back.load(Ordering::Acquire) {
+            tracing::debug!(owner = %self.owner.owner, token, "a grant read after this waiter gave one back is not taken");
             return None;
         }
         if token <= self.busy_at_token.load(Ordering::Acquire) {

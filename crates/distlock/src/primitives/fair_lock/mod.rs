@@ -252,6 +252,7 @@ impl FairLock {
             refresh,
             alive_ms: to_millis("fair lock wait", alive)?,
             busy_at_token: Arc::default(),
+            gave_back: Arc::default(),
         })
     }
 }

@@ -137,20 +137,31 @@ impl Held {
         }
     }
 
-    /// Asks the server whether every permit is still in the semaphore's set (one
-    /// ZMSCORE). A permit that is gone (its lease ran out on the server, or the set was
-    /// deleted) marks them all lost.
+    /// Asks the server whether every permit is still in the semaphore's set with a
+    /// deadline ahead of the server's time (TIME and ZMSCORE, one round trip). A permit
+    /// that is gone or expired marks them all lost.
     pub(crate) async fn verify(&self) -> Result<bool> {
         let Some(core) = &self.core else {
             return Ok(false);
         };
-        let mut scores = redis::cmd("ZMSCORE");
-        scores.arg(&*self.keys.timeouts);
+        // An expired permit stays in the set until the next acquisition reclaims it: a
+        // permit is held while its deadline (server clock, ms) is ahead of the server's
+        // time, read just before.
+        let mut read = redis::pipe();
+        read.cmd("TIME").cmd("ZMSCORE").arg(&*self.keys.timeouts);
         for id in &self.ids {
-            scores.arg(&**id);
+            read.arg(&**id);
         }
-        let scores: Vec<Option<f64>> = core.query(&scores).await?;
-        let held = scores.iter().all(Option::is_some);
+        let ((seconds, micros), scores): ((u64, u64), Vec<Option<f64>>) = core
+            .request(|mut connection| {
+                let read = &read;
+                async move { read.query_async(&mut connection).await }
+            })
+            .await?;
+        let now_ms = (seconds * 1000 + micros / 1000) as f64;
+        let held = scores
+            .iter()
+            .all(|deadline| deadline.is_some_and(|deadline| deadline > now_ms));
         if !held {
             for lease in &self.leases {
                 lease.mark_lost();
