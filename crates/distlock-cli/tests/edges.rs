@@ -2,63 +2,26 @@
 //! on that build: overlaps at the edges of a stop, keys of other applications, mixed
 //! kinds on one name, output nobody reads, and a leader started before its Redis.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::{distlock, finish, run_to_end, stderr, until_exists, LIMIT};
 use distlock_testkit::RedisServer;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-const LIMIT: Duration = Duration::from_secs(40);
-
-fn distlock(url: &str) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
-    command
-        .env("REDIS_URL", url)
-        .kill_on_drop(true)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-async fn finish(child: Child) -> Output {
-    tokio::time::timeout(LIMIT, child.wait_with_output())
-        .await
-        .expect("distlock finished in time")
-        .expect("distlock ran")
-}
-
-async fn run_to_end(mut command: Command) -> Output {
-    finish(command.spawn().expect("distlock started")).await
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-async fn until_exists(path: &Path) {
-    let started = Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < LIMIT,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
+/// Whether the process whose pid is in `pid_file` is alive (a zombie is not: only its
+/// parent has not read its status).
 fn alive(pid_file: &Path) -> bool {
     let pid = std::fs::read_to_string(pid_file).unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
-    // A zombie is dead: only its parent has not read its status.
     !stat.is_empty()
         && stat
             .rsplit_once(')')
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
 }
-
 /// Review B1 and B2: a grace longer than the lease, and a process of the command that
 /// ignores SIGTERM after the command itself exits on it. Both used to run on after the
 /// mark was gone, beside the next holder's command.

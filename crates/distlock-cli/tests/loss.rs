@@ -4,48 +4,14 @@
 //! overlaps it: the next command checks, when it starts, whether the first one's process
 //! still exists.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{distlock, finish, stderr, until_exists, LIMIT};
 use distlock_testkit::RedisServer;
-use tokio::process::{Child, Command};
-
-const LIMIT: Duration = Duration::from_secs(40);
-
-fn distlock(server: &RedisServer) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
-    command
-        .env("REDIS_URL", server.url())
-        .kill_on_drop(true)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-async fn finish(child: Child) -> Output {
-    tokio::time::timeout(LIMIT, child.wait_with_output())
-        .await
-        .expect("distlock finished in time")
-        .expect("distlock ran")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-async fn until_exists(path: &Path) {
-    let started = Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < LIMIT,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use tokio::process::Child;
 
 /// A first holder's command, and the second holder's overlap check.
 struct Commands {
@@ -116,7 +82,7 @@ impl Commands {
 async fn a_force_unlock_stops_the_command_and_the_next_never_overlaps() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server);
+    let mut first = distlock(&server.url());
     first.args([
         "run",
         "deploy",
@@ -129,11 +95,11 @@ async fn a_force_unlock_stops_the_command_and_the_next_never_overlaps() {
     ]);
     let first = first.spawn().unwrap();
     until_exists(&commands.pid).await;
-    let mut second = distlock(&server);
+    let mut second = distlock(&server.url());
     second.args(["run", "deploy", "--", "sh", "-c", &commands.second()]);
     let second = second.spawn().unwrap();
 
-    let mut unlock = distlock(&server);
+    let mut unlock = distlock(&server.url());
     unlock.args(["force-unlock", "deploy", "--yes"]);
     let unlocked = finish(unlock.spawn().unwrap()).await;
     assert_eq!(unlocked.status.code(), Some(0), "{}", stderr(&unlocked));
@@ -153,7 +119,7 @@ async fn a_force_unlock_stops_the_command_and_the_next_never_overlaps() {
 async fn a_stopped_redis_stops_the_command_within_the_lease() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server);
+    let mut first = distlock(&server.url());
     first.args([
         "run",
         "report",
@@ -182,7 +148,7 @@ async fn a_stopped_redis_stops_the_command_within_the_lease() {
         exited_within < Duration::from_secs(6),
         "distlock took {exited_within:?} to exit"
     );
-    let mut second = distlock(&server);
+    let mut second = distlock(&server.url());
     second.args([
         "run",
         "report",
@@ -204,7 +170,7 @@ async fn a_stopped_redis_stops_the_command_within_the_lease() {
 async fn a_killed_redis_stops_the_command_within_the_lease() {
     let mut server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server);
+    let mut first = distlock(&server.url());
     first.args([
         "run",
         "backup",
@@ -231,7 +197,7 @@ async fn a_killed_redis_stops_the_command_within_the_lease() {
     );
     assert_eq!(first.status.code(), Some(79), "{}", stderr(&first));
     server.restart().await.unwrap();
-    let mut second = distlock(&server);
+    let mut second = distlock(&server.url());
     second.args([
         "run",
         "backup",
@@ -253,7 +219,7 @@ async fn a_killed_redis_stops_the_command_within_the_lease() {
 async fn a_killed_distlock_takes_its_command_with_it() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server);
+    let mut first = distlock(&server.url());
     first.args([
         "run",
         "sync",
@@ -276,7 +242,7 @@ async fn a_killed_distlock_takes_its_command_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut second = distlock(&server);
+    let mut second = distlock(&server.url());
     second.args([
         "run",
         "sync",
@@ -303,7 +269,7 @@ async fn elect_runs_the_command_again_after_a_loss() {
         "trap 'exit 5' TERM; echo $DISTLOCK_FENCING_TOKEN >> {log}; while :; do sleep 0.05; done",
         log = log.display()
     );
-    let mut elect = distlock(&server);
+    let mut elect = distlock(&server.url());
     elect.args(["elect", "leader", "--", "sh", "-c", &script]);
     let elect = elect.spawn().unwrap();
     let starts = |count: usize| {
@@ -324,7 +290,7 @@ async fn elect_runs_the_command_again_after_a_loss() {
         }
     };
     starts(1).await;
-    let mut unlock = distlock(&server);
+    let mut unlock = distlock(&server.url());
     unlock.args(["force-unlock", "leader", "--yes"]);
     finish(unlock.spawn().unwrap()).await;
     let text = starts(2).await;
@@ -348,7 +314,7 @@ async fn permits_let_n_commands_run_at_once() {
     let holders: Vec<Child> = (0..2)
         .map(|index| {
             let started = dir.path().join(format!("started-{index}"));
-            let mut run = distlock(&server);
+            let mut run = distlock(&server.url());
             run.args(["run", "pool", "-n", "2", "--", "sh", "-c"])
                 .arg(format!(
                     "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
@@ -361,7 +327,7 @@ async fn permits_let_n_commands_run_at_once() {
     for index in 0..2 {
         until_exists(&dir.path().join(format!("started-{index}"))).await;
     }
-    let mut third = distlock(&server);
+    let mut third = distlock(&server.url());
     third.args(["run", "pool", "-n", "2", "--no-wait", "--", "true"]);
     let third = finish(third.spawn().unwrap()).await;
     assert_eq!(third.status.code(), Some(75), "{}", stderr(&third));
@@ -370,7 +336,7 @@ async fn permits_let_n_commands_run_at_once() {
         let holder = finish(holder).await;
         assert_eq!(holder.status.code(), Some(0), "{}", stderr(&holder));
     }
-    let mut again = distlock(&server);
+    let mut again = distlock(&server.url());
     again.args(["run", "pool", "-n", "2", "--no-wait", "--", "true"]);
     assert_eq!(finish(again.spawn().unwrap()).await.status.code(), Some(0));
 }

@@ -1,70 +1,18 @@
 //! The real `distlock` binary against a real Redis: exit codes, conflicts, what the
 //! command gets, signals, and the stop when the lock is lost.
 
-use std::path::Path;
-use std::process::{Output, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{code, distlock, finish, run_to_end, stderr, until_exists, LIMIT};
 use distlock_testkit::RedisServer;
-use tokio::process::{Child, Command};
-
-const LIMIT: Duration = Duration::from_secs(30);
-
-/// The binary, with `REDIS_URL` pointing at `server`.
-fn distlock(server: &RedisServer) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
-    command.env("REDIS_URL", server.url()).kill_on_drop(true);
-    command
-}
-
-async fn output(mut command: Command) -> Output {
-    tokio::time::timeout(LIMIT, command.stdin(Stdio::null()).output())
-        .await
-        .expect("distlock finished in time")
-        .expect("distlock ran")
-}
-
-fn spawn(mut command: Command) -> Child {
-    command
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("distlock started")
-}
-
-async fn finish(child: Child) -> Output {
-    tokio::time::timeout(LIMIT, child.wait_with_output())
-        .await
-        .expect("distlock finished in time")
-        .expect("distlock ran")
-}
-
-fn code(output: &Output) -> i32 {
-    output.status.code().expect("exited, not killed")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Waits until `path` exists (a command under the lock writes it when it starts).
-async fn until_exists(path: &Path) {
-    let started = Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < LIMIT,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use tokio::process::Child;
 
 #[tokio::test]
 async fn the_commands_exit_status_and_environment_pass_through() {
     let server = RedisServer::start().await.unwrap();
-    let mut first = distlock(&server);
+    let mut first = distlock(&server.url());
     first.args([
         "run",
         "job",
@@ -73,7 +21,7 @@ async fn the_commands_exit_status_and_environment_pass_through() {
         "-c",
         "echo \"$DISTLOCK_NAME $DISTLOCK_FENCING_TOKEN $DISTLOCK_OWNER\"; exit 7",
     ]);
-    let first = output(first).await;
+    let first = run_to_end(first).await;
     assert_eq!(code(&first), 7, "{}", stderr(&first));
     let printed = String::from_utf8_lossy(&first.stdout).into_owned();
     let fields: Vec<&str> = printed.split_whitespace().collect();
@@ -81,7 +29,7 @@ async fn the_commands_exit_status_and_environment_pass_through() {
     assert_eq!(fields[1], "1");
     assert!(fields[2].contains(':'), "owner {}", fields[2]);
 
-    let mut second = distlock(&server);
+    let mut second = distlock(&server.url());
     second.args([
         "run",
         "job",
@@ -90,28 +38,28 @@ async fn the_commands_exit_status_and_environment_pass_through() {
         "-c",
         "echo $DISTLOCK_FENCING_TOKEN",
     ]);
-    let second = output(second).await;
+    let second = run_to_end(second).await;
     assert_eq!(code(&second), 0);
     assert_eq!(String::from_utf8_lossy(&second.stdout).trim(), "2");
 
     // Killed by a signal: 128 + N, as a shell reports it.
-    let mut killed = distlock(&server);
+    let mut killed = distlock(&server.url());
     killed.args(["run", "job", "--", "sh", "-c", "kill -KILL $$"]);
-    assert_eq!(code(&output(killed).await), 128 + 9);
+    assert_eq!(code(&run_to_end(killed).await), 128 + 9);
     // Not found, not executable.
-    let mut missing = distlock(&server);
+    let mut missing = distlock(&server.url());
     missing.args(["run", "job", "--", "/no/such/command"]);
-    assert_eq!(code(&output(missing).await), 127);
+    assert_eq!(code(&run_to_end(missing).await), 127);
     let dir = tempfile::tempdir().unwrap();
     let plain_file = dir.path().join("not-executable");
     std::fs::write(&plain_file, "echo hi\n").unwrap();
-    let mut not_executable = distlock(&server);
+    let mut not_executable = distlock(&server.url());
     not_executable.args(["run", "job", "--"]).arg(&plain_file);
-    assert_eq!(code(&output(not_executable).await), 126);
+    assert_eq!(code(&run_to_end(not_executable).await), 126);
     // Every run released the lock.
-    let mut status = distlock(&server);
+    let mut status = distlock(&server.url());
     status.args(["status", "job", "--json"]);
-    let status = output(status).await;
+    let status = run_to_end(status).await;
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["held"], false);
 }
@@ -121,14 +69,14 @@ async fn a_held_lock_is_a_conflict_with_its_own_exit_code() {
     let server = RedisServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
-    let mut holder = distlock(&server);
+    let mut holder = distlock(&server.url());
     holder
         .args(["run", "cron", "--", "sh", "-c"])
         .arg(format!("touch {}; sleep 30", started.display()));
-    let holder = spawn(holder);
+    let holder = holder.spawn().expect("distlock started");
     until_exists(&started).await;
 
-    let mut skipped = distlock(&server);
+    let mut skipped = distlock(&server.url());
     skipped.args([
         "run",
         "cron",
@@ -137,11 +85,11 @@ async fn a_held_lock_is_a_conflict_with_its_own_exit_code() {
         "touch",
         "/nonexistent/ran",
     ]);
-    let skipped = output(skipped).await;
+    let skipped = run_to_end(skipped).await;
     assert_eq!(code(&skipped), 75, "{}", stderr(&skipped));
     assert_eq!(stderr(&skipped).lines().count(), 1, "{}", stderr(&skipped));
 
-    let mut custom = distlock(&server);
+    let mut custom = distlock(&server.url());
     custom.args([
         "run",
         "cron",
@@ -151,25 +99,25 @@ async fn a_held_lock_is_a_conflict_with_its_own_exit_code() {
         "--",
         "true",
     ]);
-    assert_eq!(code(&output(custom).await), 9);
+    assert_eq!(code(&run_to_end(custom).await), 9);
 
     let asked = Instant::now();
-    let mut waited = distlock(&server);
+    let mut waited = distlock(&server.url());
     waited.args(["run", "cron", "--wait", "300ms", "--", "true"]);
-    assert_eq!(code(&output(waited).await), 75);
+    assert_eq!(code(&run_to_end(waited).await), 75);
     assert!(asked.elapsed() >= Duration::from_millis(300));
 
     // The status an operator sees while it is held.
-    let mut status = distlock(&server);
+    let mut status = distlock(&server.url());
     status.args(["status", "cron", "--json"]);
-    let json: serde_json::Value = serde_json::from_slice(&output(status).await.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
     assert_eq!(json["held"], true);
     assert_eq!(json["kind"], "lock");
     assert_eq!(json["last_fencing_token"], 1);
     assert!(json["lease_remaining_ms"].as_u64().unwrap() > 20_000);
-    let mut list = distlock(&server);
+    let mut list = distlock(&server.url());
     list.args(["list", "--json"]);
-    let listed = String::from_utf8_lossy(&output(list).await.stdout).into_owned();
+    let listed = String::from_utf8_lossy(&run_to_end(list).await.stdout).into_owned();
     assert_eq!(listed.lines().count(), 1, "{listed}");
     assert!(listed.contains("\"name\":\"cron\""), "{listed}");
     drop(holder);
@@ -195,9 +143,9 @@ async fn bad_arguments_exit_2_without_running_anything() {
         &["frobnicate"],
     ];
     for args in cases {
-        let mut command = distlock(&server);
+        let mut command = distlock(&server.url());
         command.args(*args);
-        let outcome = output(command).await;
+        let outcome = run_to_end(command).await;
         assert_eq!(code(&outcome), 2, "{args:?}: {}", stderr(&outcome));
         assert!(!stderr(&outcome).contains("panicked"), "{args:?}");
         assert!(!stderr(&outcome).is_empty(), "{args:?}");
@@ -213,13 +161,13 @@ async fn an_unreachable_or_refusing_redis_has_its_own_code_and_never_shows_the_p
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let mut down = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    let mut down = distlock("redis://127.0.0.1:1");
     down.env(
         "REDIS_URL",
         format!("redis://app:hunter2secret@127.0.0.1:{port}/0"),
     )
     .args(["run", "job", "--", "true"]);
-    let down = output(down).await;
+    let down = run_to_end(down).await;
     assert_eq!(code(&down), 69, "{}", stderr(&down));
     assert_eq!(stderr(&down).lines().count(), 1, "{}", stderr(&down));
     assert!(
@@ -242,14 +190,14 @@ async fn an_unreachable_or_refusing_redis_has_its_own_code_and_never_shows_the_p
         .query_async(&mut admin)
         .await
         .unwrap();
-    let mut refused = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    let mut refused = distlock("redis://127.0.0.1:1");
     refused
         .env(
             "REDIS_URL",
             format!("redis://reader:readerpass@127.0.0.1:{}/0", server.port()),
         )
         .args(["run", "job", "--", "true"]);
-    let refused = output(refused).await;
+    let refused = run_to_end(refused).await;
     assert_eq!(code(&refused), 77, "{}", stderr(&refused));
     assert!(
         !stderr(&refused).contains("readerpass"),
@@ -258,18 +206,18 @@ async fn an_unreachable_or_refusing_redis_has_its_own_code_and_never_shows_the_p
     );
 
     // On the command line a password is refused; from a file it is used.
-    let mut on_the_line = distlock(&server);
+    let mut on_the_line = distlock(&server.url());
     on_the_line
         .args([
             "--url",
             &format!("redis://reader:readerpass@127.0.0.1:{}", server.port()),
         ])
         .args(["status", "job"]);
-    assert_eq!(code(&output(on_the_line).await), 2);
+    assert_eq!(code(&run_to_end(on_the_line).await), 2);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("password");
     std::fs::write(&file, "readerpass\n").unwrap();
-    let mut from_file = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    let mut from_file = distlock("redis://127.0.0.1:1");
     from_file
         .args([
             "--url",
@@ -278,11 +226,11 @@ async fn an_unreachable_or_refusing_redis_has_its_own_code_and_never_shows_the_p
         .arg("--password-file")
         .arg(&file)
         .args(["run", "job", "--", "true"]);
-    let from_file = output(from_file).await;
+    let from_file = run_to_end(from_file).await;
     // Authenticated (not 69), then refused by the ACL.
     assert_eq!(code(&from_file), 77, "{}", stderr(&from_file));
-    let help = output({
-        let mut help = distlock(&server);
+    let help = run_to_end({
+        let mut help = distlock(&server.url());
         help.env("REDIS_URL", "redis://u:helpsecret@127.0.0.1:1")
             .args(["run", "--help"]);
         help
@@ -309,9 +257,9 @@ async fn signals_are_passed_on_to_the_command() {
         log = log.display(),
         started = started.display()
     );
-    let mut run = distlock(&server);
+    let mut run = distlock(&server.url());
     run.args(["run", "signals", "--", "sh", "-c", &script]);
-    let run = spawn(run);
+    let run = run.spawn().expect("distlock started");
     until_exists(&started).await;
     let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
     for (signal, line) in [
@@ -352,9 +300,9 @@ async fn cron_style_runs_never_overlap() {
     for _ in 0..15 {
         let ticks: Vec<Child> = (0..2)
             .map(|_| {
-                let mut run = distlock(&server);
+                let mut run = distlock(&server.url());
                 run.args(["run", "nightly", "--no-wait", "--", "sh", "-c", &job]);
-                spawn(run)
+                run.spawn().expect("distlock started")
             })
             .collect();
         for tick in ticks {

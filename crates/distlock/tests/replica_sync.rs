@@ -328,17 +328,7 @@ async fn a_patient_acquisition_waits_through_a_replica_stall() {
     };
     // Refused at least twice while the replica is away (each refusal is one WAIT that
     // timed out), then the replica comes back.
-    common::eventually(Duration::from_secs(10), "two refused attempts", || async {
-        master
-            .info_commandstats()
-            .await
-            .unwrap()
-            .get("wait")
-            .copied()
-            .unwrap_or(0)
-            >= 3
-    })
-    .await;
+    common::until_waits(&master, 3).await;
     assert!(
         !waiter.is_finished(),
         "the waiter gave up while the replica was away"

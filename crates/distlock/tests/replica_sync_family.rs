@@ -152,17 +152,7 @@ async fn a_patient_fair_waiter_waits_through_a_replica_stall() {
     })
     .await;
     holder.release().await.unwrap();
-    common::eventually(Duration::from_secs(10), "refused attempts", || async {
-        master
-            .info_commandstats()
-            .await
-            .unwrap()
-            .get("wait")
-            .copied()
-            .unwrap_or(0)
-            >= 4
-    })
-    .await;
+    common::until_waits(&master, 4).await;
     assert!(
         !waiter.is_finished(),
         "the waiter gave up while the replica was away"
@@ -207,26 +197,10 @@ async fn a_direct_fair_grant_waits_for_replicas_too() {
     })
     .await;
     replica.pause().unwrap();
-    let waits_before = master
-        .info_commandstats()
-        .await
-        .unwrap()
-        .get("wait")
-        .copied()
-        .unwrap_or(0);
+    let waits_before = common::waits(&master).await;
     holder.release().await.unwrap();
     // The waiter's own attempts on the grant are refused while the replica is away.
-    common::eventually(Duration::from_secs(10), "refused attempts", || async {
-        master
-            .info_commandstats()
-            .await
-            .unwrap()
-            .get("wait")
-            .copied()
-            .unwrap_or(0)
-            >= waits_before + 3
-    })
-    .await;
+    common::until_waits(&master, waits_before + 3).await;
     assert!(
         !waiter.is_finished(),
         "the waiter took a grant no replica had"

@@ -281,3 +281,22 @@ pub async fn double_grants(
     }
     (got_any, double)
 }
+
+/// How many WAITs `server` has run (each synced write sends one).
+pub async fn waits(server: &RedisServer) -> u64 {
+    server
+        .info_commandstats()
+        .await
+        .expect("INFO commandstats")
+        .get("wait")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Waits until `server` has run at least `count` WAITs.
+pub async fn until_waits(server: &RedisServer, count: u64) {
+    eventually(Duration::from_secs(10), "refused synced writes", || async {
+        waits(server).await >= count
+    })
+    .await;
+}
