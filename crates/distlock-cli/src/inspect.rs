@@ -319,7 +319,14 @@ async fn snapshot(client: &distlock::Client, name: &str) -> Result<Snapshot, Fai
         .await?;
     match kind.as_str() {
         "hash" => lock_snapshot(client, &lock, name, pttl).await,
-        "none" | "string" => permit_snapshot(client, name, &kind).await,
+        "none" | "string" => {
+            let mut snapshot = permit_snapshot(client, name, &kind).await?;
+            if snapshot.kind == "none" {
+                // A free lock still has its counter: the next holder's token is above it.
+                snapshot.last_fencing_token = Some(lock.last_fencing_token().await?);
+            }
+            Ok(snapshot)
+        }
         _ => Ok(Snapshot::free(name, "not a lock")),
     }
 }
