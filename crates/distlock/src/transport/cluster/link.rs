@@ -5,13 +5,11 @@
 //! redis-rs's `ClusterConnection` hands every command to a routing task, which passes it
 //! to the node's connection task, and the reply comes back the same way: two more task
 //! hops per command than a plain connection. Measured on the 2-core test VM, that made a
-//! cluster lock cycle take 180 µs against 89 µs on one server. Almost every command
-//! distlock sends is an EVALSHA whose first key names its slot, so this link keeps a slot
-//! map and one multiplexed connection per master, and sends such scripts there directly.
-//! The other command of a lock cycle, the UNLINK of a release's unlock latch, goes there
-//! too when its keys share a slot (latches are deleted by slot). With 64 tasks over a
-//! single-shard cluster that moved a cycle from 0.81 to 0.85 of a plain master (medians
-//! of alternating runs; docs/benchmarks.md).
+//! cluster lock cycle take 180 µs against 89 µs on one server. Almost every command is an
+//! EVALSHA whose first key names its slot, so this link keeps a slot map and one
+//! multiplexed connection per master, and sends such scripts there directly, as it does
+//! the UNLINK of unlock latches whose keys share a slot. With 64 tasks over a single-shard
+//! cluster that moved a cycle from 0.81 to 0.85 of a plain master (docs/benchmarks.md).
 //!
 //! redis-rs stays in charge of what is hard: a script the owner does not take (MOVED, ASK,
 //! TRYAGAIN or CLUSTERDOWN: none of them ran it) is sent again through the cluster
