@@ -42,6 +42,38 @@ impl Commands {
         )
     }
 
+    /// Starts the first holder's command (see [`Commands::first`]) on lock `name`, with
+    /// `flags`, and waits until it runs.
+    async fn start_first(
+        &self,
+        server: &RedisServer,
+        name: &str,
+        flags: &[&str],
+        stubborn: bool,
+    ) -> Child {
+        let mut first = distlock(&server.url());
+        first
+            .args(["run", name])
+            .args(flags)
+            .args(["--", "sh", "-c", &self.first(stubborn)]);
+        let first = first.spawn().unwrap();
+        until_exists(&self.pid).await;
+        first
+    }
+
+    /// Runs the second holder's command on lock `name` to its end, and checks that it ran
+    /// and never beside the first.
+    async fn run_second_without_overlap(&self, server: &RedisServer, name: &str, flags: &[&str]) {
+        let mut second = distlock(&server.url());
+        second
+            .args(["run", name])
+            .args(flags)
+            .args(["--", "sh", "-c", &self.second()]);
+        let second = finish(second.spawn().unwrap()).await;
+        assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+        self.assert_no_overlap();
+    }
+
     /// Records an overlap if the first command's process still exists.
     fn second(&self) -> String {
         format!(
@@ -82,19 +114,9 @@ impl Commands {
 async fn a_force_unlock_stops_the_command_and_the_next_never_overlaps() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server.url());
-    first.args([
-        "run",
-        "deploy",
-        "--kill-grace",
-        "1s",
-        "--",
-        "sh",
-        "-c",
-        &commands.first(true),
-    ]);
-    let first = first.spawn().unwrap();
-    until_exists(&commands.pid).await;
+    let first = commands
+        .start_first(&server, "deploy", &["--kill-grace", "1s"], true)
+        .await;
     let mut second = distlock(&server.url());
     second.args(["run", "deploy", "--", "sh", "-c", &commands.second()]);
     let second = second.spawn().unwrap();
@@ -119,19 +141,9 @@ async fn a_force_unlock_stops_the_command_and_the_next_never_overlaps() {
 async fn a_stopped_redis_stops_the_command_within_the_lease() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server.url());
-    first.args([
-        "run",
-        "report",
-        "--ttl",
-        "3s",
-        "--",
-        "sh",
-        "-c",
-        &commands.first(false),
-    ]);
-    let first = first.spawn().unwrap();
-    until_exists(&commands.pid).await;
+    let first = commands
+        .start_first(&server, "report", &["--ttl", "3s"], false)
+        .await;
     server.pause().unwrap();
     // The last renewal was sent before this instant: the lease ends within 3 s of it.
     let stopped_at = Instant::now();
@@ -148,20 +160,9 @@ async fn a_stopped_redis_stops_the_command_within_the_lease() {
         exited_within < Duration::from_secs(6),
         "distlock took {exited_within:?} to exit"
     );
-    let mut second = distlock(&server.url());
-    second.args([
-        "run",
-        "report",
-        "--wait",
-        "10s",
-        "--",
-        "sh",
-        "-c",
-        &commands.second(),
-    ]);
-    let second = finish(second.spawn().unwrap()).await;
-    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
-    commands.assert_no_overlap();
+    commands
+        .run_second_without_overlap(&server, "report", &["--wait", "10s"])
+        .await;
 }
 
 /// The Redis server is killed while a command runs: the command is stopped within the
@@ -170,19 +171,9 @@ async fn a_stopped_redis_stops_the_command_within_the_lease() {
 async fn a_killed_redis_stops_the_command_within_the_lease() {
     let mut server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server.url());
-    first.args([
-        "run",
-        "backup",
-        "--ttl",
-        "3s",
-        "--",
-        "sh",
-        "-c",
-        &commands.first(false),
-    ]);
-    let first = first.spawn().unwrap();
-    until_exists(&commands.pid).await;
+    let first = commands
+        .start_first(&server, "backup", &["--ttl", "3s"], false)
+        .await;
     server.kill().await.unwrap();
     let killed_at = Instant::now();
     let (first, stopped_within) = tokio::join!(finish(first), commands.first_gone_after(killed_at));
@@ -197,20 +188,9 @@ async fn a_killed_redis_stops_the_command_within_the_lease() {
     );
     assert_eq!(first.status.code(), Some(79), "{}", stderr(&first));
     server.restart().await.unwrap();
-    let mut second = distlock(&server.url());
-    second.args([
-        "run",
-        "backup",
-        "--wait",
-        "10s",
-        "--",
-        "sh",
-        "-c",
-        &commands.second(),
-    ]);
-    let second = finish(second.spawn().unwrap()).await;
-    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
-    commands.assert_no_overlap();
+    commands
+        .run_second_without_overlap(&server, "backup", &["--wait", "10s"])
+        .await;
 }
 
 /// kill -9 of distlock takes its command with it (the parent-death signal): a command
@@ -219,19 +199,9 @@ async fn a_killed_redis_stops_the_command_within_the_lease() {
 async fn a_killed_distlock_takes_its_command_with_it() {
     let server = RedisServer::start().await.unwrap();
     let commands = Commands::new();
-    let mut first = distlock(&server.url());
-    first.args([
-        "run",
-        "sync",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &commands.first(true),
-    ]);
-    let mut first = first.spawn().unwrap();
-    until_exists(&commands.pid).await;
+    let mut first = commands
+        .start_first(&server, "sync", &["--ttl", "2s"], true)
+        .await;
     first.start_kill().unwrap();
     first.wait().await.unwrap();
     let killed = Instant::now();
@@ -242,20 +212,9 @@ async fn a_killed_distlock_takes_its_command_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut second = distlock(&server.url());
-    second.args([
-        "run",
-        "sync",
-        "--wait",
-        "10s",
-        "--",
-        "sh",
-        "-c",
-        &commands.second(),
-    ]);
-    let second = finish(second.spawn().unwrap()).await;
-    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
-    commands.assert_no_overlap();
+    commands
+        .run_second_without_overlap(&server, "sync", &["--wait", "10s"])
+        .await;
 }
 
 /// `elect` restarts its command after the lock is lost and taken again, with a larger
