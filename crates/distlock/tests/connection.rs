@@ -163,13 +163,7 @@ async fn an_evicting_policy_set_after_connect_refuses_acquisitions_until_undone(
         let set_policy = |policy: &'static str| {
             let mut admin = admin.clone();
             async move {
-                let _: () = redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg("maxmemory-policy")
-                    .arg(policy)
-                    .query_async(&mut admin)
-                    .await
-                    .unwrap();
+                common::set_eviction_policy(&mut admin, policy).await;
             }
         };
         // A wait that begins now, before the change, must not take the lock after it.

@@ -96,13 +96,7 @@ async fn a_waiter_granted_after_eviction_was_turned_on_gives_the_grant_back() {
             tokio::spawn(async move { lock.lock().await })
         };
         until_queued(&conn, "e-fair", 1).await;
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory-policy")
-            .arg("allkeys-lru")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        common::set_eviction_policy(&mut conn, "allkeys-lru").await;
         let probe = b.fair_lock("e-fair-probe").unwrap();
         eventually(Duration::from_secs(10), "b sees the policy", || {
             let probe = probe.clone();

@@ -562,13 +562,7 @@ async fn masters_that_may_evict_keys_refuse_a_redlock() {
     let clients = clients_for(&urls(&servers), Duration::from_secs(30)).await;
     for server in &servers[1..] {
         let mut conn = server.connection().await.unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory-policy")
-            .arg("allkeys-lru")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        common::set_eviction_policy(&mut conn, "allkeys-lru").await;
     }
     let lock = RedLock::new(NAME, &clients).unwrap();
     common::eventually(Duration::from_secs(10), "the RedLock refused", || {

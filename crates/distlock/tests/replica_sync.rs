@@ -329,18 +329,12 @@ async fn a_patient_acquisition_waits_through_a_replica_stall() {
     // Refused at least twice while the replica is away (each refusal is one WAIT that
     // timed out), then the replica comes back.
     common::until_waits(&master, 3).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter gave up while the replica was away"
-    );
-    replica.resume().unwrap();
-    let guard = bounded(LIMIT, waiter)
-        .await
-        .unwrap()
-        .expect("acquired once the replica answered")
-        .expect("within the wait");
-    assert!(!guard.is_lost());
-    guard.release().await.unwrap();
+    common::acquired_once_the_replica_is_back(
+        &replica,
+        waiter,
+        "the waiter gave up while the replica was away",
+    )
+    .await;
 }
 
 /// A lost signal is final: once a renewal no replica acknowledged let the lease run out,

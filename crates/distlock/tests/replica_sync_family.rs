@@ -154,18 +154,12 @@ async fn a_patient_fair_waiter_waits_through_a_replica_stall() {
     .await;
     holder.release().await.unwrap();
     common::until_waits(&master, 4).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter gave up while the replica was away"
-    );
-    replica.resume().unwrap();
-    let guard = bounded(LIMIT, waiter)
-        .await
-        .unwrap()
-        .expect("acquired once the replica answered")
-        .expect("within the wait");
-    assert!(!guard.is_lost());
-    guard.release().await.unwrap();
+    common::acquired_once_the_replica_is_back(
+        &replica,
+        waiter,
+        "the waiter gave up while the replica was away",
+    )
+    .await;
     assert!(!common::key_exists(&master, "redisson_lock_queue:{stalled}").await);
 }
 
@@ -202,16 +196,10 @@ async fn a_direct_fair_grant_waits_for_replicas_too() {
     holder.release().await.unwrap();
     // The waiter's own attempts on the grant are refused while the replica is away.
     common::until_waits(&master, waits_before + 3).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter took a grant no replica had"
-    );
-    replica.resume().unwrap();
-    let guard = bounded(LIMIT, waiter)
-        .await
-        .unwrap()
-        .expect("acquired once the replica answered")
-        .expect("within the wait");
-    assert!(!guard.is_lost());
-    guard.release().await.unwrap();
+    common::acquired_once_the_replica_is_back(
+        &replica,
+        waiter,
+        "the waiter took a grant no replica had",
+    )
+    .await;
 }

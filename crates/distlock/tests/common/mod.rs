@@ -300,3 +300,32 @@ pub async fn until_waits(server: &RedisServer, count: u64) {
     })
     .await;
 }
+
+/// Sets `server`'s `maxmemory-policy` (an evicting one makes distlock refuse to lock).
+pub async fn set_eviction_policy(conn: &mut redis::aio::MultiplexedConnection, policy: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET maxmemory-policy");
+}
+
+/// A waiter that was still waiting while `replica` was away (`why` says what it must
+/// not have done): once the replica is back, it gets a guard it can trust.
+pub async fn acquired_once_the_replica_is_back(
+    replica: &RedisServer,
+    waiter: tokio::task::JoinHandle<distlock::Result<Option<distlock::LockGuard>>>,
+    why: &str,
+) {
+    assert!(!waiter.is_finished(), "{why}");
+    replica.resume().expect("resume the replica");
+    let guard = bounded(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter's task")
+        .expect("acquired once the replica answered")
+        .expect("within the wait");
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release");
+}
