@@ -1,4 +1,4 @@
-//! One stock authority per SQL store.
+//! One stock authority per SQL store, and a store that fences itself.
 //!
 //! The stock of a store is sold from counters in one Redis: the authority. Two Redis
 //! servers (an embedded instance's private one and a fleet's, two fleets' servers, or two
@@ -7,28 +7,39 @@
 //! records its authority when it is first used, and every instance checks it at start.
 //!
 //! - **In SQL**, the `store` row names the authority: a random id, where it is (for
-//!   people), and since when.
+//!   people), since when, and the store's **epoch**: a number that only grows, moved on by
+//!   every start, take-over and release ([`crate::db::Db::join`]).
 //! - **In Redis**, the authority keeps the same id under [`Keyspace::authority`]. A Redis
 //!   that holds the id is the authority, whatever URL or host name reaches it.
 //! - **A Redis without the id** is either the authority after it lost its data (a restart
 //!   without persistence: the stock is then reloaded from SQL, as before) or another
 //!   server. It is taken for the first only when it is reached the way the authority was
 //!   recorded: the same URL (credentials left out), or the same embedded data directory.
+//! - **Every write is fenced by the store itself.** An instance is admitted at the epoch
+//!   its start moved the store to ([`Admission`]), and every write it makes (orders,
+//!   fenced sales, beats) is refused by the database, in the write's own transaction, once
+//!   a take-over or a release has moved the store past that epoch. So a frozen, slow or
+//!   clock-skewed instance can never write after a take-over, however long it slept; what
+//!   it had sold and not stored stays in its Redis, and `flashsale reconcile` on that
+//!   Redis lists it.
 //! - **Moving on purpose** is `serve --take-over-store`, and only from a *released*
 //!   authority: its last instance stopped gracefully, with no other instance beating and
-//!   every order event of the store's streams stored (`Service::shutdown`). The take-over
-//!   records this Redis in one conditional statement, then clears this Redis's counters
-//!   of the store's open coupons (rebuilt from SQL and its own streams). An old Redis lost
-//!   for good is taken with `--abandon-old-authority`, once every instance has been
-//!   silent for [`TAKEOVER_SILENCE`]; what it held that SQL lacks is lost.
-//! - **Never two at once.** Every instance beats in the store every [`BEAT_EVERY`] and
-//!   removes its beat when it stops gracefully; it sells only while its last beat
-//!   confirmed its authority within [`SALES_LEASE`], shorter than that silence, checked
-//!   when a purchase arrives and again right before its write. So an instance frozen
-//!   (SIGSTOP, a VM pause) past an abandoning take-over sells nothing when it wakes: its
-//!   next beat finds the store moved, and it stops without storing its backlog.
+//!   every order event of the store's streams stored (`Service::shutdown`), the release
+//!   conditional on the epoch it read before it looked. The take-over and this instance's
+//!   admission are one transaction, so a second take-over at the same moment finds it
+//!   selling; then this Redis's counters of the store's open coupons are cleared, to be
+//!   rebuilt from SQL and its own streams. An old Redis lost for good is taken with
+//!   `--abandon-old-authority`, once every instance has been silent for
+//!   [`TAKEOVER_SILENCE`] by the database's clock; what it held that SQL lacks is lost.
+//! - **Never two selling at once.** Every instance beats in the store every
+//!   [`BEAT_EVERY`] (the database records the time) and removes its beat when it stops
+//!   gracefully; it sells only while a beat sent within [`SALES_LEASE`] (by its own
+//!   monotonic clock) was accepted, shorter than that silence, checked when a purchase
+//!   arrives and again right before its write.
 //! - **A Redis behind SQL** (a restored backup, a copied data directory) keeps the id but
-//!   not the sales since: each start repairs its counters (`stock::repair_stock`).
+//!   not the sales since: each start repairs its counters (`stock::repair_stock`). **SQL
+//!   behind Redis** (a restored database) is given back, at start, every order Redis holds
+//!   that a worker had already stored (`stock::restore_orders`).
 //!
 //! [`Keyspace::authority`]: crate::keys::Keyspace::authority
 
@@ -37,20 +48,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use time::format_description::well_known::Rfc3339;
-use time::OffsetDateTime;
 
-use crate::db::{AuthorityRecord, Db, DbError, LiveInstance};
+use crate::db::{Admission, AuthorityRecord, Db, DbError, Joined, TakeOver};
 use crate::model::now_millis;
 
 /// How often an instance records that it sells under its authority, and checks that the
-/// store still records it.
+/// store still admits it.
 pub const BEAT_EVERY: Duration = Duration::from_millis(500);
-/// An instance sells only while its authority was confirmed this recently. A store that
+/// An instance sells only while a beat sent this recently was accepted. A store that
 /// cannot be written for this long stops its sales (503 `unavailable`, nothing sold).
 pub const SALES_LEASE: Duration = Duration::from_secs(10);
-/// A take-over waits until every instance has been silent this long (or stopped
-/// gracefully): longer than [`SALES_LEASE`], with room for clocks that differ by seconds.
+/// An abandoning take-over waits until every instance has been silent this long, by the
+/// database's clock: longer than [`SALES_LEASE`], so a silent instance has stopped selling.
 pub const TAKEOVER_SILENCE: Duration = Duration::from_secs(15);
 
 /// The beat, the sales lease and the take-over silence in force: the constants above,
@@ -83,8 +92,9 @@ static TIMING: std::sync::LazyLock<Timing> = std::sync::LazyLock::new(|| {
         },
         _ => defaults,
     };
-    // A silent instance may have sent a write just before it went silent: the silence
-    // outlasts that write's fence, so it has landed or never will before a take-over.
+    // A silent instance may have sent a write to Redis just before it went silent: the
+    // silence outlasts that write's fence, so it has landed or never will before a
+    // take-over.
     let fence = timing.beat + crate::model::WRITE_WINDOW + crate::model::CLOCK_GRACE;
     Timing {
         silence: timing.silence.max(fence),
@@ -92,38 +102,67 @@ static TIMING: std::sync::LazyLock<Timing> = std::sync::LazyLock::new(|| {
     }
 });
 
-/// This instance's hold on the store's authority: whether it may sell now.
+/// The take-over silence in force, in ms: how long every instance of a tenure must have
+/// been silent before an abandoning take-over, and how recently another instance must
+/// have beaten to keep a stopping one from releasing the store.
+pub fn silence_ms() -> i64 {
+    i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// This instance's hold on the store: its admission, and whether it may sell now.
 #[derive(Debug)]
 pub struct Tenure {
+    admission: Admission,
     since: Instant,
-    /// When the authority was last confirmed, in ms after `since`.
+    /// When the last accepted beat was sent, in ms after `since`.
     confirmed_ms: AtomicU64,
-    /// The store records another authority now.
+    /// The store no longer admits this instance.
     moved: AtomicBool,
 }
 
 impl Tenure {
-    /// A tenure confirmed now.
-    pub fn new() -> Arc<Tenure> {
+    /// The tenure of an instance admitted by `admission`, whose admission was sent at
+    /// `sent` (the admission is a beat).
+    pub fn new(admission: Admission, sent: Instant) -> Arc<Tenure> {
         Arc::new(Tenure {
-            since: Instant::now(),
+            admission,
+            since: sent,
             confirmed_ms: AtomicU64::new(0),
             moved: AtomicBool::new(false),
         })
     }
 
-    fn confirm(&self) {
-        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.confirmed_ms.fetch_max(ms, Ordering::SeqCst);
+    /// What every write of this instance carries.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
-    /// Whether the store was found to record another authority.
+    fn confirm_from(&self, sent: Instant) {
+        let ms = sent.saturating_duration_since(self.since).as_millis();
+        self.confirmed_ms
+            .fetch_max(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Whether the store was found to have moved past this instance (a take-over, or a
+    /// release while it was frozen).
     pub fn moved(&self) -> bool {
         self.moved.load(Ordering::SeqCst)
     }
 
-    /// Whether this instance may sell: its authority was confirmed within
-    /// [`SALES_LEASE`] and has not moved.
+    /// Records that the store refused a write of this instance: it was taken over or
+    /// released since the instance started. From now on the instance sells nothing.
+    pub fn evict(&self) {
+        if !self.moved.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                epoch = self.admission.epoch,
+                "the store no longer admits this instance (taken over or released while it \
+                 was frozen or cut off): it sells and stores nothing more"
+            );
+        }
+    }
+
+    /// Whether this instance may sell: a beat sent within [`SALES_LEASE`] was accepted,
+    /// and the store has not moved past it.
     pub fn may_sell(&self) -> bool {
         let confirmed =
             self.since + Duration::from_millis(self.confirmed_ms.load(Ordering::SeqCst));
@@ -131,27 +170,21 @@ impl Tenure {
     }
 }
 
-/// Beats for instance `instance` under authority `authority` every [`BEAT_EVERY`] until
-/// aborted, confirming `tenure`; stops once the store records another authority.
-pub fn spawn_heartbeat(
-    db: Db,
-    authority: String,
-    instance: String,
-    tenure: Arc<Tenure>,
-) -> tokio::task::JoinHandle<()> {
+/// Beats for `tenure`'s instance every [`BEAT_EVERY`] until aborted, confirming it; stops
+/// once the store refuses a beat (it moved past this instance).
+pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<()> {
     let described = instance_description();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TIMING.beat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let beat = db.beat(&instance, &described, &authority, now_millis());
+            let sent = Instant::now();
+            let beat = db.beat(tenure.admission(), &described);
             match tokio::time::timeout(TIMING.beat * 2, beat).await {
-                Ok(Ok(true)) => tenure.confirm(),
+                Ok(Ok(true)) => tenure.confirm_from(sent),
                 Ok(Ok(false)) => {
-                    tenure.moved.store(true, Ordering::SeqCst);
-                    tracing::error!("the store records another stock authority now (a take-over): this instance stops selling");
-                    let _ = db.leave(&instance).await;
+                    tenure.evict();
                     return;
                 }
                 Ok(Err(err)) => {
@@ -166,12 +199,12 @@ pub fn spawn_heartbeat(
 }
 
 /// This process, for people: host and pid.
-fn instance_description() -> String {
+pub fn instance_description() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     format!("{}, pid {}", host.trim(), std::process::id())
 }
 
-/// What an instance may do about the store's authority at start.
+/// How an instance takes its place at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
     /// Serve under the recorded authority, or become it if none is recorded (`serve`,
@@ -183,8 +216,6 @@ pub enum Claim {
         /// Take it although it was not released: its unstored orders are given up.
         abandon: bool,
     },
-    /// Check only, write nothing (`reconcile`).
-    Verify,
 }
 
 /// Why an instance may not use this store with its Redis.
@@ -240,7 +271,8 @@ pub enum AuthorityError {
          again. Stop every instance using {owner} with SIGTERM (the last one stores every \
          queued order and releases the store); if they were killed, start one on {owner} and \
          stop it with SIGTERM. Only if {owner} is lost for good, add --abandon-old-authority: \
-         orders it held that SQL lacks are then lost and their units sold again",
+         orders it held that SQL lacks are then never stored (`flashsale reconcile` on it \
+         lists them) and their units are sold again",
         owner = owner.location,
         since = rfc3339(owner.since_ms)
     )]
@@ -253,7 +285,7 @@ pub enum AuthorityError {
     /// An abandoning take-over while instances still sell the store's stock.
     #[error(
         "the store {database} is still being sold: an instance ({instance}, under \
-         {owner}) reported {ago:.1} s ago. Two authorities must never sell at once: stop \
+         {owner}) reported {ago:.1} s ago by the database's clock. Two authorities must never sell at once: stop \
          every instance with SIGTERM, and take over without --abandon-old-authority. An \
          instance that was killed is taken for gone after {silence} s of silence",
         owner = owner.location,
@@ -278,101 +310,174 @@ pub enum AuthorityError {
     Redis(#[from] redis::RedisError),
 }
 
-/// Settles which authority this instance serves under, as `claim` allows, and returns
-/// it; `None` only for [`Claim::Verify`] on a store that records none yet.
+/// Admits instance `instance` to the store with this Redis, as `claim` allows, and
+/// returns its admission: what every write it makes carries.
 ///
 /// `location` names this instance's Redis ([`redis_location`], [`embedded_location`]);
 /// `database` names the store in errors.
-pub async fn establish(
+pub async fn admit(
     db: &Db,
     conn: &mut distlock::Connection,
     location: &str,
     claim: Claim,
+    instance: &str,
     database: &str,
-) -> Result<Option<AuthorityRecord>, AuthorityError> {
-    if let Claim::TakeOver { abandon } = claim {
-        take_over(db, conn, location, database, abandon).await?;
-    }
-    let Some(recorded) = resolve(db, conn, location, claim, database).await? else {
-        return Ok(None);
-    };
-    if claim != Claim::Verify && !db.occupy_authority(&recorded.id).await? {
-        // Taken over between the check and now.
-        let owner = db.authority().await?.unwrap_or(recorded);
-        return Err(AuthorityError::Foreign {
-            database: database.to_owned(),
-            owner,
-            ours: location.to_owned(),
-        });
-    }
-    Ok(Some(recorded))
-}
-
-/// Which authority this Redis serves for the store, as `claim` allows.
-async fn resolve(
-    db: &Db,
-    conn: &mut distlock::Connection,
-    location: &str,
-    claim: Claim,
-    database: &str,
-) -> Result<Option<AuthorityRecord>, AuthorityError> {
+) -> Result<Admission, AuthorityError> {
+    let described = instance_description();
     let key = db.keyspace().authority();
+    let refusal = Refusal { database, location };
+    if let Claim::TakeOver { abandon } = claim {
+        return take_over(db, conn, location, database, abandon, instance, &described).await;
+    }
     let marker: Option<String> = conn.get(&key).await?;
-    let mut first_use = false;
-    let recorded = match db.authority().await? {
-        Some(recorded) => recorded,
-        None if claim == Claim::Verify => return Ok(None),
-        None => {
-            // First use. A Redis that already holds an id for this namespace keeps it (a
-            // database restored from before it recorded one): its counters are this
-            // store's.
-            let ours = AuthorityRecord {
+    let (recorded, first_use) = match db.authority().await? {
+        Some(recorded) => (recorded, false),
+        // First use. A Redis that already holds an id for this namespace keeps it (a
+        // database restored from before it recorded one): its counters are this store's.
+        None => (
+            AuthorityRecord {
                 id: marker
                     .clone()
                     .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
                 location: location.to_owned(),
                 since_ms: now_millis(),
                 released: false,
-            };
-            let recorded = db.record_first_authority(&ours).await?;
-            first_use = recorded.id == ours.id;
-            recorded
-        }
+            },
+            true,
+        ),
     };
-    match marker {
-        Some(marker) if marker == recorded.id => Ok(Some(recorded)),
-        Some(marker) => Err(AuthorityError::StaleRedis {
-            database: database.to_owned(),
-            owner: recorded,
-            marker,
-            ours: location.to_owned(),
-        }),
-        None if recorded.location != location => Err(AuthorityError::Foreign {
-            database: database.to_owned(),
-            owner: recorded,
-            ours: location.to_owned(),
-        }),
-        // Reached as the authority was recorded: it is the authority, and its id is new or
-        // was lost with its data. Reconcile writes nothing.
-        None if claim == Claim::Verify => Ok(Some(recorded)),
-        None => {
-            let put = confirm(conn, &key, &recorded.id)
-                .await
-                .map_err(|err| match err {
-                    ConfirmError::Redis(err) => AuthorityError::Redis(err),
-                    ConfirmError::Another(marker) => AuthorityError::StaleRedis {
-                        database: database.to_owned(),
-                        owner: recorded.clone(),
-                        marker,
-                        ours: location.to_owned(),
-                    },
-                })?;
+    if !first_use {
+        if let Some(refused) = refusal.refuses(&marker, &recorded) {
+            return Err(refused);
+        }
+        refusal.put_marker(conn, &key, &recorded).await?;
+    }
+    let owner = match db.join(&recorded, first_use, instance, &described).await? {
+        Joined::Admitted(admission) => {
             if first_use {
+                refusal.put_marker(conn, &key, &recorded).await?;
                 tracing::info!(authority = %recorded.location, "this Redis is now the store's stock authority");
-            } else if put {
-                tracing::warn!(authority = %recorded.location, "this Redis had lost the store's stock authority id with its data; put it back");
             }
-            Ok(Some(recorded))
+            return Ok(admission);
+        }
+        Joined::Moved(owner) => owner,
+    };
+    match owner {
+        // Another instance recorded the store's first authority a moment before this one:
+        // serve under it if this Redis is it (two instances of one fleet starting at once).
+        Some(owner) if first_use => {
+            if let Some(refused) = refusal.refuses(&marker, &owner) {
+                return Err(refused);
+            }
+            refusal.put_marker(conn, &key, &owner).await?;
+            match db.join(&owner, false, instance, &described).await? {
+                Joined::Admitted(admission) => Ok(admission),
+                Joined::Moved(moved) => Err(refusal.foreign(moved.unwrap_or(owner))),
+            }
+        }
+        // Taken over between the check and now.
+        owner => Err(refusal.foreign(owner.unwrap_or(recorded))),
+    }
+}
+
+/// What a Redis is to the store, as `reconcile` finds it (it writes nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verified {
+    /// The store records no authority yet.
+    Unrecorded,
+    /// This Redis is the store's authority (or is reached as it was recorded, its id lost
+    /// with its data).
+    Authority(AuthorityRecord),
+    /// This Redis holds the id of another authority of this store than the one recorded:
+    /// a former authority, taken over (its counters are stale, and its streams may hold
+    /// orders it told buyers about that the store never got).
+    Former {
+        /// The id this Redis holds.
+        marker: String,
+        /// The authority the store records.
+        owner: AuthorityRecord,
+    },
+}
+
+/// What this Redis is to the store, for `reconcile`. A Redis that holds no id of the store
+/// and is not reached as its authority was recorded is [`AuthorityError::Foreign`].
+pub async fn verify(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    location: &str,
+    database: &str,
+) -> Result<Verified, AuthorityError> {
+    let marker: Option<String> = conn.get(db.keyspace().authority()).await?;
+    let Some(recorded) = db.authority().await? else {
+        return Ok(Verified::Unrecorded);
+    };
+    let refusal = Refusal { database, location };
+    match marker {
+        Some(marker) if marker != recorded.id => Ok(Verified::Former {
+            marker,
+            owner: recorded,
+        }),
+        marker => match refusal.refuses(&marker, &recorded) {
+            Some(refused) => Err(refused),
+            None => Ok(Verified::Authority(recorded)),
+        },
+    }
+}
+
+/// The refusals of one instance's start: which store, which Redis.
+struct Refusal<'a> {
+    database: &'a str,
+    location: &'a str,
+}
+
+impl Refusal<'_> {
+    fn foreign(&self, owner: AuthorityRecord) -> AuthorityError {
+        AuthorityError::Foreign {
+            database: self.database.to_owned(),
+            owner,
+            ours: self.location.to_owned(),
+        }
+    }
+
+    fn stale(&self, owner: AuthorityRecord, marker: String) -> AuthorityError {
+        AuthorityError::StaleRedis {
+            database: self.database.to_owned(),
+            owner,
+            marker,
+            ours: self.location.to_owned(),
+        }
+    }
+
+    /// Why this Redis, holding `marker`, may not serve `recorded`; `None` when it may: it
+    /// holds its id, or holds none and is reached as the authority was recorded.
+    fn refuses(
+        &self,
+        marker: &Option<String>,
+        recorded: &AuthorityRecord,
+    ) -> Option<AuthorityError> {
+        match marker {
+            Some(marker) if *marker == recorded.id => None,
+            Some(marker) => Some(self.stale(recorded.clone(), marker.clone())),
+            None if recorded.location != self.location => Some(self.foreign(recorded.clone())),
+            None => None,
+        }
+    }
+
+    /// Puts `recorded`'s id into this Redis if it has none (new, or lost with its data).
+    async fn put_marker(
+        &self,
+        conn: &mut distlock::Connection,
+        key: &str,
+        recorded: &AuthorityRecord,
+    ) -> Result<(), AuthorityError> {
+        match confirm(conn, key, &recorded.id).await {
+            Ok(true) => {
+                tracing::warn!(authority = %recorded.location, "this Redis had no stock authority id for the store (new, or lost with its data); put it there");
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(ConfirmError::Redis(err)) => Err(AuthorityError::Redis(err)),
+            Err(ConfirmError::Another(marker)) => Err(self.stale(recorded.clone(), marker)),
         }
     }
 }
@@ -413,78 +518,69 @@ pub async fn confirm(
     }
 }
 
-/// Makes this Redis the store's authority, if the current one is released (its last
-/// instance stopped gracefully with every order stored) or `abandon` says to take it
-/// regardless, once every instance has been silent for the take-over silence.
+/// Makes this Redis the store's authority and admits this instance under it, in one
+/// transaction ([`Db::take_over`]): if the current authority is released (its last
+/// instance stopped gracefully with every order stored), or `abandon` says to take it
+/// regardless, and in both cases only once every instance of the current tenure has been
+/// silent for the take-over silence, by the database's clock.
 ///
-/// The store records this Redis first, in one conditional statement, so of two take-overs
-/// at once, or a take-over and a start of the old authority, only one wins. Then the
-/// store's counters in this Redis are cleared, to be rebuilt from SQL and its own streams,
-/// and its id is set. A take-over cut short between the two leaves the store recorded
-/// and released: a start on this Redis is then refused or repaired at start, and the
-/// take-over can simply be run again.
+/// Then this Redis's counters of the store's open coupons are cleared, to be rebuilt from
+/// SQL and its own streams, and its id is set. A take-over cut short between the two
+/// leaves the store recorded here and this Redis without the new id: a plain start on
+/// this Redis then puts it there (it is reached as recorded), and its counters are
+/// repaired against SQL at start.
 async fn take_over(
     db: &Db,
     conn: &mut distlock::Connection,
     location: &str,
     database: &str,
     abandon: bool,
-) -> Result<(), AuthorityError> {
-    let now = now_millis();
-    let previous = db.authority().await?;
-    if let Some(previous) = previous.as_ref().filter(|previous| !previous.released) {
-        if !abandon {
-            return Err(AuthorityError::NotReleased {
-                database: database.to_owned(),
-                owner: previous.clone(),
-            });
-        }
-        if let Some(instance) = an_instance_still_selling(db).await? {
-            return Err(AuthorityError::StillInUse {
-                database: database.to_owned(),
-                owner: previous.clone(),
-                instance: instance.described,
-                ago_ms: now - instance.seen_ms,
-            });
-        }
-    }
-    let ours = AuthorityRecord {
+    instance: &str,
+    described: &str,
+) -> Result<Admission, AuthorityError> {
+    let candidate = AuthorityRecord {
         id: uuid::Uuid::new_v4().simple().to_string(),
         location: location.to_owned(),
-        since_ms: now,
-        released: true,
+        since_ms: now_millis(),
+        released: false,
     };
-    if !db.take_over_authority(&ours, abandon).await? {
-        let owner = db.authority().await?.unwrap_or(ours);
-        return Err(AuthorityError::NotReleased {
-            database: database.to_owned(),
-            owner,
-        });
-    }
+    let taken = db
+        .take_over(&candidate, abandon, silence_ms(), instance, described)
+        .await?;
+    let (previous, admission) = match taken {
+        TakeOver::Taken {
+            previous,
+            admission,
+        } => (previous, admission),
+        TakeOver::NotReleased(owner) => {
+            return Err(AuthorityError::NotReleased {
+                database: database.to_owned(),
+                owner,
+            })
+        }
+        TakeOver::StillInUse { owner, instance } => {
+            return Err(AuthorityError::StillInUse {
+                database: database.to_owned(),
+                owner,
+                instance: instance.described,
+                ago_ms: instance.ago_ms,
+            })
+        }
+    };
     // Coupons whose sale ended keep their counters: nothing sells them any more.
-    for coupon in db.coupons_ending_after(now).await? {
+    for coupon in db.coupons_ending_after(now_millis()).await? {
         let keys = db.keyspace().coupon(coupon.id);
         let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
     }
-    let () = conn.set(db.keyspace().authority(), &ours.id).await?;
+    let () = conn.set(db.keyspace().authority(), &candidate.id).await?;
     tracing::warn!(
         previous = previous.map(|p| p.location).unwrap_or_else(|| "none".into()),
-        now = %ours.location,
+        now = %candidate.location,
         abandon,
-        "took over the store's stock: its counters here are rebuilt from SQL"
+        epoch = admission.epoch,
+        "took the store over: its counters here are rebuilt from SQL"
     );
-    Ok(())
-}
-
-/// An instance that beat within the take-over silence, if any: the store is still sold.
-pub async fn an_instance_still_selling(db: &Db) -> Result<Option<LiveInstance>, DbError> {
-    let now = now_millis();
-    let silence = i64::try_from(TIMING.silence.as_millis()).unwrap_or(i64::MAX);
-    Ok(db
-        .live_instances(now - silence, now)
-        .await?
-        .into_iter()
-        .next())
+    Ok(admission)
 }
 
 /// Where an instance's Redis is: the embedded mode's data directory, when it runs one,
@@ -546,10 +642,7 @@ fn embedded_location(data_dir: &std::path::Path) -> String {
 }
 
 fn rfc3339(ms: i64) -> String {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|at| at.format(&Rfc3339).ok())
-        .unwrap_or_else(|| ms.to_string())
+    crate::model::format_millis(ms)
 }
 
 #[cfg(test)]

@@ -309,6 +309,18 @@ pub enum ConfigError {
     /// The database could not be opened or migrated.
     #[error("{0} (set DATABASE_URL, or unset it to use SQLite in a file)")]
     Db(#[source] DbError),
+    /// The SQLite store's write lock is held by a process that does not let go of it
+    /// (frozen with SIGSTOP mid-transaction, say): nothing can write to the store.
+    #[error(
+        "the store {database} is locked by {holders}, so nothing can write to it (a \
+         take-over included); free the lock, then run this again"
+    )]
+    StoreLocked {
+        /// The database, password masked.
+        database: String,
+        /// Who holds the lock and how to free it, for people.
+        holders: String,
+    },
     /// Loading stock at start failed.
     #[error("loading stock at start failed: {0}")]
     Load(#[source] crate::stock::LoadError),

@@ -15,7 +15,10 @@ use crate::keys::Keyspace;
 use crate::model::{parse_order_id, unix_millis, Coupon, NewCoupon, Order, OrderEvent};
 
 mod authority;
-pub use authority::{AuthorityRecord, LiveInstance};
+pub mod sqlite_lock;
+pub use authority::{
+    Admission, AuthorityRecord, Joined, LiveInstance, Release, StoreState, TakeOver,
+};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
@@ -35,6 +38,12 @@ const LOCK_FENCE: &str = "SELECT token FROM lock_fences WHERE coupon_id = $1";
 /// power loss, as a 201 promises. The busy timeout is sqlx's, made explicit.
 const SQLITE_SETUP: &str =
     "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000";
+
+/// Every PostgreSQL connection's settings. A transaction left idle this long is ended by
+/// the server: an instance frozen (SIGSTOP, a VM pause) inside one would otherwise hold
+/// its row locks, and the store row's shared lock that every write takes
+/// (`Db::begin_admitted`), until it woke, and no take-over could move the store meanwhile.
+const POSTGRES_SETUP: &str = "SET idle_in_transaction_session_timeout = '10s'";
 
 /// How long a query may wait for a pooled connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,6 +102,16 @@ pub enum DbError {
     /// A query failed.
     #[error("database query failed: {0}")]
     Query(#[from] sqlx::Error),
+    /// The store has moved past this instance's admission (a take-over or a release since
+    /// it started): the write was refused in its own transaction, and nothing was stored.
+    #[error(
+        "the store refused this instance's write: it was admitted at epoch {epoch}, and the \
+         store has since been taken over or released"
+    )]
+    Evicted {
+        /// The epoch the instance was admitted at.
+        epoch: i64,
+    },
 }
 
 /// A pool of connections to the store, cheap to clone.
@@ -258,9 +277,11 @@ impl Db {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .after_connect(move |connection, _| {
                 Box::pin(async move {
-                    if dialect == Dialect::Sqlite {
-                        sqlx::query(SQLITE_SETUP).execute(connection).await?;
-                    }
+                    let setup = match dialect {
+                        Dialect::Sqlite => SQLITE_SETUP,
+                        Dialect::Postgres => POSTGRES_SETUP,
+                    };
+                    sqlx::query(setup).execute(connection).await?;
                     Ok(())
                 })
             })
@@ -489,11 +510,20 @@ impl Db {
     /// An order already stored, or a second order of the same user for the same coupon,
     /// is skipped rather than failing the batch: the worker may see an event again after a
     /// crash between commit and acknowledgement, and that must be harmless.
-    pub async fn store_orders(&self, orders: &[OrderEvent], now_ms: i64) -> Result<u64, DbError> {
+    ///
+    /// `admission` is the storing instance's: if the store has moved past it (taken over
+    /// or released since the instance started), nothing is stored and the answer is
+    /// [`DbError::Evicted`].
+    pub async fn store_orders(
+        &self,
+        admission: &Admission,
+        orders: &[OrderEvent],
+        now_ms: i64,
+    ) -> Result<u64, DbError> {
         // Multi-row VALUES lists keep a batch to one statement per chunk; the chunk keeps
         // the parameter count (5 per row) under SQLite's limit.
         const ROWS_PER_STATEMENT: usize = 200;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_admitted(admission).await?;
         let mut inserted = 0;
         for chunk in orders.chunks(ROWS_PER_STATEMENT) {
             let mut sql = String::from(
@@ -549,6 +579,9 @@ pub enum FencedSale {
     LeaseLost,
     /// No such coupon.
     NoCoupon,
+    /// The store has moved past the selling instance's admission (a take-over): nothing
+    /// is stored, and the instance may no longer sell.
+    Evicted,
 }
 
 impl Db {
@@ -563,17 +596,25 @@ impl Db {
     /// 3. `still_held` is asked just before the commit; `false` rolls back
     ///    ([`FencedSale::LeaseLost`]).
     ///
+    /// Before all of it, the store must still admit `admission`'s instance
+    /// ([`FencedSale::Evicted`] otherwise).
+    ///
     /// An error before the commit means nothing was stored. An error from the commit
     /// itself leaves the outcome unknown ([`FencedCommitError::InDoubt`]).
     pub async fn sell_fenced(
         &self,
+        admission: &Admission,
         order: &OrderEvent,
         token: u64,
         now_ms: i64,
         still_held: impl FnOnce() -> bool,
     ) -> Result<FencedSale, FencedCommitError> {
         let token = i64::try_from(token).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await.map_err(FencedCommitError::before)?;
+        let mut tx = match self.begin_admitted(admission).await {
+            Ok(tx) => tx,
+            Err(DbError::Evicted { .. }) => return Ok(FencedSale::Evicted),
+            Err(err) => return Err(FencedCommitError::Before(err)),
+        };
         let raised = sqlx::query(
             "INSERT INTO lock_fences (coupon_id, token) SELECT id, $2 FROM coupons WHERE id = $1 \
              ON CONFLICT (coupon_id) DO UPDATE SET token = excluded.token \

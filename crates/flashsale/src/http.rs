@@ -32,9 +32,9 @@ use serde_json::json;
 
 use crate::db::Db;
 use crate::error::ApiError;
-use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, parse_order_id, Coupon, NewCoupon, SaleWindow};
+use crate::order_events::{event_state, stream_backlog, EventState};
 use crate::stock::{remaining_stock, StockLoader};
 use crate::strategy::{Reservation, Reserver};
 use crate::worker::Watched;
@@ -399,62 +399,6 @@ pub struct CouponStats {
     pub orders_queued: i64,
 }
 
-/// Where a coupon's order stream stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backlog {
-    /// Events in the stream: every sale Redis counted.
-    pub length: i64,
-    /// Events not yet delivered to a worker.
-    pub lag: i64,
-    /// Events delivered but not yet acknowledged.
-    pub pending: i64,
-}
-
-/// The coupon stream's length and backlog.
-pub async fn stream_backlog(
-    conn: &mut distlock::Connection,
-    keys: &CouponKeys,
-) -> redis::RedisResult<Backlog> {
-    let length: i64 = conn.xlen(&keys.orders).await?;
-    let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
-        conn.xinfo_groups(&keys.orders).await;
-    let groups = match groups {
-        Ok(groups) => groups,
-        // No stream yet, so nothing queued.
-        Err(err)
-            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-        {
-            return Ok(groups_missing(length))
-        }
-        Err(err) => return Err(err),
-    };
-    let Some(group) = groups.groups.iter().find(|group| group.name == ORDER_GROUP) else {
-        return Ok(groups_missing(length));
-    };
-    let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-    // Redis reports no lag when it cannot tell; counting the whole stream as undelivered
-    // errs on the side of "not drained".
-    let lag = group
-        .lag
-        .map(as_i64)
-        .or(group.entries_read.map(|read| length - as_i64(read)))
-        .unwrap_or(length);
-    Ok(Backlog {
-        length,
-        lag,
-        pending: as_i64(group.pending),
-    })
-}
-
-/// No group reads the stream yet, so every event in it is undelivered.
-fn groups_missing(length: i64) -> Backlog {
-    Backlog {
-        length,
-        lag: length,
-        pending: 0,
-    }
-}
-
 async fn coupon_stats(
     State(state): State<Arc<AppState>>,
     id: Result<Path<String>, PathRejection>,
@@ -486,8 +430,9 @@ async fn user_orders(
     Ok(Json(json!({ "user_id": user, "orders": orders })).into_response())
 }
 
-/// An order by id: `stored` once the worker wrote it to SQL, `queued` while its event waits
-/// in Redis, 404 `order_not_found` when neither holds it (it was never made).
+/// An order by id: `stored` once in SQL; `queued`, with how long, while its event waits
+/// for a worker; `lost`, with the reason, when Redis holds it (its buyer was told 201) and
+/// nothing will store it; 404 `order_not_found` when neither holds it (it was never made).
 async fn order_lookup(
     State(state): State<Arc<AppState>>,
     id: Result<Path<String>, PathRejection>,
@@ -506,23 +451,47 @@ async fn order_lookup(
             "an order id looks like c12-u34-0123abcd…",
         ));
     };
+    let stored = |order| Json(json!({ "state": "stored", "order": order })).into_response();
     if let Some(order) = state.db.order(&id).await? {
-        return Ok(Json(json!({ "state": "stored", "order": order })).into_response());
+        return Ok(stored(order));
     }
     let keys = state.db.keyspace().coupon(coupon_id);
-    let held: Option<String> = state.locks.connection().hget(&keys.buyers, user_id).await?;
+    let mut conn = state.locks.connection();
+    let held: Option<String> = conn.hget(&keys.buyers, user_id).await?;
     if held.as_deref() != Some(id.as_str()) {
         return Err(not_found(&id));
     }
-    // Held in Redis; the worker may have stored it since the SQL read.
+    // Read before SQL is read again: a worker acknowledges an event only after its
+    // commit, so an event found acknowledged here is in the second read unless SQL lost it.
+    let event = event_state(&mut conn, &keys, &id).await?;
     if let Some(order) = state.db.order(&id).await? {
-        return Ok(Json(json!({ "state": "stored", "order": order })).into_response());
+        return Ok(stored(order));
     }
-    Ok(Json(json!({
-        "state": "queued",
-        "order": { "order_id": id, "coupon_id": coupon_id, "user_id": user_id },
-    }))
-    .into_response())
+    let order = json!({ "order_id": id, "coupon_id": coupon_id, "user_id": user_id });
+    let lost = |reason: &str| {
+        Json(json!({ "state": "lost", "order": order, "reason": reason })).into_response()
+    };
+    if !state.reserver.admitted() {
+        return Ok(lost(
+            "this instance's store was taken over by another Redis while it was frozen or cut \
+             off: the order will not be stored, and its unit was put back on sale. `flashsale \
+             reconcile` against this instance's Redis lists such orders",
+        ));
+    }
+    Ok(match event {
+        EventState::Queued { told_at_ms } => Json(json!({
+            "state": "queued",
+            "order": order,
+            "queued_ms": told_at_ms.map(|at| (now_millis() - at).max(0)),
+        }))
+        .into_response(),
+        EventState::NotQueued => lost(
+            "a worker stored this order (its event is acknowledged), but the database no longer \
+             holds it: the database was restored from a backup or lost writes. `flashsale \
+             reconcile` lists such orders, and the next start of `flashsale serve` stores them \
+             again from Redis",
+        ),
+    })
 }
 
 /// How long each `/healthz` check may take. A locked SQLite file would otherwise make the

@@ -168,16 +168,25 @@ pub const WRITE_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 /// service concluded it did not. Same host in the embedded mode; NTP in a fleet.
 pub const CLOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The current time in Unix milliseconds.
+/// The current time in Unix milliseconds, by this host's clock (skewed by the test hook
+/// `FLASHSALE_TEST_CLOCK_SKEW_MS`, see [`crate::faults`]).
 pub fn now_millis() -> i64 {
-    unix_millis(OffsetDateTime::now_utc())
+    unix_millis(OffsetDateTime::now_utc()).saturating_add(crate::faults::clock_skew_ms())
+}
+
+/// Unix milliseconds as RFC 3339, or the number itself far outside any real date.
+pub fn format_millis(millis: i64) -> String {
+    rfc3339(millis).unwrap_or_else(|| millis.to_string())
+}
+
+fn rfc3339(millis: i64) -> Option<String> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(millis) * 1_000_000)
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok())
 }
 
 fn rfc3339_millis<S: Serializer>(millis: &i64, serializer: S) -> Result<S::Ok, S::Error> {
-    let formatted = OffsetDateTime::from_unix_timestamp_nanos(i128::from(*millis) * 1_000_000)
-        .ok()
-        .and_then(|at| at.format(&Rfc3339).ok());
-    match formatted {
+    match rfc3339(*millis) {
         Some(text) => serializer.serialize_str(&text),
         // Only reachable for a row written by something other than this service.
         None => serializer.serialize_i64(*millis),

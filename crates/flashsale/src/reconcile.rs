@@ -10,7 +10,6 @@
 //!   reports what does not add up ([`CouponDrift`]); it repairs nothing but stale claims,
 //!   since which side is right depends on what went wrong.
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,12 +21,13 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfigError, StoreArgs, DEFAULT_DATA_DIR};
 use crate::db::{Db, DbError};
 use crate::embedded::Embedded;
-use crate::http::stream_backlog;
 use crate::keys::{CouponKeys, Keyspace};
 use crate::metrics::Metrics;
 use crate::model::Coupon;
+use crate::order_events::{
+    held_orders, stream_backlog, unstored_orders, OrderEventsError, Unstored,
+};
 use crate::scripts::REPAIR_CLAIMS;
-use crate::stock::stream_buyers;
 use crate::worker::Watched;
 use crate::CliResult;
 
@@ -116,8 +116,10 @@ pub struct CouponDrift {
     pub counter_drift: i64,
     /// Buyers either side knows beyond the stock: units sold twice.
     pub oversold: i64,
-    /// Order ids Redis holds for buyers with no order in SQL and no event in the stream:
-    /// sales a buyer was told about that nothing will store.
+    /// Order ids Redis holds for buyers with no order in SQL whose events no worker will
+    /// store: acknowledged (stored once, then lost by SQL, as in a restored backup) or
+    /// absent. Sales a buyer was told about that nothing will store but `serve`'s next
+    /// start, which stores them again while this Redis holds them.
     pub missing_in_sql: Vec<String>,
     /// How many there are (`missing_in_sql` shows a few).
     pub missing_in_sql_count: usize,
@@ -157,6 +159,15 @@ pub enum ReconcileError {
     Db(#[from] DbError),
 }
 
+impl From<OrderEventsError> for ReconcileError {
+    fn from(err: OrderEventsError) -> Self {
+        match err {
+            OrderEventsError::Redis(err) => ReconcileError::Redis(err),
+            OrderEventsError::Db(err) => ReconcileError::Db(err),
+        }
+    }
+}
+
 /// Removes `coupon`'s stale claims, then compares its Redis state with SQL.
 ///
 /// Safe to run while the coupon sells: the counters come from one atomic snapshot, SQL is
@@ -181,28 +192,18 @@ pub async fn reconcile_coupon(
         .await?;
     let redis_remaining = (!shares.is_empty()).then(|| shares.iter().sum::<i64>());
     let redis_orders = entries - claims;
-    let orders_in_redis = scan_orders(conn, &keys).await?;
-    let streamed: HashSet<String> = stream_buyers(conn, &keys)
-        .await?
-        .into_iter()
-        .map(|(_, order)| order)
-        .collect();
+    let orders_in_redis = held_orders(conn, &keys).await?;
     let queued = stream_backlog(conn, &keys)
         .await
         .map(|backlog| backlog.lag + backlog.pending)?;
-
-    let stored_users: HashSet<i64> = stored.iter().map(|(user, _)| *user).collect();
-    let mut missing_in_sql = Vec::new();
-    for (user, order) in &orders_in_redis {
-        // A buyer with another order in SQL is a different order, reported below; one
-        // stored since SQL was read (the lock strategy writes SQL first) is no loss.
-        if stored_users.contains(user) || streamed.contains(order) {
-            continue;
-        }
-        if db.order(order).await?.is_none() {
-            missing_in_sql.push(order.clone());
-        }
-    }
+    // Told 201 and in no worker's way to SQL: an event acknowledged (stored, then lost by
+    // SQL: a restored backup), or none at all (the lock strategy writes SQL first).
+    let mut missing_in_sql: Vec<String> = unstored_orders(db, conn, coupon.id)
+        .await?
+        .into_iter()
+        .filter(|order| !order.queued)
+        .map(|order| order.order_id)
+        .collect();
     let (mut missing_in_redis, mut different_order) = (Vec::new(), Vec::new());
     if redis_remaining.is_some() {
         for (user, order) in &stored {
@@ -266,35 +267,6 @@ pub async fn reconcile_coupon(
     })
 }
 
-/// Entries one HSCAN call returns, about.
-const SCAN_PAGE: usize = 1000;
-
-/// The buyers of a coupon that hold an order (claims left out), read in pages.
-async fn scan_orders(
-    conn: &mut distlock::Connection,
-    keys: &CouponKeys,
-) -> redis::RedisResult<HashMap<i64, String>> {
-    let mut orders = HashMap::new();
-    let mut cursor = 0_u64;
-    loop {
-        let (next, page): (u64, Vec<(i64, String)>) = redis::cmd("HSCAN")
-            .arg(&keys.buyers)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(SCAN_PAGE)
-            .query_async(conn)
-            .await?;
-        orders.extend(
-            page.into_iter()
-                .filter(|(_, entry)| !entry.starts_with('~')),
-        );
-        if next == 0 {
-            return Ok(orders);
-        }
-        cursor = next;
-    }
-}
-
 /// Flags of `flashsale reconcile`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReconcileArgs {
@@ -334,12 +306,12 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     let db = Db::open_existing(&config.database_url())
         .await
         .map_err(ConfigError::Db)?;
-    // Reconcile compares SQL with the Redis that sells its stock, and no other.
-    crate::authority::establish(
+    // Reconcile compares SQL with the Redis that sells its stock; a former authority's
+    // Redis gets a report of its own: what it sold that the store never got.
+    let verified = crate::authority::verify(
         &db,
         &mut locks.connection(),
         &crate::authority::location(&redis_url, embedded.as_ref().map(Embedded::data_dir)),
-        crate::authority::Claim::Verify,
         &crate::db::mask_password(&config.database_url()),
     )
     .await
@@ -352,25 +324,94 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
         None => db.coupons_ending_after(i64::MIN).await?,
     };
     let mut conn = locks.connection();
-    let mut report = Vec::with_capacity(coupons.len());
-    for coupon in &coupons {
-        report.push(reconcile_coupon(&db, &mut conn, coupon).await?);
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
+    let drifted = match verified {
+        crate::authority::Verified::Former { marker, owner } => {
+            let mut told_not_stored = Vec::new();
+            for coupon in &coupons {
+                told_not_stored.extend(unstored_orders(&db, &mut conn, coupon.id).await?);
+            }
+            let report = FormerAuthority {
+                redis: crate::db::mask_password(&redis_url),
+                authority_id: marker,
+                store_authority: owner.location,
+                told_not_stored_count: told_not_stored.len(),
+                told_not_stored,
+            };
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_former(&report);
+            }
+            report.told_not_stored_count > 0
+        }
+        _ => {
+            let mut report = Vec::with_capacity(coupons.len());
+            for coupon in &coupons {
+                report.push(reconcile_coupon(&db, &mut conn, coupon).await?);
+            }
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_table(&report);
+            }
+            report.iter().any(CouponDrift::drifted)
+        }
+    };
     db.close().await;
     locks.shutdown().await;
     if let Some(embedded) = embedded {
         embedded.stop().await;
     }
-    Ok(if report.iter().any(CouponDrift::drifted) {
+    Ok(if drifted {
         ExitCode::from(EXIT_DRIFT)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What `reconcile` reports on the Redis of a former stock authority: one the store was
+/// taken over from (with `--abandon-old-authority`, while its instances were frozen or
+/// cut off). Its instances' writes are refused by the store, so the orders it told buyers
+/// about and had not stored never will be; the new authority sold their units again.
+#[derive(Debug, Clone, Serialize)]
+pub struct FormerAuthority {
+    /// This Redis, password masked.
+    pub redis: String,
+    /// The authority id this Redis holds.
+    pub authority_id: String,
+    /// Where the store's stock is sold from now.
+    pub store_authority: String,
+    /// Orders told 201 here that the store does not hold, oldest first.
+    pub told_not_stored: Vec<Unstored>,
+    /// How many.
+    pub told_not_stored_count: usize,
+}
+
+fn print_former(report: &FormerAuthority) {
+    println!(
+        "{} is a former stock authority of this store (id {}); the store is sold from {} now.",
+        report.redis, report.authority_id, report.store_authority
+    );
+    if report.told_not_stored.is_empty() {
+        println!("It holds no order the store lacks: nothing to settle.");
+        return;
+    }
+    println!(
+        "{} orders were told 201 here and are NOT in the store; their units were sold again \
+         by the new authority. Settle each with its buyer (see docs/flashsale.md, \"An old Redis \
+         lost for good\"):",
+        report.told_not_stored_count
+    );
+    println!("{:<48} {:>12} {:>8}  told at", "order", "user", "coupon");
+    for order in &report.told_not_stored {
+        println!(
+            "{:<48} {:>12} {:>8}  {}",
+            order.order_id,
+            order.user_id,
+            order.coupon_id,
+            order.told_at.as_deref().unwrap_or("-")
+        );
+    }
 }
 
 fn print_table(report: &[CouponDrift]) {

@@ -35,14 +35,10 @@ pub struct Service {
     worker: Option<JoinHandle<Drain>>,
     /// Removes stale segmented claims every few seconds.
     claim_repair: JoinHandle<()>,
-    /// Whether this instance may sell: its authority confirmed, not taken over.
+    /// This instance's admission to the store, and whether it may sell now.
     tenure: Arc<Tenure>,
     /// Beats in the store while this instance sells.
     heartbeat: JoinHandle<()>,
-    /// This instance's id in the store's beats.
-    instance: String,
-    /// The id of the stock authority this instance sells under.
-    authority: String,
     /// An embedded instance's hold on a PostgreSQL store (an advisory lock's session).
     store_lock: Option<sqlx::AnyConnection>,
     // Last, so the private Redis outlives everything that uses it.
@@ -53,7 +49,17 @@ impl Service {
     /// Starts an instance: connects to Redis (or, in the embedded mode, takes the data
     /// directory and starts the private redis-server), migrates the database, loads active
     /// coupons' stock under the loader lock, starts the worker and serves HTTP.
+    ///
+    /// A SQLite store whose write lock another process holds without letting go (frozen
+    /// mid-transaction) fails with [`ConfigError::StoreLocked`], naming that process.
     pub async fn start(config: ServiceConfig) -> Result<Service, ConfigError> {
+        let database_url = config.database_url();
+        Service::start_unnamed(config)
+            .await
+            .map_err(|err| name_the_lock_holder(err, &database_url))
+    }
+
+    async fn start_unnamed(config: ServiceConfig) -> Result<Service, ConfigError> {
         // First what can fail without consequence: a start that fails later must not have
         // taken the store over from instances that were serving it.
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -103,24 +109,19 @@ impl Service {
         } else {
             Claim::Establish
         };
-        let authority = crate::authority::establish(
+        let instance = uuid::Uuid::new_v4().simple().to_string();
+        let admitting = std::time::Instant::now();
+        let admission = crate::authority::admit(
             &db,
             &mut locks.connection(),
             &location,
             claim,
+            &instance,
             &crate::db::mask_password(&config.database_url()),
         )
-        .await?
-        .map(|record| record.id)
-        .unwrap_or_default();
-        let tenure = Tenure::new();
-        let instance = uuid::Uuid::new_v4().simple().to_string();
-        let heartbeat = crate::authority::spawn_heartbeat(
-            db.clone(),
-            authority.clone(),
-            instance.clone(),
-            tenure.clone(),
-        );
+        .await?;
+        let tenure = Tenure::new(admission, admitting);
+        let heartbeat = crate::authority::spawn_heartbeat(db.clone(), tenure.clone());
         if embedded.is_some() {
             Embedded::release_locks_of_earlier_runs(&locks, db.keyspace())
                 .await
@@ -136,7 +137,7 @@ impl Service {
             metrics.clone(),
         )
         .sole_owner(embedded.is_some())
-        .authority(&authority);
+        .tenure(tenure.clone());
         let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
         tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
 
@@ -150,6 +151,7 @@ impl Service {
                 let worker = Worker::connect(
                     &locks,
                     db.clone(),
+                    tenure.clone(),
                     settings,
                     watched.clone(),
                     metrics.clone(),
@@ -168,8 +170,13 @@ impl Service {
             metrics.clone(),
         );
         let state = Arc::new(AppState {
-            reserver: Reserver::new(settings, locks.clone(), db.clone(), metrics.clone())
-                .tenure(tenure.clone()),
+            reserver: Reserver::new(
+                settings,
+                locks.clone(),
+                db.clone(),
+                tenure.clone(),
+                metrics.clone(),
+            ),
             db,
             locks,
             loader,
@@ -203,8 +210,6 @@ impl Service {
             claim_repair,
             tenure,
             heartbeat,
-            instance,
-            authority,
             store_lock,
             embedded,
         })
@@ -250,10 +255,16 @@ impl Service {
         !matches!(alive, Ok(Ok(_)))
     }
 
-    /// Whether the store records another stock authority than this instance's now (it
-    /// was taken over while this instance was frozen): it no longer sells, and should stop.
+    /// Whether the store has moved past this instance (taken over, or released, while it
+    /// was frozen or cut off): it refused a beat or a write, the instance no longer sells
+    /// or stores, and should stop.
     pub fn authority_moved(&self) -> bool {
         self.tenure.moved()
+    }
+
+    /// This instance's admission to the store: what its writes carry.
+    pub fn admission(&self) -> &crate::db::Admission {
+        self.tenure.admission()
     }
 
     /// What loading stock at start did.
@@ -327,17 +338,18 @@ impl Service {
         // Gone from the store's beats; the last instance to stop with everything stored
         // releases the store, so that a take-over may move it.
         self.heartbeat.abort();
-        if let Err(err) = self.state.db.leave(&self.instance).await {
-            tracing::warn!(error = %err, "could not remove this instance's beat");
-        }
         if drain == Drain::Complete && !self.tenure.moved() {
             let mut conn = self.state.locks.connection();
-            match release_if_last(&self.state.db, &mut conn, &self.authority).await {
+            match release_if_last(&self.state.db, &mut conn, self.tenure.admission()).await {
                 Ok(()) => {
                     tracing::info!("released the store: `serve --take-over-store` may move it now")
                 }
                 Err(why) => tracing::info!(%why, "the store stays with this authority"),
             }
+        }
+        // Gone from the beats (a release removed the beat already).
+        if let Err(err) = self.state.db.leave(&self.tenure.admission().instance).await {
+            tracing::warn!(error = %err, "could not remove this instance's beat");
         }
         self.state.db.close().await;
         // Any release of a dropped lock guard is sent before the client's runtime stops;
@@ -364,19 +376,56 @@ impl Drop for Service {
     }
 }
 
-/// Releases the store after a graceful stop, if this was the last instance of authority
-/// `id` and every order event in the store's streams is stored: then a take-over may move
-/// the store without losing or reselling anything. Returns why not, when it did not.
-async fn release_if_last(db: &Db, conn: &mut distlock::Connection, id: &str) -> Result<(), String> {
+/// `err` as [`ConfigError::StoreLocked`] when it is SQLite's "database is locked" and
+/// another process holds the store's write lock: the error then names that process and
+/// says how to free the lock, instead of leaving the operator to guess.
+fn name_the_lock_holder(err: ConfigError, database_url: &str) -> ConfigError {
+    let Some(path) = crate::db::sqlite_path(database_url) else {
+        return err;
+    };
+    if !err.to_string().contains("database is locked") {
+        return err;
+    }
+    let holders = crate::db::sqlite_lock::write_lock_holders(&path);
+    if holders.is_empty() {
+        return err;
+    }
+    ConfigError::StoreLocked {
+        database: crate::db::mask_password(database_url),
+        holders: holders
+            .iter()
+            .map(crate::db::sqlite_lock::describe)
+            .collect::<Vec<_>>()
+            .join("; and by "),
+    }
+}
+
+/// Releases the store after a graceful stop, if this was the last instance of its tenure
+/// and every order event in the store's streams is stored: then a take-over may move the
+/// store without losing or reselling anything. The release is conditional on the epoch
+/// read before anything was looked at, so an instance that started meanwhile (and may be
+/// selling into the streams just walked) keeps the store. Returns why not, when it did not.
+async fn release_if_last(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    admission: &crate::db::Admission,
+) -> Result<(), String> {
     let unreadable = |err: &dyn std::fmt::Display| format!("the store could not be read: {err}");
-    if let Some(instance) = crate::authority::an_instance_still_selling(db)
+    let expected = db
+        .store_state()
+        .await
+        .map_err(|err| unreadable(&err))?
+        .epoch;
+    let silence = crate::authority::silence_ms();
+    let another_sells = |instance: crate::db::LiveInstance| {
+        format!("another instance ({}) still sells", instance.described)
+    };
+    if let Some(instance) = db
+        .another_instance_selling(admission, silence)
         .await
         .map_err(|err| unreadable(&err))?
     {
-        return Err(format!(
-            "another instance ({}) still sells",
-            instance.described
-        ));
+        return Err(another_sells(instance));
     }
     let watched = db
         .coupons_ending_after(crate::model::now_millis() - crate::worker::WATCH_AFTER_END_MS)
@@ -384,7 +433,7 @@ async fn release_if_last(db: &Db, conn: &mut distlock::Connection, id: &str) -> 
         .map_err(|err| unreadable(&err))?;
     for coupon in watched {
         let keys = db.keyspace().coupon(coupon.id);
-        let backlog = crate::http::stream_backlog(conn, &keys)
+        let backlog = crate::order_events::stream_backlog(conn, &keys)
             .await
             .map_err(|err| format!("Redis could not be read: {err}"))?;
         let unstored = backlog.lag + backlog.pending;
@@ -395,9 +444,15 @@ async fn release_if_last(db: &Db, conn: &mut distlock::Connection, id: &str) -> 
             ));
         }
     }
-    match db.release_authority(id).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the store records another authority".to_owned()),
+    crate::faults::stop_at(crate::faults::RELEASE);
+    match db.release(admission, expected, silence).await {
+        Ok(crate::db::Release::Released) => Ok(()),
+        Ok(crate::db::Release::AnotherSells(instance)) => Err(another_sells(instance)),
+        Ok(crate::db::Release::Moved) => Err(
+            "the store moved while this instance looked: another instance started, or the \
+             store was taken over"
+                .to_owned(),
+        ),
         Err(err) => Err(format!("the store could not be written: {err}")),
     }
 }

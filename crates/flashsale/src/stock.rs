@@ -12,22 +12,20 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::streams::StreamRangeReply;
 use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
-use crate::model::{now_millis, Coupon};
+use crate::model::{now_millis, Coupon, OrderEvent};
+use crate::order_events::{stream_events, unstored_orders, OrderEventsError};
 use crate::scripts::{LOAD_STOCK, REPAIR_STOCK, RESPLIT_STOCK};
 
 /// How long an instance waits for another to finish loading before it gives up.
 const LOADER_LOCK_WAIT: Duration = Duration::from_secs(60);
 /// Buyers are added in chunks so no single command carries a huge argument list.
 const BUYERS_PER_COMMAND: usize = 1000;
-/// Stream entries read per XRANGE page.
-const STREAM_PAGE: usize = 1000;
 
 /// Why loading failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +39,9 @@ pub enum LoadError {
     /// The loader lock failed.
     #[error("stock loader lock: {0}")]
     Lock(#[from] distlock::Error),
+    /// Comparing Redis's orders with SQL's failed.
+    #[error(transparent)]
+    Orders(#[from] OrderEventsError),
     /// This Redis is not (or no longer) the store's stock authority.
     #[error("stock authority: {0}")]
     Authority(#[from] crate::authority::ConfirmError),
@@ -65,9 +66,10 @@ pub struct StockLoader {
     db: Db,
     segments: u32,
     metrics: Metrics,
-    /// The store's stock authority this instance sells under: its id must be in Redis
-    /// before any stock is loaded there (see [`crate::authority`]).
-    authority: std::sync::Arc<str>,
+    /// This instance's admission: the authority whose id must be in Redis before any
+    /// stock is loaded there (see [`crate::authority`]), and what the orders given back
+    /// to SQL at start carry.
+    tenure: Option<std::sync::Arc<crate::authority::Tenure>>,
     /// Whether this instance alone uses its Redis (the embedded mode), so a counter in
     /// another strategy's layout was left by an earlier run, not by a running neighbour.
     sole_owner: bool,
@@ -82,15 +84,17 @@ impl StockLoader {
             db,
             segments: segments.max(1),
             metrics,
-            authority: "".into(),
+            tenure: None,
             sole_owner: false,
         }
     }
 
-    /// Loads stock only into a Redis that holds stock authority `id` (put back if Redis
-    /// lost it with its data); a Redis holding another id gets nothing.
-    pub fn authority(mut self, id: &str) -> Self {
-        self.authority = id.into();
+    /// Loads stock only into a Redis that holds the stock authority `tenure`'s instance
+    /// was admitted under (put back if Redis lost it with its data): a Redis holding
+    /// another id gets nothing. With it, a live coupon's orders that Redis holds and SQL
+    /// lost are stored again at start ([`restore_orders`]).
+    pub fn tenure(mut self, tenure: std::sync::Arc<crate::authority::Tenure>) -> Self {
+        self.tenure = Some(tenure);
         self
     }
 
@@ -140,10 +144,11 @@ impl StockLoader {
             .await?
             .ok_or(LoadError::LockTimeout(wait))?;
         let mut outcome = Ok(());
-        if !self.authority.is_empty() {
+        if let Some(tenure) = &self.tenure {
             let key = self.db.keyspace().authority();
             let mut conn = self.locks.connection();
-            match crate::authority::confirm(&mut conn, &key, &self.authority).await {
+            let authority = &tenure.admission().authority;
+            match crate::authority::confirm(&mut conn, &key, authority).await {
                 Ok(true) => tracing::warn!(
                     "this Redis had lost the store's stock authority id with its data; put it back"
                 ),
@@ -186,13 +191,24 @@ impl StockLoader {
                      lowered its units left to match"
                 );
             }
+            if let Some(tenure) = &self.tenure {
+                restore_orders(
+                    &self.db,
+                    &mut conn,
+                    tenure.admission(),
+                    &keys,
+                    coupon.id,
+                    stored.len(),
+                )
+                .await?;
+            }
             return Ok(false);
         }
         // A user in both (stored, and still in the stream) counts once, with one order id.
         let mut buyers: HashMap<i64, String> =
             self.db.buyers(coupon.id).await?.into_iter().collect();
-        for (user, order) in stream_buyers(&mut conn, &keys).await? {
-            buyers.entry(user).or_insert(order);
+        for event in stream_events(&mut conn, &keys).await? {
+            buyers.entry(event.user_id).or_insert(event.order_id);
         }
         let sold = i64::try_from(buyers.len()).unwrap_or(i64::MAX);
         let remaining = coupon.stock.saturating_sub(sold).max(0);
@@ -351,30 +367,53 @@ pub(crate) async fn put_buyers(
     Ok(())
 }
 
-/// The users of every order event in the coupon's stream, acknowledged or not.
-pub(crate) async fn stream_buyers(
+/// Stores again, under `admission`, every order of coupon `coupon_id` that Redis holds, a
+/// worker already stored (its event acknowledged, or it has none), and SQL no longer holds:
+/// a database restored from a backup taken mid-sale lost them, and their buyers were told
+/// 201. Returns how many. `sql_orders` is how many orders SQL holds for the coupon: when
+/// Redis holds no more than those and the events still queued, nothing can be missing,
+/// and nothing more is read.
+pub async fn restore_orders(
+    db: &Db,
     conn: &mut distlock::Connection,
+    admission: &crate::db::Admission,
     keys: &CouponKeys,
-) -> redis::RedisResult<Vec<(i64, String)>> {
-    let mut users = Vec::new();
-    let mut start = "-".to_owned();
-    loop {
-        let page: StreamRangeReply = conn
-            .xrange_count(&keys.orders, &start, "+", STREAM_PAGE)
-            .await?;
-        let Some(last) = page.ids.last() else { break };
-        // An exclusive start ("(id") skips the entry the previous page ended on.
-        start = format!("({}", last.id);
-        users.extend(
-            page.ids.iter().filter_map(|entry| {
-                Some((entry.get::<i64>("user")?, entry.get::<String>("order")?))
-            }),
-        );
-        if page.ids.len() < STREAM_PAGE {
-            break;
-        }
+    coupon_id: i64,
+    sql_orders: usize,
+) -> Result<u64, LoadError> {
+    let (entries, claims): (i64, i64) = redis::pipe()
+        .atomic()
+        .hlen(&keys.buyers)
+        .zcard(&keys.claims)
+        .query_async(conn)
+        .await?;
+    let backlog = crate::order_events::stream_backlog(conn, keys).await?;
+    let sql_orders = i64::try_from(sql_orders).unwrap_or(i64::MAX);
+    if entries - claims <= sql_orders + backlog.lag + backlog.pending {
+        return Ok(0);
     }
-    Ok(users)
+    let lost: Vec<OrderEvent> = unstored_orders(db, conn, coupon_id)
+        .await?
+        .into_iter()
+        .filter(|order| !order.queued)
+        .map(|order| OrderEvent {
+            created_at: order.told_at_ms.unwrap_or_else(now_millis),
+            order_id: order.order_id,
+            coupon_id,
+            user_id: order.user_id,
+        })
+        .collect();
+    if lost.is_empty() {
+        return Ok(0);
+    }
+    let stored = db.store_orders(admission, &lost, now_millis()).await?;
+    tracing::warn!(
+        coupon = coupon_id,
+        stored,
+        "SQL lacked orders that Redis holds and a worker had stored (a database restored \
+         from a backup?): their buyers were told 201, so they are stored again"
+    );
+    Ok(stored)
 }
 
 /// Splits `stock` into `segments` shares that differ by at most one.

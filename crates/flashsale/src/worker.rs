@@ -18,6 +18,7 @@ use redis::streams::{
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
+use crate::authority::Tenure;
 use crate::db::{Db, DbError};
 use crate::keys::{Keyspace, ORDER_GROUP};
 use crate::metrics::Metrics;
@@ -97,6 +98,14 @@ pub enum WorkerError {
     Connect(#[from] distlock::Error),
 }
 
+impl WorkerError {
+    /// Whether the store refused to take this worker's writes: it moved past this
+    /// instance's admission. Retrying cannot help.
+    fn is_evicted(&self) -> bool {
+        matches!(self, WorkerError::Db(DbError::Evicted { .. }))
+    }
+}
+
 /// The coupons whose streams a worker reads, shared with the HTTP layer so a coupon
 /// created here is watched at once.
 #[derive(Debug, Clone, Default)]
@@ -154,6 +163,9 @@ pub struct Worker {
     /// On a Redis Cluster, one XREADGROUP may only name streams of one slot.
     cluster: bool,
     db: Db,
+    /// This instance's admission, which every commit carries; evicted when the store
+    /// refuses one.
+    tenure: Arc<Tenure>,
     settings: WorkerSettings,
     watched: Watched,
     metrics: Metrics,
@@ -194,6 +206,7 @@ impl Worker {
     pub async fn connect(
         locks: &distlock::Client,
         db: Db,
+        tenure: Arc<Tenure>,
         settings: WorkerSettings,
         watched: Watched,
         metrics: Metrics,
@@ -206,6 +219,7 @@ impl Worker {
             conn,
             cluster: locks.is_cluster(),
             db,
+            tenure,
             settings,
             watched,
             metrics,
@@ -385,7 +399,20 @@ impl Worker {
         let started = Instant::now();
         let orders: Vec<OrderEvent> = deliveries.iter().filter_map(|d| d.event.clone()).collect();
         self.read_not_stored = deliveries.len();
-        let stored = self.db.store_orders(&orders, now_millis()).await?;
+        crate::faults::stop_at(crate::faults::WORKER_COMMIT);
+        let stored = match self
+            .db
+            .store_orders(self.tenure.admission(), &orders, now_millis())
+            .await
+        {
+            Ok(stored) => stored,
+            Err(err) => {
+                if matches!(err, DbError::Evicted { .. }) {
+                    self.tenure.evict();
+                }
+                return Err(err.into());
+            }
+        };
         self.read_not_stored = 0;
         let committed = Committed {
             stored,
@@ -436,6 +463,7 @@ impl Worker {
                     self.metrics.worker_succeeded();
                     last_error = None;
                 }
+                Err(err) if err.is_evicted() => return self.evicted(),
                 Err(err) => {
                     tracing::warn!(error = %err, "order worker round failed; retrying");
                     self.metrics.worker_errors.inc();
@@ -458,6 +486,7 @@ impl Worker {
                     return Drain::Complete;
                 }
                 Ok(Ok(_)) => {}
+                Ok(Err(err)) if err.is_evicted() => return self.evicted(),
                 Ok(Err(err)) => {
                     self.metrics.worker_errors.inc();
                     self.own_pending_unread = true;
@@ -487,6 +516,25 @@ impl Worker {
         Drain::Incomplete {
             read_not_stored: self.read_not_stored,
             reason,
+        }
+    }
+
+    /// How a worker the store refused ends: at once, its entries left pending in this
+    /// instance's Redis. The store moved to another authority, which put their units back
+    /// on sale; storing them now would sell those units twice. `flashsale reconcile` on
+    /// this Redis lists them, as orders told and never stored.
+    fn evicted(&self) -> Drain {
+        tracing::error!(
+            read_not_stored = self.read_not_stored,
+            "the store refused this worker's orders: it was taken over or released while this \
+             instance was frozen or cut off. Its unstored orders stay in this Redis; run \
+             `flashsale reconcile` against it to list them"
+        );
+        Drain::Incomplete {
+            read_not_stored: self.read_not_stored,
+            reason: "the store moved to another authority and refuses this instance's orders \
+                     (`flashsale reconcile` on this Redis lists them)"
+                .to_owned(),
         }
     }
 

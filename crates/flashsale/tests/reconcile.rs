@@ -277,17 +277,25 @@ async fn an_oversold_coupon_is_reported_as_oversold() {
         }
         common::drain(&client, &base, coupon).await;
         service.shutdown().await;
-        // Three more orders in SQL, sold from some other counter.
-        let db = Db::connect(&database).await.expect("db");
-        let extra: Vec<flashsale::model::OrderEvent> = (101..=103)
-            .map(|user| flashsale::model::OrderEvent {
-                order_id: format!("c{coupon}-u{user}-0ff"),
-                coupon_id: coupon,
-                user_id: user,
-                created_at: 0,
-            })
-            .collect();
-        db.store_orders(&extra, 0).await.expect("store");
+        // Three more orders in SQL, sold from some other counter (written straight into
+        // the database: no instance of this store would write them).
+        {
+            use sqlx::Connection;
+            sqlx::any::install_default_drivers();
+            let mut other = sqlx::AnyConnection::connect(&database).await.expect("db");
+            for user in 101..=103 {
+                sqlx::query(
+                    "INSERT INTO orders (id, coupon_id, user_id, created_at, stored_at) \
+                     VALUES ($1, $2, $3, 0, 0)",
+                )
+                .bind(format!("c{coupon}-u{user}-0ff"))
+                .bind(coupon)
+                .bind(user)
+                .execute(&mut other)
+                .await
+                .expect("insert");
+            }
+        }
 
         let (code, report) = reconcile(&redis.url(), &database, &[]).await;
         assert_eq!(code, 3, "{report:#}");

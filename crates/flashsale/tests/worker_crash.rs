@@ -55,7 +55,16 @@ async fn doomed_worker() {
     let locks = distlock::Client::connect(redis_url)
         .await
         .expect("redis url");
-    let mut worker = Worker::connect(&locks, db, settings, watched, Metrics::new())
+    // It only reads: an admission that the store would refuse is never used.
+    let tenure = flashsale::authority::Tenure::new(
+        flashsale::db::Admission {
+            instance: "doomed".into(),
+            authority: String::new(),
+            epoch: 0,
+        },
+        std::time::Instant::now(),
+    );
+    let mut worker = Worker::connect(&locks, db, tenure, settings, watched, Metrics::new())
         .await
         .expect("worker");
     loop {
@@ -151,9 +160,20 @@ async fn worker_killed_before_ack_loses_no_order() {
         let locks = distlock::Client::connect(&redis.url())
             .await
             .expect("connect");
-        let worker = Worker::connect(&locks, db.clone(), settings, watched, metrics.clone())
-            .await
-            .expect("worker");
+        let tenure = flashsale::authority::Tenure::new(
+            service.admission().clone(),
+            std::time::Instant::now(),
+        );
+        let worker = Worker::connect(
+            &locks,
+            db.clone(),
+            tenure,
+            settings,
+            watched,
+            metrics.clone(),
+        )
+        .await
+        .expect("worker");
         let stop = tokio_util::sync::CancellationToken::new();
         let running = tokio::spawn(worker.run(stop.clone()));
         while db.order_count(coupon).await.expect("count") < 40 {
@@ -209,9 +229,14 @@ async fn entries_of_a_read_whose_reply_was_lost_are_stored_before_exit() {
         let locks = distlock::Client::connect(&redis.url())
             .await
             .expect("connect");
+        let tenure = flashsale::authority::Tenure::new(
+            service.admission().clone(),
+            std::time::Instant::now(),
+        );
         let mut worker = Worker::connect(
             &locks,
             service.db().clone(),
+            tenure,
             WorkerSettings::new(),
             watched,
             Metrics::new(),

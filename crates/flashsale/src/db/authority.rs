@@ -1,9 +1,25 @@
-//! The store's stock authority and the beats of the instances that sell under it (see
-//! [`crate::authority`] for the rules they keep).
+//! The store's stock authority, its epoch, and the beats of the instances that sell under
+//! it (see [`crate::authority`] for the rules they keep).
+//!
+//! The store fences itself:
+//!
+//! - **Every move is one transaction.** An instance's start ([`Db::join`]), a take-over
+//!   ([`Db::take_over`]) and a release ([`Db::release`]) first lock the store row against
+//!   every other move, then check what they found (the authority, the epoch, the beats)
+//!   and move the epoch on. So of two moves at once, the second sees the first's outcome.
+//! - **Every write carries its admission.** An instance is admitted at the epoch its start
+//!   moved the store to. Each of its writes (orders, fenced sales, beats) first holds the
+//!   store row shared and checks, in its own transaction, that the store still records its
+//!   authority, unreleased, and that the current tenure began at or before its epoch
+//!   ([`Db::begin_admitted`]). A move waits for writes in flight, and a write after a move
+//!   that evicted its instance is refused however long that instance slept.
+//! - **Time is the database's.** Beats and the silence a take-over waits for are read by
+//!   the database's clock ([`Db::now_ms_sql`]), never an instance's.
 
+use sqlx::any::AnyRow;
 use sqlx::Row;
 
-use super::{Db, DbError};
+use super::{Db, DbError, Dialect};
 
 /// The stock authority a store records (see [`crate::authority`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,101 +36,29 @@ pub struct AuthorityRecord {
     pub released: bool,
 }
 
-impl Db {
-    /// The stock authority this store records; `None` until the store is first used.
-    pub async fn authority(&self) -> Result<Option<AuthorityRecord>, DbError> {
-        let row = sqlx::query(
-            "SELECT authority, authority_location, authority_since, authority_released \
-             FROM store WHERE id = 1",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        let id: Option<String> = row.try_get("authority")?;
-        Ok(match id {
-            Some(id) => Some(AuthorityRecord {
-                id,
-                location: row
-                    .try_get::<Option<String>, _>("authority_location")?
-                    .unwrap_or_default(),
-                since_ms: row
-                    .try_get::<Option<i64>, _>("authority_since")?
-                    .unwrap_or_default(),
-                released: row.try_get::<i32, _>("authority_released")? != 0,
-            }),
-            None => None,
-        })
-    }
+/// Where the store stands: its authority, its epoch, and the epoch at which the current
+/// authority's tenure began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreState {
+    /// The authority it records; `None` until first used.
+    pub authority: Option<AuthorityRecord>,
+    /// Moved on by every start, take-over and release; only grows.
+    pub epoch: i64,
+    /// The epoch of the current tenure's first admission: instances admitted before it
+    /// belong to an earlier tenure, and their writes are refused.
+    pub tenure_epoch: i64,
+}
 
-    /// Records `record` as the store's first authority, unless one is recorded already.
-    /// Returns the authority recorded afterwards: another instance's when it was first.
-    pub async fn record_first_authority(
-        &self,
-        record: &AuthorityRecord,
-    ) -> Result<AuthorityRecord, DbError> {
-        self.set_authority(record, "authority IS NULL").await?;
-        self.authority().await?.ok_or_else(|| {
-            DbError::Query(sqlx::Error::Protocol(
-                "the store's authority is unset right after it was recorded".into(),
-            ))
-        })
-    }
-
-    /// Records `record` as the store's authority, released (no instance of it sells yet),
-    /// if the current one is released or `abandon` says to take it regardless. One
-    /// statement, so of two take-overs at once only one succeeds. Returns whether this
-    /// one did.
-    pub async fn take_over_authority(
-        &self,
-        record: &AuthorityRecord,
-        abandon: bool,
-    ) -> Result<bool, DbError> {
-        let condition = if abandon {
-            "1 = 1"
-        } else {
-            "(authority IS NULL OR authority_released = 1)"
-        };
-        Ok(self.set_authority(record, condition).await? == 1)
-    }
-
-    async fn set_authority(
-        &self,
-        record: &AuthorityRecord,
-        condition: &str,
-    ) -> Result<u64, DbError> {
-        Ok(sqlx::query(&format!(
-            "UPDATE store SET authority = $1, authority_location = $2, authority_since = $3, \
-             authority_released = $4 WHERE id = 1 AND {condition}"
-        ))
-        .bind(record.id.as_str())
-        .bind(record.location.as_str())
-        .bind(record.since_ms)
-        .bind(i32::from(record.released))
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
-    }
-
-    /// Marks authority `id` in use (not released) if the store still records it; `false`
-    /// when another took the store over meanwhile.
-    pub async fn occupy_authority(&self, id: &str) -> Result<bool, DbError> {
-        self.mark_released(id, false).await
-    }
-
-    /// Marks authority `id` released, if the store still records it.
-    pub async fn release_authority(&self, id: &str) -> Result<bool, DbError> {
-        self.mark_released(id, true).await
-    }
-
-    async fn mark_released(&self, id: &str, released: bool) -> Result<bool, DbError> {
-        let changed =
-            sqlx::query("UPDATE store SET authority_released = $1 WHERE id = 1 AND authority = $2")
-                .bind(i32::from(released))
-                .bind(id)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
-        Ok(changed == 1)
-    }
+/// An instance's right to write to the store: the authority it sells under and the epoch
+/// it was admitted at. Every write carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The instance's id in the store's beats.
+    pub instance: String,
+    /// The authority it sells under.
+    pub authority: String,
+    /// The epoch its start moved the store to.
+    pub epoch: i64,
 }
 
 /// An instance that sells a store's stock, as its last beat recorded it.
@@ -124,38 +68,393 @@ pub struct LiveInstance {
     pub described: String,
     /// The authority it sells under.
     pub authority: String,
-    /// Its last beat, Unix ms.
-    pub seen_ms: i64,
+    /// How long ago it last beat, by the database's clock.
+    pub ago_ms: i64,
 }
 
+/// What [`Db::join`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// The instance is admitted.
+    Admitted(Admission),
+    /// The store records another authority than the one expected (`None`: none at all).
+    Moved(Option<AuthorityRecord>),
+}
+
+/// What [`Db::take_over`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeOver {
+    /// The store records the new authority, and this instance is admitted under it.
+    Taken {
+        /// The authority it replaced, if any.
+        previous: Option<AuthorityRecord>,
+        /// This instance's admission.
+        admission: Admission,
+    },
+    /// The current authority was not released, and the take-over does not abandon it.
+    NotReleased(AuthorityRecord),
+    /// An instance of the current tenure beat within the silence.
+    StillInUse {
+        /// The authority it sells under.
+        owner: AuthorityRecord,
+        /// The instance most recently heard from.
+        instance: LiveInstance,
+    },
+}
+
+/// What [`Db::release`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The store is released: a plain take-over may move it.
+    Released,
+    /// Another instance of this tenure beat within the silence.
+    AnotherSells(LiveInstance),
+    /// The store moved since the releasing instance looked (an instance started, or a
+    /// take-over).
+    Moved,
+}
+
+/// How long a move waits for the store row before it gives up (PostgreSQL). Longer than
+/// the idle-in-transaction timeout that ends the transaction of a frozen instance.
+const MOVE_LOCK_TIMEOUT: &str = "30s";
+/// Rows of instances silent this long (killed) are removed by the next start.
+const FORGET_SILENT_AFTER_MS: i64 = 3_600_000;
+
+const STORE_STATE: &str = "SELECT authority, authority_location, authority_since, \
+     authority_released, epoch, tenure_epoch FROM store WHERE id = 1";
+
+type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
 impl Db {
-    /// Records that instance `id` (`described` for people) sells under `authority` now,
-    /// and returns whether the store still records that authority.
-    pub async fn beat(
-        &self,
-        id: &str,
-        described: &str,
-        authority: &str,
-        now_ms: i64,
-    ) -> Result<bool, DbError> {
-        sqlx::query(
-            "INSERT INTO store_instances (id, described, authority, seen_at) \
-             VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
-        )
-        .bind(id)
-        .bind(described)
-        .bind(authority)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
-        Ok(self
-            .authority()
-            .await?
-            .is_some_and(|record| record.id == authority))
+    /// The database's clock, in Unix ms, as an SQL expression. Every instance's beat and
+    /// every silence is measured by it, so no instance's clock can open a window.
+    pub(crate) fn now_ms_sql(&self) -> &'static str {
+        match self.dialect {
+            // One host's clock: SQLite runs inside the processes of one machine.
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        }
     }
 
-    /// Removes instance `id`: it stopped selling.
+    /// A write transaction. On SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`): a transaction that read first and wrote later could fail on a snapshot
+    /// another writer made stale.
+    pub(crate) async fn begin_write(&self) -> Result<Tx, sqlx::Error> {
+        match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Dialect::Postgres => self.pool.begin().await,
+        }
+    }
+
+    /// A write transaction of an instance admitted by `admission`, refused with
+    /// [`DbError::Evicted`] if the store has moved past it. The store row stays locked
+    /// against moves (shared on PostgreSQL, the write lock on SQLite) until the
+    /// transaction ends, so the check holds for every write made in it.
+    pub(crate) async fn begin_admitted(&self, admission: &Admission) -> Result<Tx, DbError> {
+        let mut tx = self.begin_write().await?;
+        let shared = match self.dialect {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR SHARE",
+        };
+        let admitted = sqlx::query(&format!(
+            "SELECT 1 AS admitted FROM store WHERE id = 1 AND authority = $1 \
+             AND authority_released = 0 AND tenure_epoch <= $2{shared}"
+        ))
+        .bind(admission.authority.as_str())
+        .bind(admission.epoch)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if admitted.is_none() {
+            return Err(DbError::Evicted {
+                epoch: admission.epoch,
+            });
+        }
+        Ok(tx)
+    }
+
+    /// A transaction holding the store row against every other move, and what it holds.
+    async fn begin_move(&self) -> Result<(Tx, StoreState), DbError> {
+        let mut tx = self.begin_write().await?;
+        let exclusive = match self.dialect {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => {
+                sqlx::query(&format!("SET LOCAL lock_timeout = '{MOVE_LOCK_TIMEOUT}'"))
+                    .execute(&mut *tx)
+                    .await?;
+                " FOR UPDATE"
+            }
+        };
+        let row = sqlx::query(&format!("{STORE_STATE}{exclusive}"))
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok((tx, store_state(&row)?))
+    }
+
+    /// Where the store stands now.
+    pub async fn store_state(&self) -> Result<StoreState, DbError> {
+        let row = sqlx::query(STORE_STATE).fetch_one(&self.pool).await?;
+        store_state(&row)
+    }
+
+    /// The stock authority this store records; `None` until the store is first used.
+    pub async fn authority(&self) -> Result<Option<AuthorityRecord>, DbError> {
+        Ok(self.store_state().await?.authority)
+    }
+
+    /// Admits instance `instance` (`described` for people) under authority `expected`,
+    /// moving the store to a new epoch. A released store starts a new tenure. With
+    /// `first_use`, a store that records no authority yet records `expected`.
+    pub async fn join(
+        &self,
+        expected: &AuthorityRecord,
+        first_use: bool,
+        instance: &str,
+        described: &str,
+    ) -> Result<Joined, DbError> {
+        let (mut tx, state) = self.begin_move().await?;
+        let now = self.now_ms_sql();
+        let new_tenure = match &state.authority {
+            Some(current) if current.id == expected.id => current.released,
+            None if first_use => {
+                sqlx::query(&format!(
+                    "UPDATE store SET authority = $1, authority_location = $2, \
+                     authority_since = {now} WHERE id = 1"
+                ))
+                .bind(expected.id.as_str())
+                .bind(expected.location.as_str())
+                .execute(&mut *tx)
+                .await?;
+                true
+            }
+            other => return Ok(Joined::Moved(other.clone())),
+        };
+        let epoch = state.epoch + 1;
+        let tenure_epoch = if new_tenure {
+            epoch
+        } else {
+            state.tenure_epoch
+        };
+        sqlx::query(
+            "UPDATE store SET epoch = $1, tenure_epoch = $2, authority_released = 0 WHERE id = 1",
+        )
+        .bind(epoch)
+        .bind(tenure_epoch)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(&format!(
+            "DELETE FROM store_instances WHERE seen_at < {now} - $1"
+        ))
+        .bind(FORGET_SILENT_AFTER_MS)
+        .execute(&mut *tx)
+        .await?;
+        let admission = Admission {
+            instance: instance.to_owned(),
+            authority: expected.id.clone(),
+            epoch,
+        };
+        self.record_instance(&mut tx, &admission, described).await?;
+        tx.commit().await?;
+        Ok(Joined::Admitted(admission))
+    }
+
+    /// Makes `candidate` the store's authority and admits instance `instance` under it, in
+    /// one transaction: if the current authority is released, or `abandon` says to take
+    /// it regardless; and in either case only once no instance of the current tenure has
+    /// beaten for `silence_ms`, by the database's clock. The store is never seen released
+    /// between the take-over and the admission, so a second take-over at the same moment
+    /// finds this one selling.
+    pub async fn take_over(
+        &self,
+        candidate: &AuthorityRecord,
+        abandon: bool,
+        silence_ms: i64,
+        instance: &str,
+        described: &str,
+    ) -> Result<TakeOver, DbError> {
+        let (mut tx, state) = self.begin_move().await?;
+        if let Some(current) = &state.authority {
+            if !current.released && !abandon {
+                return Ok(TakeOver::NotReleased(current.clone()));
+            }
+            let live = self
+                .heard_within(&mut tx, &current.id, state.tenure_epoch, silence_ms, "")
+                .await?;
+            if let Some(instance) = live {
+                return Ok(TakeOver::StillInUse {
+                    owner: current.clone(),
+                    instance,
+                });
+            }
+        }
+        let epoch = state.epoch + 1;
+        sqlx::query(&format!(
+            "UPDATE store SET authority = $1, authority_location = $2, authority_since = {}, \
+             authority_released = 0, epoch = $3, tenure_epoch = $3 WHERE id = 1",
+            self.now_ms_sql()
+        ))
+        .bind(candidate.id.as_str())
+        .bind(candidate.location.as_str())
+        .bind(epoch)
+        .execute(&mut *tx)
+        .await?;
+        let admission = Admission {
+            instance: instance.to_owned(),
+            authority: candidate.id.clone(),
+            epoch,
+        };
+        self.record_instance(&mut tx, &admission, described).await?;
+        tx.commit().await?;
+        Ok(TakeOver::Taken {
+            previous: state.authority,
+            admission,
+        })
+    }
+
+    /// Releases the store, which `admission`'s instance found at epoch `expected_epoch`
+    /// with every order stored: if it is still at that epoch (no instance started, no
+    /// take-over since) and no other instance of the tenure beat within `silence_ms`. The
+    /// instance's beat is removed with it.
+    pub async fn release(
+        &self,
+        admission: &Admission,
+        expected_epoch: i64,
+        silence_ms: i64,
+    ) -> Result<Release, DbError> {
+        let (mut tx, state) = self.begin_move().await?;
+        let ours = state
+            .authority
+            .as_ref()
+            .is_some_and(|current| current.id == admission.authority && !current.released);
+        if !ours || state.tenure_epoch > admission.epoch {
+            return Ok(Release::Moved);
+        }
+        let live = self
+            .heard_within(
+                &mut tx,
+                &admission.authority,
+                state.tenure_epoch,
+                silence_ms,
+                &admission.instance,
+            )
+            .await?;
+        if let Some(instance) = live {
+            return Ok(Release::AnotherSells(instance));
+        }
+        if state.epoch != expected_epoch {
+            return Ok(Release::Moved);
+        }
+        sqlx::query(
+            "UPDATE store SET authority_released = 1, epoch = $1, tenure_epoch = $1 WHERE id = 1",
+        )
+        .bind(state.epoch + 1)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM store_instances WHERE id = $1")
+            .bind(admission.instance.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Release::Released)
+    }
+
+    /// The instance of `authority`'s tenure (admitted at `tenure_epoch` or later) other
+    /// than `except` heard from most recently within `silence_ms`, if any.
+    async fn heard_within(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        authority: &str,
+        tenure_epoch: i64,
+        silence_ms: i64,
+        except: &str,
+    ) -> Result<Option<LiveInstance>, DbError> {
+        let now = self.now_ms_sql();
+        let row = sqlx::query(&format!(
+            "SELECT described, authority, {now} - seen_at AS ago FROM store_instances \
+             WHERE authority = $1 AND epoch >= $2 AND seen_at > {now} - $3 AND id <> $4 \
+             ORDER BY seen_at DESC LIMIT 1"
+        ))
+        .bind(authority)
+        .bind(tenure_epoch)
+        .bind(silence_ms)
+        .bind(except)
+        .fetch_optional(&mut *conn)
+        .await?;
+        row.map(|row| {
+            Ok(LiveInstance {
+                described: row.try_get("described")?,
+                authority: row.try_get("authority")?,
+                ago_ms: row.try_get("ago")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Another instance of `admission`'s tenure heard from within `silence_ms`, if any: a
+    /// stopping instance looks before it walks every stream to see whether it may release.
+    pub async fn another_instance_selling(
+        &self,
+        admission: &Admission,
+        silence_ms: i64,
+    ) -> Result<Option<LiveInstance>, DbError> {
+        let tenure = self.store_state().await?.tenure_epoch;
+        let mut conn = self.pool.acquire().await?;
+        self.heard_within(
+            &mut conn,
+            &admission.authority,
+            tenure,
+            silence_ms,
+            &admission.instance,
+        )
+        .await
+    }
+
+    async fn record_instance(
+        &self,
+        tx: &mut Tx,
+        admission: &Admission,
+        described: &str,
+    ) -> Result<(), DbError> {
+        sqlx::query(&format!(
+            "INSERT INTO store_instances (id, described, authority, seen_at, epoch) \
+             VALUES ($1, $2, $3, {}, $4)",
+            self.now_ms_sql()
+        ))
+        .bind(admission.instance.as_str())
+        .bind(described)
+        .bind(admission.authority.as_str())
+        .bind(admission.epoch)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Records that `admission`'s instance (`described` for people) still sells, by the
+    /// database's clock, if the store still admits it; returns whether it does. One
+    /// statement that holds the store row shared, so a beat never lands after a move that
+    /// evicted its instance.
+    pub async fn beat(&self, admission: &Admission, described: &str) -> Result<bool, DbError> {
+        let shared = match self.dialect {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR SHARE",
+        };
+        let beaten = sqlx::query(&format!(
+            "INSERT INTO store_instances (id, described, authority, seen_at, epoch) \
+             SELECT $1, $2, authority, {}, $3 FROM store WHERE id = 1 AND authority = $4 \
+             AND authority_released = 0 AND tenure_epoch <= $3{shared} \
+             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+            self.now_ms_sql()
+        ))
+        .bind(admission.instance.as_str())
+        .bind(described)
+        .bind(admission.epoch)
+        .bind(admission.authority.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(beaten == 1)
+    }
+
+    /// Removes instance `id`'s beat: it stopped selling.
     pub async fn leave(&self, id: &str) -> Result<(), DbError> {
         sqlx::query("DELETE FROM store_instances WHERE id = $1")
             .bind(id)
@@ -163,33 +462,26 @@ impl Db {
             .await?;
         Ok(())
     }
+}
 
-    /// The instances that beat after `since_ms`, most recent first. Rows of instances
-    /// silent for an hour (killed) are removed on the way.
-    pub async fn live_instances(
-        &self,
-        since_ms: i64,
-        now_ms: i64,
-    ) -> Result<Vec<LiveInstance>, DbError> {
-        sqlx::query("DELETE FROM store_instances WHERE seen_at < $1")
-            .bind(now_ms.saturating_sub(3_600_000))
-            .execute(&self.pool)
-            .await?;
-        let rows = sqlx::query(
-            "SELECT described, authority, seen_at FROM store_instances \
-             WHERE seen_at > $1 ORDER BY seen_at DESC",
-        )
-        .bind(since_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LiveInstance {
-                    described: row.try_get("described")?,
-                    authority: row.try_get("authority")?,
-                    seen_ms: row.try_get("seen_at")?,
-                })
-            })
-            .collect()
-    }
+fn store_state(row: &AnyRow) -> Result<StoreState, DbError> {
+    let id: Option<String> = row.try_get("authority")?;
+    let authority = match id {
+        Some(id) => Some(AuthorityRecord {
+            id,
+            location: row
+                .try_get::<Option<String>, _>("authority_location")?
+                .unwrap_or_default(),
+            since_ms: row
+                .try_get::<Option<i64>, _>("authority_since")?
+                .unwrap_or_default(),
+            released: row.try_get::<i32, _>("authority_released")? != 0,
+        }),
+        None => None,
+    };
+    Ok(StoreState {
+        authority,
+        epoch: row.try_get("epoch")?,
+        tenure_epoch: row.try_get("tenure_epoch")?,
+    })
 }

@@ -115,9 +115,13 @@ async fn sell_under(
     reserver.settings.fault_point(sale);
     let sold = reserver
         .db
-        .sell_fenced(&sale.event(), guard.fencing_token(), now_millis(), || {
-            !guard.is_lost()
-        })
+        .sell_fenced(
+            sale.tenure.admission(),
+            &sale.event(),
+            guard.fencing_token(),
+            now_millis(),
+            || !guard.is_lost(),
+        )
         .await;
     let refused = |reason: &str| {
         reserver.metrics.count_lock_write_refused(reason);
@@ -155,6 +159,10 @@ async fn sell_under(
         }
         Ok(FencedSale::LeaseLost) => refused("lease_lost"),
         Ok(FencedSale::NoCoupon) => Ok(Reservation::NotLoaded),
+        Ok(FencedSale::Evicted) => {
+            sale.tenure.evict();
+            Err(ReserveError::NotAuthority)
+        }
         Err(FencedCommitError::Before(err)) => Err(err.into()),
         Err(FencedCommitError::InDoubt(source)) => Err(ReserveError::CommitInDoubt { source }),
     }

@@ -303,10 +303,13 @@ pub struct Reserver {
 impl Reserver {
     /// A reserver using `locks` for both its locks and its Redis commands, on the keys of
     /// `db`'s namespace; the `lock` strategy writes its orders to `db`.
+    /// It sells only while `tenure` allows: this instance's admission to the store is
+    /// confirmed and the store has not moved past it.
     pub fn new(
         settings: StrategySettings,
         locks: distlock::Client,
         db: Db,
+        tenure: std::sync::Arc<crate::authority::Tenure>,
         metrics: Metrics,
     ) -> Self {
         Reserver {
@@ -317,21 +320,20 @@ impl Reserver {
             metrics,
             instance: instance_name().into(),
             batcher: Default::default(),
-            tenure: crate::authority::Tenure::new(),
+            tenure,
         }
-    }
-
-    /// Sells only while `tenure` allows: this instance's stock authority is confirmed and
-    /// was not taken over.
-    pub fn tenure(mut self, tenure: std::sync::Arc<crate::authority::Tenure>) -> Self {
-        self.tenure = tenure;
-        self
     }
 
     /// Whether this instance may sell now: its stock authority was confirmed recently
     /// and has not moved (see [`crate::authority::Tenure`]). `/healthz` reports it.
     pub fn may_sell(&self) -> bool {
         self.tenure.may_sell()
+    }
+
+    /// Whether the store still admits this instance: it has not refused one of its beats
+    /// or writes (a take-over, or a release while it was frozen).
+    pub fn admitted(&self) -> bool {
+        !self.tenure.moved()
     }
 
     /// The settings it runs with.

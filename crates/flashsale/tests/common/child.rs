@@ -42,44 +42,12 @@ pub async fn serve_on_defaults(dir: &std::path::Path, extra: &[&str]) -> Served 
     start_serve(command, extra).await
 }
 
-pub async fn start_serve(mut command: Command, extra: &[&str]) -> Served {
-    let mut child = command
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut startup = Vec::new();
-    let mut base = None;
-    while let Some(line) = lines.next_line().await.expect("stderr") {
-        let announced = line
-            .strip_prefix("flashsale: http://")
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(|addr| format!("http://{addr}"));
-        startup.push(line);
-        if announced.is_some() {
-            base = announced;
-            break;
-        }
-    }
-    let startup = startup.join("\n");
-    let base = base.unwrap_or_else(|| panic!("no startup line:\n{startup}"));
-    let later = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    tokio::spawn({
-        let later = later.clone();
-        async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                later.lock().expect("stderr lines").push(line);
-            }
-        }
-    });
-    Served {
-        child,
-        base,
-        startup,
-        later,
+/// Starts `flashsale serve --listen 127.0.0.1:0 EXTRA…` with `command`'s environment and
+/// waits for its startup line; panics if it exits first.
+pub async fn start_serve(command: Command, extra: &[&str]) -> Served {
+    match start_or_exit(command, extra).await {
+        Ok(served) => served,
+        Err((code, stderr)) => panic!("serve exited {code} before its startup line:\n{stderr}"),
     }
 }
 
@@ -131,6 +99,76 @@ pub async fn run_in(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) 
         .expect("run flashsale");
     (
         output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `flashsale serve` started with `command` (its env set, `serve --listen 127.0.0.1:0`
+/// and `extra` added here): `Ok` once it announced itself, or `Err((exit code, stderr))`
+/// when it exited first, refused.
+pub async fn start_or_exit(mut command: Command, extra: &[&str]) -> Result<Served, (i32, String)> {
+    let mut child = command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut startup = Vec::new();
+    let mut base = None;
+    while let Some(line) = lines.next_line().await.expect("stderr") {
+        let announced = line
+            .strip_prefix("flashsale: http://")
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|addr| format!("http://{addr}"));
+        startup.push(line);
+        if announced.is_some() {
+            base = announced;
+            break;
+        }
+    }
+    let startup = startup.join("\n");
+    let Some(base) = base else {
+        let status = child.wait().await.expect("wait");
+        return Err((status.code().unwrap_or(-1), startup));
+    };
+    let later = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    tokio::spawn({
+        let later = later.clone();
+        async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                later.lock().expect("stderr lines").push(line);
+            }
+        }
+    });
+    Ok(Served {
+        child,
+        base,
+        startup,
+        later,
+    })
+}
+
+/// Runs the binary to completion and returns its exit code, stdout and stderr.
+pub async fn output(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .current_dir(scratch.path())
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = super::bounded(std::time::Duration::from_secs(30), command.output())
+        .await
+        .expect("run flashsale");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }

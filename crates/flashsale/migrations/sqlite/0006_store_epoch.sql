@@ -1,0 +1,12 @@
+-- The store's epoch: a number that only grows, moved by every start, take-over and release
+-- of the store (src/db/authority.rs). `tenure_epoch` is the epoch at which the current
+-- authority's tenure began (its first start after a release, or its take-over): an
+-- instance admitted at an epoch below it belongs to an earlier tenure, and every write it
+-- makes is refused by the database in the write's own transaction. So an instance frozen,
+-- slow or with a skewed clock can never write once the store has moved on.
+ALTER TABLE store ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE store ADD COLUMN tenure_epoch BIGINT NOT NULL DEFAULT 0;
+
+-- The epoch each instance was admitted at. `seen_at` is now the database's own clock
+-- (Unix ms), never an instance's.
+ALTER TABLE store_instances ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
