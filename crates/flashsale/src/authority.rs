@@ -526,9 +526,9 @@ pub async fn confirm(
 ///
 /// Then this Redis's counters of the store's open coupons are cleared, to be rebuilt from
 /// SQL and its own streams, and its id is set. A take-over cut short between the two
-/// leaves the store recorded here and this Redis without the new id: a plain start on
-/// this Redis then puts it there (it is reached as recorded), and its counters are
-/// repaired against SQL at start.
+/// leaves the store recorded here and this Redis without an id (a stale one was removed
+/// first): a plain start on this Redis then puts the id there (it is reached as
+/// recorded), and its counters are repaired against SQL at start.
 async fn take_over(
     db: &Db,
     conn: &mut distlock::Connection,
@@ -544,6 +544,15 @@ async fn take_over(
         since_ms: now_millis(),
         released: false,
     };
+    // An id of an earlier tenure here is stale whatever happens next: without it, a
+    // take-over cut short after it committed leaves a Redis that a plain start on it
+    // takes for the authority (reached as recorded), instead of refusing it as stale.
+    let key = db.keyspace().authority();
+    let marker: Option<String> = conn.get(&key).await?;
+    let current = db.authority().await?.map(|record| record.id);
+    if marker.is_some() && marker != current {
+        let () = conn.del(&key).await?;
+    }
     let taken = db
         .take_over(&candidate, abandon, silence_ms(), instance, described)
         .await?;
@@ -572,7 +581,7 @@ async fn take_over(
         let keys = db.keyspace().coupon(coupon.id);
         let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
     }
-    let () = conn.set(db.keyspace().authority(), &candidate.id).await?;
+    let () = conn.set(&key, &candidate.id).await?;
     tracing::warn!(
         previous = previous.map(|p| p.location).unwrap_or_else(|| "none".into()),
         now = %candidate.location,

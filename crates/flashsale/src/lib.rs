@@ -45,12 +45,13 @@ pub use service::Service;
 /// The exit codes of every command, so a supervisor or a cron probe can tell outcomes
 /// apart. Listed in `flashsale --help`.
 pub mod exit_code {
-    /// The run failed: `serve` lost its private Redis or its database lock, `load` saw a
-    /// rule broken.
+    /// The run failed: `serve` lost its private Redis or its database lock, or the store
+    /// was taken over from it; `load` saw a rule broken.
     pub const FAILURE: u8 = 1;
     /// A bad flag, variable or setting, or a server that could not be reached.
     pub const USAGE: u8 = 2;
-    /// `reconcile`: some coupon's Redis state and SQL disagree.
+    /// `reconcile`: some coupon's Redis state and SQL disagree, or a former authority's
+    /// Redis holds orders it told buyers about that the store does not.
     pub const DRIFT: u8 = 3;
     /// The store's stock is sold from another Redis, or a take-over found it still being
     /// sold (see [`crate::authority`]).
@@ -88,10 +89,12 @@ pub mod exit_code {
 
     /// What `--help` says about them.
     pub const HELP: &str = "Exit codes: 0 success; 1 the run failed (serve lost its \
-        private Redis or its database lock; load saw a rule broken); 2 bad arguments or \
-        configuration, or a server that cannot be reached; 3 reconcile found drift; 4 the \
-        store's stock is sold from another Redis (see --take-over-store); 5 no such store or coupon (only serve creates a store); 6 serve stopped \
-        with order events not yet stored (they stay in Redis and are stored later)";
+        private Redis or its database lock, or the store was taken over from it; load saw a \
+        rule broken); 2 bad arguments or configuration, or a server that cannot be reached; \
+        3 reconcile found drift, or orders a former authority's Redis told and the store \
+        does not hold; 4 the store's stock is sold from another Redis (see \
+        --take-over-store); 5 no such store or coupon (only serve creates a store); 6 serve \
+        stopped with order events not yet stored (they stay in Redis and are stored later)";
 }
 
 /// What a subcommand returns: an exit code, or an error printed as `error: …`.

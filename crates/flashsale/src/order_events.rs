@@ -52,19 +52,7 @@ pub async fn stream_backlog(
     keys: &CouponKeys,
 ) -> redis::RedisResult<Backlog> {
     let length: i64 = conn.xlen(&keys.orders).await?;
-    let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
-        conn.xinfo_groups(&keys.orders).await;
-    let groups = match groups {
-        Ok(groups) => groups,
-        // No stream yet, so nothing queued.
-        Err(err)
-            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-        {
-            return Ok(groups_missing(length))
-        }
-        Err(err) => return Err(err),
-    };
-    let Some(group) = groups.groups.iter().find(|group| group.name == ORDER_GROUP) else {
+    let Some(group) = workers_group(conn, keys).await? else {
         return Ok(groups_missing(length));
     };
     let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -80,6 +68,29 @@ pub async fn stream_backlog(
         lag,
         pending: as_i64(group.pending),
     })
+}
+
+/// The workers' consumer group on the coupon's stream; `None` when there is no stream or
+/// no group yet (every entry is then undelivered).
+async fn workers_group(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+) -> redis::RedisResult<Option<redis::streams::StreamInfoGroup>> {
+    let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
+        conn.xinfo_groups(&keys.orders).await;
+    match groups {
+        Ok(groups) => Ok(groups
+            .groups
+            .into_iter()
+            .find(|group| group.name == ORDER_GROUP)),
+        // No such stream.
+        Err(err)
+            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+        {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// No group reads the stream yet, so every event in it is undelivered.
@@ -112,33 +123,16 @@ struct GroupPosition {
     lag: Option<usize>,
 }
 
-/// The group's position, or `None` when there is no stream or no group yet (every entry
-/// is then undelivered).
+/// The group's position, or `None` when there is no stream or no group yet.
 async fn group_position(
     conn: &mut distlock::Connection,
     keys: &CouponKeys,
 ) -> redis::RedisResult<Option<GroupPosition>> {
-    let groups: redis::RedisResult<redis::streams::StreamInfoGroupsReply> =
-        conn.xinfo_groups(&keys.orders).await;
-    let groups = match groups {
-        Ok(groups) => groups,
-        // No such stream.
-        Err(err)
-            if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
-        {
-            return Ok(None)
-        }
-        Err(err) => return Err(err),
-    };
-    Ok(groups
-        .groups
-        .into_iter()
-        .find(|group| group.name == ORDER_GROUP)
-        .map(|group| GroupPosition {
-            last_delivered: EntryId::parse(&group.last_delivered_id),
-            pending: group.pending,
-            lag: group.lag,
-        }))
+    Ok(workers_group(conn, keys).await?.map(|group| GroupPosition {
+        last_delivered: EntryId::parse(&group.last_delivered_id),
+        pending: group.pending,
+        lag: group.lag,
+    }))
 }
 
 /// The ids of up to `limit` entries delivered and not acknowledged (all of them when

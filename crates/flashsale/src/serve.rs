@@ -62,8 +62,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub take_over_store: bool,
     /// With --take-over-store: take the store although its authority was not released,
-    /// once every instance of it has been silent for 15s. Only for an old Redis lost for
-    /// good: orders it held that SQL lacks are lost, and their units sold again.
+    /// once every instance of it has been silent for 15s by the database's clock. Only for
+    /// an old Redis lost for good: orders it held that SQL lacks are never stored, and their
+    /// units are sold again (`flashsale reconcile` against the old Redis lists them).
     #[arg(long, requires = "take_over_store")]
     pub abandon_old_authority: bool,
 }
@@ -146,10 +147,11 @@ pub async fn run(args: ServeArgs) -> CliResult {
                         log.join("\n")
                     )
                 } else if service.authority_moved() {
-                    "the store was taken over by another Redis (serve --take-over-store \
-                     --abandon-old-authority) while this instance was frozen or cut off: it \
-                     sells nothing more, and stops without storing its queued orders, whose \
-                     units the new authority put back on sale"
+                    "the store no longer admits this instance: it was taken over (serve \
+                     --take-over-store --abandon-old-authority) or released while this \
+                     instance was frozen or cut off, and refuses its writes. It sells nothing \
+                     more and stops; its unstored orders stay in this Redis (their units were \
+                     put back on sale): `flashsale reconcile` against it lists them"
                         .to_owned()
                 } else if service.store_lock_lost().await {
                     "the session holding the database's lock ended (a database restart, a \

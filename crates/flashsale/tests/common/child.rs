@@ -83,24 +83,8 @@ pub async fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
 /// Runs the binary to completion in working directory `dir`, and returns its exit code
 /// and stderr.
 pub async fn run_in(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut command = Command::new(BIN);
-    command
-        .args(args)
-        .current_dir(dir)
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        // A serve that should have been refused and was not must not outlive the test.
-        .kill_on_drop(true);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = super::bounded(std::time::Duration::from_secs(30), command.output())
-        .await
-        .expect("run flashsale");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let (code, _stdout, stderr) = output_in(dir, args, env).await;
+    (code, stderr)
 }
 
 /// `flashsale serve` started with `command` (its env set, `serve --listen 127.0.0.1:0`
@@ -150,15 +134,27 @@ pub async fn start_or_exit(mut command: Command, extra: &[&str]) -> Result<Serve
     })
 }
 
-/// Runs the binary to completion and returns its exit code, stdout and stderr.
+/// Runs the binary to completion, in a scratch working directory, and returns its exit
+/// code, stdout and stderr.
 pub async fn output(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let scratch = tempfile::tempdir().expect("scratch dir");
+    output_in(scratch.path(), args, env).await
+}
+
+/// Runs the binary to completion in working directory `dir`, and returns its exit code,
+/// stdout and stderr.
+pub async fn output_in(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
     let mut command = Command::new(BIN);
     command
         .args(args)
-        .current_dir(scratch.path())
+        .current_dir(dir)
         .env_remove("REDIS_URL")
         .env_remove("DATABASE_URL")
+        // A serve that should have been refused and was not must not outlive the test.
         .kill_on_drop(true);
     for (key, value) in env {
         command.env(key, value);
