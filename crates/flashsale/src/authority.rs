@@ -156,7 +156,8 @@ impl Tenure {
             tracing::error!(
                 epoch = self.admission.epoch,
                 "the store no longer admits this instance (taken over or released while it \
-                 was frozen or cut off): it sells and stores nothing more"
+                 was frozen or cut off, or restored from a backup under it): it sells and \
+                 stores nothing more"
             );
         }
     }
@@ -576,8 +577,9 @@ async fn take_over(
             })
         }
     };
-    // Coupons whose sale ended keep their counters: nothing sells them any more.
-    for coupon in db.coupons_ending_after(now_millis()).await? {
+    // Every coupon's counters here are an earlier tenure's (those of ended coupons too:
+    // their buyers would answer order lookups). The streams are set aside by the loader.
+    for coupon in db.coupons_ending_after(i64::MIN).await? {
         let keys = db.keyspace().coupon(coupon.id);
         let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
     }

@@ -103,10 +103,11 @@ pub enum DbError {
     #[error("database query failed: {0}")]
     Query(#[from] sqlx::Error),
     /// The store has moved past this instance's admission (a take-over or a release since
-    /// it started): the write was refused in its own transaction, and nothing was stored.
+    /// it started), or went back in time under it (restored from a backup): the write was
+    /// refused in its own transaction, and nothing was stored.
     #[error(
         "the store refused this instance's write: it was admitted at epoch {epoch}, and the \
-         store has since been taken over or released"
+         store has since been taken over or released, or restored from a backup"
     )]
     Evicted {
         /// The epoch the instance was admitted at.
@@ -407,13 +408,15 @@ impl Db {
             price: coupon.price,
             starts_at,
             ends_at,
+            created_at: now_ms,
         })
     }
 
     /// The coupon with this id, if any.
     pub async fn coupon(&self, id: i64) -> Result<Option<Coupon>, DbError> {
         let row = sqlx::query(
-            "SELECT id, title, stock, price, starts_at, ends_at FROM coupons WHERE id = $1",
+            "SELECT id, title, stock, price, starts_at, ends_at, created_at FROM coupons \
+             WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -424,7 +427,7 @@ impl Db {
     /// Coupons whose sale ends after `after_ms`, oldest first.
     pub async fn coupons_ending_after(&self, after_ms: i64) -> Result<Vec<Coupon>, DbError> {
         let rows = sqlx::query(
-            "SELECT id, title, stock, price, starts_at, ends_at FROM coupons \
+            "SELECT id, title, stock, price, starts_at, ends_at, created_at FROM coupons \
              WHERE ends_at > $1 ORDER BY id",
         )
         .bind(after_ms)
@@ -572,6 +575,7 @@ fn coupon_from_row(row: &AnyRow) -> Result<Coupon, DbError> {
         price: row.try_get("price")?,
         starts_at: row.try_get("starts_at")?,
         ends_at: row.try_get("ends_at")?,
+        created_at: row.try_get("created_at")?,
     })
 }
 

@@ -40,6 +40,8 @@ impl Keyspace {
             buyers: format!("{tag}:buyers"),
             orders: format!("{tag}:orders"),
             claims: format!("{tag}:claims"),
+            row: format!("{tag}:row"),
+            retired: format!("{tag}:orders:retired"),
             tag,
         }
     }
@@ -58,6 +60,12 @@ impl Keyspace {
     /// Where this store's stock authority keeps its id (see [`crate::authority`]).
     pub fn authority(&self) -> String {
         format!("flashsale:{}:stock-authority", self.namespace)
+    }
+
+    /// The tenure (its first epoch) that this Redis's coupon streams belong to: a stream
+    /// of an earlier tenure is set aside before a new one sells (`stock::StockLoader`).
+    pub fn stream_tenure(&self) -> String {
+        format!("flashsale:{}:stream-tenure", self.namespace)
     }
 
     /// Which coupon of this store a stream key belongs to, for entries read from several
@@ -87,6 +95,12 @@ pub struct CouponKeys {
     /// The segmented strategy's claims in progress: a sorted set of user ids, scored by
     /// the time each claim's sale is settled by (see `scripts/claim.lua`).
     pub claims: String,
+    /// The coupon row these keys belong to (its creation time, Unix ms): after a database
+    /// restore, a new coupon may get an old coupon's id, and must not inherit its keys.
+    pub row: String,
+    /// The set of this coupon's order streams set aside (`scripts/retire_stream.lua`),
+    /// each named [`CouponKeys::retired_stream`].
+    pub retired: String,
     tag: String,
 }
 
@@ -94,6 +108,16 @@ impl CouponKeys {
     /// The distlock lock of the `lock` strategy.
     pub fn lock(&self) -> String {
         format!("{}:lock", self.tag)
+    }
+
+    /// A name to set the order stream aside under: `why` says what retired it (`t7`, the
+    /// tenure that ended; `c…`, the coupon row replaced), made unique.
+    pub fn retired_stream(&self, why: &str) -> String {
+        format!(
+            "{}:orders:retired:{why}:{}",
+            self.tag,
+            uuid::Uuid::new_v4().simple()
+        )
     }
 
     /// The distlock lock of segment `segment` in the `segmented` strategy.
@@ -114,6 +138,9 @@ mod tests {
             &keys.buyers,
             &keys.orders,
             &keys.claims,
+            &keys.row,
+            &keys.retired,
+            &keys.retired_stream("t1"),
             &keys.lock(),
             &keys.segment_lock(3),
         ] {

@@ -81,6 +81,10 @@ pub struct Coupon {
     /// When purchases close.
     #[serde(serialize_with = "rfc3339_millis")]
     pub ends_at: i64,
+    /// When the row was created, Unix ms: with the id, what tells this coupon from another
+    /// that had its id before the database was restored.
+    #[serde(skip)]
+    pub created_at: i64,
 }
 
 /// Where a coupon's sale stands at some instant.
@@ -229,6 +233,7 @@ mod tests {
             price: 0,
             starts_at: 100,
             ends_at: 200,
+            created_at: 0,
         };
         assert_eq!(c.window_at(99), SaleWindow::NotStarted);
         assert_eq!(c.window_at(100), SaleWindow::Open);

@@ -188,27 +188,34 @@ pub async fn stream_events(
         Some(position) if position.pending > 0 => pending_ids(conn, keys, None).await?.0,
         _ => HashSet::new(),
     };
+    walk(conn, &keys.orders, |id| match &position {
+        None => true,
+        Some(position) => EntryId::parse(id) > position.last_delivered || pending.contains(id),
+    })
+    .await
+}
+
+/// Every order event of stream `stream`, read in pages, marked queued as `queued` says of
+/// its entry id.
+async fn walk(
+    conn: &mut distlock::Connection,
+    stream: &str,
+    queued: impl Fn(&str) -> bool,
+) -> redis::RedisResult<Vec<StreamEvent>> {
     let mut events = Vec::new();
     let mut start = "-".to_owned();
     loop {
-        let page: StreamRangeReply = conn.xrange_count(&keys.orders, &start, "+", PAGE).await?;
+        let page: StreamRangeReply = conn.xrange_count(stream, &start, "+", PAGE).await?;
         let Some(last) = page.ids.last() else { break };
         // An exclusive start ("(id") skips the entry the previous page ended on.
         start = format!("({}", last.id);
         let full = page.ids.len() == PAGE;
         events.extend(page.ids.iter().filter_map(|entry| {
-            let queued = match &position {
-                None => true,
-                Some(position) => {
-                    EntryId::parse(&entry.id) > position.last_delivered
-                        || pending.contains(&entry.id)
-                }
-            };
             Some(StreamEvent {
                 order_id: entry.get("order")?,
                 user_id: entry.get("user")?,
                 told_at_ms: entry.get("at"),
-                queued,
+                queued: queued(&entry.id),
             })
         }));
         if !full {
@@ -373,6 +380,76 @@ pub async fn unstored_orders(
             user_id: user,
             coupon_id,
         });
+    }
+    unstored.sort_by(|a, b| (a.told_at_ms, &a.order_id).cmp(&(b.told_at_ms, &b.order_id)));
+    Ok(unstored)
+}
+
+/// The orders of coupon `coupon_id` that Redis holds, a worker already stored (their
+/// events acknowledged) or none was to (no event), and SQL lacks: the database lost them
+/// (restored from a backup taken mid-sale), and nothing stores them again unless asked.
+/// When Redis holds no more buyers than SQL holds orders and events are queued, none can
+/// be missing, and nothing more is read.
+pub async fn lost_by_sql(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    coupon_id: i64,
+) -> Result<Vec<Unstored>, OrderEventsError> {
+    let keys = db.keyspace().coupon(coupon_id);
+    let sql_orders = db.order_count(coupon_id).await?;
+    let (entries, claims): (i64, i64) = redis::pipe()
+        .atomic()
+        .hlen(&keys.buyers)
+        .zcard(&keys.claims)
+        .query_async(conn)
+        .await?;
+    let backlog = stream_backlog(conn, &keys).await?;
+    if entries - claims <= sql_orders + backlog.lag + backlog.pending {
+        return Ok(Vec::new());
+    }
+    let mut lost = unstored_orders(db, conn, coupon_id).await?;
+    lost.retain(|order| !order.queued);
+    Ok(lost)
+}
+
+/// The orders coupon `coupon_id`'s retired streams hold (`stock::retire_stream`: set aside
+/// when an earlier tenure of this Redis ended, or when an earlier coupon had the same id)
+/// whose buyers SQL holds no order of the coupon for: told 201, and never to be stored.
+pub async fn retired_unstored(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    coupon_id: i64,
+) -> Result<Vec<Unstored>, OrderEventsError> {
+    let keys = db.keyspace().coupon(coupon_id);
+    let streams: Vec<String> = conn.smembers(&keys.retired).await?;
+    if streams.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stored: HashSet<i64> = db
+        .buyers(coupon_id)
+        .await?
+        .into_iter()
+        .map(|(user, _)| user)
+        .collect();
+    let mut seen = HashSet::new();
+    let mut unstored = Vec::new();
+    for stream in streams {
+        for event in walk(conn, &stream, |_| false).await? {
+            if stored.contains(&event.user_id) || !seen.insert(event.order_id.clone()) {
+                continue;
+            }
+            if db.order(&event.order_id).await?.is_some() {
+                continue;
+            }
+            unstored.push(Unstored {
+                told_at: event.told_at_ms.map(crate::model::format_millis),
+                told_at_ms: event.told_at_ms,
+                queued: false,
+                order_id: event.order_id,
+                user_id: event.user_id,
+                coupon_id,
+            });
+        }
     }
     unstored.sort_by(|a, b| (a.told_at_ms, &a.order_id).cmp(&(b.told_at_ms, &b.order_id)));
     Ok(unstored)

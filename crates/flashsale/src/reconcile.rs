@@ -25,7 +25,7 @@ use crate::keys::{CouponKeys, Keyspace};
 use crate::metrics::Metrics;
 use crate::model::Coupon;
 use crate::order_events::{
-    held_orders, stream_backlog, unstored_orders, OrderEventsError, Unstored,
+    held_orders, retired_unstored, stream_backlog, unstored_orders, OrderEventsError, Unstored,
 };
 use crate::scripts::REPAIR_CLAIMS;
 use crate::worker::Watched;
@@ -120,8 +120,9 @@ pub struct CouponDrift {
     /// store: acknowledged (stored once, then lost by SQL, as in a restored backup) or
     /// absent. Sales a buyer was told about that nothing will store but `serve`'s next
     /// start, which stores them again while this Redis holds them.
+    /// Every one is listed: these buyers were told 201.
     pub missing_in_sql: Vec<String>,
-    /// How many there are (`missing_in_sql` shows a few).
+    /// How many there are.
     pub missing_in_sql_count: usize,
     /// Orders in SQL whose buyer Redis does not hold (it could sell the user another).
     pub missing_in_redis: Vec<String>,
@@ -135,11 +136,23 @@ pub struct CouponDrift {
     pub different_order: Vec<String>,
     /// How many there are.
     pub different_order_count: usize,
+    /// Orders an earlier tenure of this Redis (or an earlier coupon with this id, before the
+    /// database was restored) told buyers about and never stored: their streams were set
+    /// aside, and their units sold again. Settle each with its buyer.
+    pub told_not_stored: Vec<Unstored>,
+    /// How many there are.
+    pub told_not_stored_count: usize,
 }
 
 impl CouponDrift {
-    /// True when Redis and SQL disagree.
+    /// True when Redis and SQL disagree, or orders told and never stored wait to be
+    /// settled.
     pub fn drifted(&self) -> bool {
+        self.disagrees() || self.told_not_stored_count > 0
+    }
+
+    /// True when Redis and SQL disagree about this tenure's sales.
+    fn disagrees(&self) -> bool {
         self.counter_drift != 0
             || self.oversold > 0
             || self.missing_in_sql_count > 0
@@ -245,6 +258,8 @@ pub async fn reconcile_coupon(
         list.truncate(EXAMPLES);
         count
     };
+    missing_in_sql.sort();
+    let told_not_stored = retired_unstored(db, conn, coupon.id).await?;
     Ok(CouponDrift {
         coupon_id: coupon.id,
         stock: coupon.stock,
@@ -255,7 +270,7 @@ pub async fn reconcile_coupon(
         sql_orders: stored.len(),
         queued,
         counter_drift,
-        missing_in_sql_count: sample(&mut missing_in_sql),
+        missing_in_sql_count: missing_in_sql.len(),
         missing_in_sql,
         missing_in_redis_count: sample(&mut missing_in_redis),
         missing_in_redis,
@@ -264,6 +279,8 @@ pub async fn reconcile_coupon(
         oversold,
         different_order_count: sample(&mut different_order),
         different_order,
+        told_not_stored_count: told_not_stored.len(),
+        told_not_stored,
     })
 }
 
@@ -285,6 +302,12 @@ pub struct ReconcileArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Once every order listed as told and not stored has been settled with its buyer:
+    /// remove them from Redis, so that reconcile stops listing them. On the current
+    /// authority this removes the order streams set aside by earlier tenures; on a former
+    /// authority's Redis, every key of the store there.
+    #[arg(long)]
+    pub forget_told_not_stored: bool,
 }
 
 /// The exit code when some coupon's Redis state and SQL disagree.
@@ -329,6 +352,7 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
             let mut told_not_stored = Vec::new();
             for coupon in &coupons {
                 told_not_stored.extend(unstored_orders(&db, &mut conn, coupon.id).await?);
+                told_not_stored.extend(retired_unstored(&db, &mut conn, coupon.id).await?);
             }
             let report = FormerAuthority {
                 redis: crate::db::mask_password(&redis_url),
@@ -342,7 +366,13 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
             } else {
                 print_former(&report);
             }
-            report.told_not_stored_count > 0
+            if args.forget_told_not_stored {
+                forget_former(&db, &mut conn, &coupons).await?;
+                eprintln!("flashsale: removed this store's keys from {}", report.redis);
+                false
+            } else {
+                report.told_not_stored_count > 0
+            }
         }
         _ => {
             let mut report = Vec::with_capacity(coupons.len());
@@ -354,7 +384,14 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
             } else {
                 print_table(&report);
             }
-            report.iter().any(CouponDrift::drifted)
+            if args.forget_told_not_stored {
+                for coupon in &report {
+                    forget_retired(&db, &mut conn, coupon.coupon_id).await?;
+                }
+                report.iter().any(CouponDrift::disagrees)
+            } else {
+                report.iter().any(CouponDrift::drifted)
+            }
         }
     };
     db.close().await;
@@ -367,6 +404,49 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Removes coupon `coupon_id`'s order streams set aside by earlier tenures: their orders
+/// were settled with their buyers.
+async fn forget_retired(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    coupon_id: i64,
+) -> redis::RedisResult<()> {
+    let keys = db.keyspace().coupon(coupon_id);
+    let streams: Vec<String> = conn.smembers(&keys.retired).await?;
+    for stream in &streams {
+        let () = conn.del(stream).await?;
+    }
+    let () = conn.del(&keys.retired).await?;
+    Ok(())
+}
+
+/// Removes every key of the store from a former authority's Redis: what it told and never
+/// stored was settled, and its counters are stale.
+async fn forget_former(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    coupons: &[Coupon],
+) -> redis::RedisResult<()> {
+    for coupon in coupons {
+        forget_retired(db, conn, coupon.id).await?;
+        let keys = db.keyspace().coupon(coupon.id);
+        let () = conn
+            .del(&[
+                &keys.stock,
+                &keys.buyers,
+                &keys.claims,
+                &keys.orders,
+                &keys.row,
+            ])
+            .await?;
+    }
+    let keyspace = db.keyspace();
+    let () = conn
+        .del(&[keyspace.authority(), keyspace.stream_tenure()])
+        .await?;
+    Ok(())
 }
 
 /// What `reconcile` reports on the Redis of a former stock authority: one the store was
@@ -399,19 +479,10 @@ fn print_former(report: &FormerAuthority) {
     println!(
         "{} orders were told 201 here and are NOT in the store; their units were sold again \
          by the new authority. Settle each with its buyer (see docs/flashsale.md, \"An old Redis \
-         lost for good\"):",
+         lost for good\"), then run reconcile --forget-told-not-stored against this Redis:",
         report.told_not_stored_count
     );
-    println!("{:<48} {:>12} {:>8}  told at", "order", "user", "coupon");
-    for order in &report.told_not_stored {
-        println!(
-            "{:<48} {:>12} {:>8}  {}",
-            order.order_id,
-            order.user_id,
-            order.coupon_id,
-            order.told_at.as_deref().unwrap_or("-")
-        );
-    }
+    print_orders(&report.told_not_stored);
 }
 
 fn print_table(report: &[CouponDrift]) {
@@ -467,7 +538,8 @@ fn print_table(report: &[CouponDrift]) {
         }
         let lists = [
             (
-                "orders Redis holds that SQL and the stream lack",
+                "orders Redis holds (their buyers were told 201) that SQL lacks and no worker \
+                 will store (a restored database? the next start of serve stores them again)",
                 coupon.missing_in_sql_count,
                 &coupon.missing_in_sql,
             ),
@@ -484,8 +556,32 @@ fn print_table(report: &[CouponDrift]) {
         ];
         for (what, count, examples) in lists {
             if count > 0 {
-                println!("coupon {id}: {count} {what}, e.g. {}", examples.join(", "));
+                let shown: Vec<&str> = examples.iter().take(EXAMPLES).map(String::as_str).collect();
+                println!("coupon {id}: {count} {what}, e.g. {}", shown.join(", "));
             }
         }
+        if coupon.told_not_stored_count > 0 {
+            println!(
+                "coupon {id}: {} orders were told 201 by an earlier tenure of this Redis (or an \
+                 earlier coupon with this id) and are NOT in the store; their units were sold \
+                 again. Settle each with its buyer, then run reconcile --forget-told-not-stored:",
+                coupon.told_not_stored_count
+            );
+            print_orders(&coupon.told_not_stored);
+        }
+    }
+}
+
+/// One line per order: id, buyer, coupon, when told.
+fn print_orders(orders: &[Unstored]) {
+    println!("{:<48} {:>12} {:>8}  told at", "order", "user", "coupon");
+    for order in orders {
+        println!(
+            "{:<48} {:>12} {:>8}  {}",
+            order.order_id,
+            order.user_id,
+            order.coupon_id,
+            order.told_at.as_deref().unwrap_or("-")
+        );
     }
 }

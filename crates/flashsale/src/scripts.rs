@@ -22,6 +22,8 @@ pub(crate) static LOAD_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/load_stock.lua")));
 pub(crate) static REPAIR_STOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/repair_stock.lua")));
+pub(crate) static RETIRE_STREAM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/retire_stream.lua")));
 
 /// Loads every script into the server's cache at start, so the first purchases do not
 /// each pay NOSCRIPT and a reload.
@@ -35,6 +37,7 @@ pub(crate) async fn preload(conn: &mut distlock::Connection) -> redis::RedisResu
         &LOAD_STOCK,
         &REPAIR_STOCK,
         &RESPLIT_STOCK,
+        &RETIRE_STREAM,
     ] {
         script.prepare_invoke().load_async(conn).await?;
     }

@@ -108,6 +108,12 @@ impl ServeArgs {
     }
 }
 
+/// What a signal received before the startup line ends with.
+fn stopped_while_starting() -> ExitCode {
+    eprintln!("flashsale: stopped by a signal while starting; nothing was served");
+    ExitCode::FAILURE
+}
+
 /// How often `serve` checks that its private Redis still runs.
 const REDIS_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -116,7 +122,18 @@ const REDIS_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 pub async fn run(args: ServeArgs) -> CliResult {
     let config = args.config()?;
     let database = crate::db::mask_password(&config.database_url());
-    let mut service = Service::start(config).await?;
+    // Installed before the startup line: a supervisor that stops the service as soon as it
+    // announced itself gets a graceful stop, not the signal's default (an exit without
+    // draining, releasing or removing its beat).
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    // A signal while starting (a take-over waiting for the store, a slow database) stops
+    // the start: nothing is sold before the startup line.
+    let mut service = tokio::select! {
+        started = Service::start(config) => started?,
+        _ = terminate.recv() => return Ok(stopped_while_starting()),
+        _ = interrupt.recv() => return Ok(stopped_while_starting()),
+    };
     if let Some(data_dir) = service.data_dir() {
         eprintln!(
             "flashsale: embedded mode: a private Redis keeps its data in {redis}, with an \
@@ -132,12 +149,11 @@ pub async fn run(args: ServeArgs) -> CliResult {
         args.strategy,
         crate::db::mask_password(service.redis_url())
     );
-    let mut terminate = signal(SignalKind::terminate())?;
     let mut watch = tokio::time::interval(REDIS_WATCH_INTERVAL);
     loop {
         tokio::select! {
             _ = terminate.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupt.recv() => break,
             _ = watch.tick() => {
                 let redis_died = service.private_redis_exited();
                 let why = if let Some(log) = &redis_died {

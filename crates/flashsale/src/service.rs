@@ -335,9 +335,14 @@ impl Service {
             }),
             None => Drain::Complete,
         };
-        // Gone from the store's beats; the last instance to stop with everything stored
-        // releases the store, so that a take-over may move it.
+        // Gone from the store's beats first, then the release: of instances stopping
+        // together, the last to leave sees no other beat and releases. (Looking before
+        // leaving, two stopping at once each saw the other and neither released.)
         self.heartbeat.abort();
+        crate::faults::stop_at(crate::faults::STOPPING);
+        if let Err(err) = self.state.db.leave(&self.tenure.admission().instance).await {
+            tracing::warn!(error = %err, "could not remove this instance's beat");
+        }
         if drain == Drain::Complete && !self.tenure.moved() {
             let mut conn = self.state.locks.connection();
             match release_if_last(&self.state.db, &mut conn, self.tenure.admission()).await {
@@ -347,11 +352,14 @@ impl Service {
                 Err(why) => tracing::info!(%why, "the store stays with this authority"),
             }
         }
-        // Gone from the beats (a release removed the beat already).
-        if let Err(err) = self.state.db.leave(&self.tenure.admission().instance).await {
-            tracing::warn!(error = %err, "could not remove this instance's beat");
+        // A connection stuck in a statement (a database that stopped answering) does not
+        // hold the exit up past the shutdown timeout.
+        if tokio::time::timeout(timeout, self.state.db.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("database connections were still busy at the shutdown deadline");
         }
-        self.state.db.close().await;
         // Any release of a dropped lock guard is sent before the client's runtime stops;
         // a Redis that is gone does not hold the exit up past the shutdown timeout.
         let flushed = tokio::time::timeout(timeout, self.state.locks.shutdown()).await;
@@ -441,6 +449,19 @@ async fn release_if_last(
             return Err(format!(
                 "coupon {} has {unstored} order events not stored yet",
                 coupon.id
+            ));
+        }
+        // Stored once and lost by SQL since (a restored database): a take-over would
+        // rebuild from SQL and sell their units again.
+        let lost = crate::order_events::lost_by_sql(db, conn, coupon.id)
+            .await
+            .map_err(|err| format!("the orders could not be compared: {err}"))?;
+        if !lost.is_empty() {
+            return Err(format!(
+                "coupon {} has {} orders its buyers were told of that SQL no longer holds (a \
+                 restored database?): start an instance, which stores them again, and stop it",
+                coupon.id,
+                lost.len()
             ));
         }
     }

@@ -19,8 +19,8 @@ use crate::db::{Db, DbError};
 use crate::keys::{CouponKeys, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, Coupon, OrderEvent};
-use crate::order_events::{stream_events, unstored_orders, OrderEventsError};
-use crate::scripts::{LOAD_STOCK, REPAIR_STOCK, RESPLIT_STOCK};
+use crate::order_events::{lost_by_sql, stream_events, OrderEventsError};
+use crate::scripts::{LOAD_STOCK, REPAIR_STOCK, RESPLIT_STOCK, RETIRE_STREAM};
 
 /// How long an instance waits for another to finish loading before it gives up.
 const LOADER_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -45,6 +45,18 @@ pub enum LoadError {
     /// This Redis is not (or no longer) the store's stock authority.
     #[error("stock authority: {0}")]
     Authority(#[from] crate::authority::ConfirmError),
+    /// This instance belongs to an earlier tenure than the one this Redis's streams
+    /// belong to: the store moved on without it.
+    #[error(
+        "this instance was admitted in the store's tenure {ours}, and this Redis's streams \
+         belong to the later tenure {redis}: the store moved on without it"
+    )]
+    EarlierTenure {
+        /// The tenure this instance belongs to.
+        ours: i64,
+        /// The tenure this Redis's streams belong to.
+        redis: i64,
+    },
     /// Another instance held the loader lock for longer than the wait.
     #[error("another instance held the stock loader lock for more than {0:?}")]
     LockTimeout(Duration),
@@ -155,6 +167,10 @@ impl StockLoader {
                 Ok(false) => {}
                 Err(err) => outcome = Err(LoadError::Authority(err)),
             }
+            if outcome.is_ok() {
+                let tenure_epoch = tenure.admission().tenure_epoch;
+                outcome = self.settle_stream_tenure(&mut conn, tenure_epoch).await;
+            }
         }
         let mut report = LoadReport::default();
         let coupons = if outcome.is_ok() { coupons } else { &[] };
@@ -172,9 +188,52 @@ impl StockLoader {
         outcome.map(|()| report)
     }
 
+    /// Sets aside the order streams an earlier tenure of this Redis left (with what it
+    /// sold and never stored), once per tenure, before the tenure's first load: a new
+    /// tenure's workers must not store them, since the units may have been sold again by
+    /// another authority since (a review's move back to an abandoned Redis stored 30 such
+    /// orders over a stock of 50). A Redis without the mark is new, lost its data, or
+    /// comes from a build without tenures: its streams, if any, are this tenure's.
+    async fn settle_stream_tenure(
+        &self,
+        conn: &mut distlock::Connection,
+        tenure_epoch: i64,
+    ) -> Result<(), LoadError> {
+        let key = self.db.keyspace().stream_tenure();
+        let held: Option<i64> = conn.get(&key).await?;
+        match held {
+            Some(held) if held == tenure_epoch => return Ok(()),
+            Some(held) if held > tenure_epoch => {
+                return Err(LoadError::EarlierTenure {
+                    ours: tenure_epoch,
+                    redis: held,
+                })
+            }
+            Some(held) => {
+                let mut retired = 0;
+                for coupon in self.db.coupons_ending_after(i64::MIN).await? {
+                    let keys = self.db.keyspace().coupon(coupon.id);
+                    retired += u32::from(retire_stream(conn, &keys, &format!("t{held}")).await?);
+                }
+                tracing::warn!(
+                    earlier = held,
+                    now = tenure_epoch,
+                    streams = retired,
+                    "a new tenure of this Redis as the store's authority: set aside the order \
+                     streams of the earlier one; `flashsale reconcile` lists what they hold \
+                     that the store does not"
+                );
+            }
+            None => {}
+        }
+        let () = conn.set(&key, tenure_epoch).await?;
+        Ok(())
+    }
+
     async fn load_one(&self, coupon: &Coupon) -> Result<bool, LoadError> {
         let keys = self.db.keyspace().coupon(coupon.id);
         let mut conn = self.locks.connection();
+        self.claim_keys(&mut conn, coupon, &keys).await?;
         ensure_group(&mut conn, &keys).await?;
         let live: bool = conn.exists(&keys.stock).await?;
         if live {
@@ -192,15 +251,7 @@ impl StockLoader {
                 );
             }
             if let Some(tenure) = &self.tenure {
-                restore_orders(
-                    &self.db,
-                    &mut conn,
-                    tenure.admission(),
-                    &keys,
-                    coupon.id,
-                    stored.len(),
-                )
-                .await?;
+                restore_orders(&self.db, &mut conn, tenure.admission(), coupon.id).await?;
             }
             return Ok(false);
         }
@@ -244,6 +295,34 @@ impl StockLoader {
 }
 
 impl StockLoader {
+    /// Makes `keys` this coupon row's: keys left by another coupon that had the same id
+    /// (the database restored to before it was created, and the id given out again) are
+    /// set aside, its stream kept for `reconcile`, its counters dropped, so this coupon is
+    /// loaded from its own SQL rows (a review's new coupon of stock 10 inherited 80 orders
+    /// and was sold out at creation).
+    async fn claim_keys(
+        &self,
+        conn: &mut distlock::Connection,
+        coupon: &Coupon,
+        keys: &CouponKeys,
+    ) -> Result<(), LoadError> {
+        let row: Option<i64> = conn.get(&keys.row).await?;
+        if row == Some(coupon.created_at) {
+            return Ok(());
+        }
+        if let Some(row) = row {
+            retire_stream(conn, keys, &format!("c{row}")).await?;
+            let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
+            tracing::warn!(
+                coupon = coupon.id,
+                "this coupon's Redis keys belonged to an earlier coupon with the same id (the \
+                 database was restored to before it was made): set them aside"
+            );
+        }
+        let () = conn.set(&keys.row, coupon.created_at).await?;
+        Ok(())
+    }
+
     /// Gives a live counter this strategy's segment layout when this instance alone uses
     /// the Redis (an earlier run used another strategy). Otherwise another instance may be
     /// running another strategy right now, and re-splitting under it would flip the layout
@@ -354,6 +433,23 @@ pub async fn repair_stock(
     Ok(repair)
 }
 
+/// Sets coupon `keys`' order stream aside, with its consumer group, under a name made from
+/// `why`, where no worker reads it again and `reconcile` finds it
+/// (`scripts/retire_stream.lua`). Returns whether there was a stream.
+pub(crate) async fn retire_stream(
+    conn: &mut distlock::Connection,
+    keys: &CouponKeys,
+    why: &str,
+) -> redis::RedisResult<bool> {
+    let retired: i64 = RETIRE_STREAM
+        .key(&keys.orders)
+        .key(keys.retired_stream(why))
+        .key(&keys.retired)
+        .invoke_async(conn)
+        .await?;
+    Ok(retired == 1)
+}
+
 /// Writes `buyers` (user, order id) into the coupon's buyers hash, in chunks so no single
 /// command carries a huge argument list.
 pub(crate) async fn put_buyers(
@@ -367,35 +463,18 @@ pub(crate) async fn put_buyers(
     Ok(())
 }
 
-/// Stores again, under `admission`, every order of coupon `coupon_id` that Redis holds, a
-/// worker already stored (its event acknowledged, or it has none), and SQL no longer holds:
-/// a database restored from a backup taken mid-sale lost them, and their buyers were told
-/// 201. Returns how many. `sql_orders` is how many orders SQL holds for the coupon: when
-/// Redis holds no more than those and the events still queued, nothing can be missing,
-/// and nothing more is read.
+/// Stores again, under `admission`, every order of coupon `coupon_id` that Redis holds and
+/// SQL lost ([`lost_by_sql`]: a database restored from a backup taken mid-sale), whose
+/// buyers were told 201. Returns how many.
 pub async fn restore_orders(
     db: &Db,
     conn: &mut distlock::Connection,
     admission: &crate::db::Admission,
-    keys: &CouponKeys,
     coupon_id: i64,
-    sql_orders: usize,
 ) -> Result<u64, LoadError> {
-    let (entries, claims): (i64, i64) = redis::pipe()
-        .atomic()
-        .hlen(&keys.buyers)
-        .zcard(&keys.claims)
-        .query_async(conn)
-        .await?;
-    let backlog = crate::order_events::stream_backlog(conn, keys).await?;
-    let sql_orders = i64::try_from(sql_orders).unwrap_or(i64::MAX);
-    if entries - claims <= sql_orders + backlog.lag + backlog.pending {
-        return Ok(0);
-    }
-    let lost: Vec<OrderEvent> = unstored_orders(db, conn, coupon_id)
+    let lost: Vec<OrderEvent> = lost_by_sql(db, conn, coupon_id)
         .await?
         .into_iter()
-        .filter(|order| !order.queued)
         .map(|order| OrderEvent {
             created_at: order.told_at_ms.unwrap_or_else(now_millis),
             order_id: order.order_id,

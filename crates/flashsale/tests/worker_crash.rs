@@ -57,11 +57,7 @@ async fn doomed_worker() {
         .expect("redis url");
     // It only reads: an admission that the store would refuse is never used.
     let tenure = flashsale::authority::Tenure::new(
-        flashsale::db::Admission {
-            instance: "doomed".into(),
-            authority: String::new(),
-            epoch: 0,
-        },
+        flashsale::db::Admission::unrecorded("doomed"),
         std::time::Instant::now(),
     );
     let mut worker = Worker::connect(&locks, db, tenure, settings, watched, Metrics::new())

@@ -8,5 +8,9 @@ ALTER TABLE store ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE store ADD COLUMN tenure_epoch BIGINT NOT NULL DEFAULT 0;
 
 -- The epoch each instance was admitted at. `seen_at` is now the database's own clock
--- (Unix ms), never an instance's.
+-- (Unix ms), never an instance's. `beats` counts the beats the store accepted from the
+-- instance: the instance knows how many it was told of, so a count that went back (the
+-- database restored from a backup under it) stops it before it writes on a store that
+-- forgot what it wrote.
 ALTER TABLE store_instances ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE store_instances ADD COLUMN beats BIGINT NOT NULL DEFAULT 0;

@@ -49,9 +49,10 @@ pub struct StoreState {
     pub tenure_epoch: i64,
 }
 
-/// An instance's right to write to the store: the authority it sells under and the epoch
-/// it was admitted at. Every write carries it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An instance's right to write to the store: the authority it sells under, the epoch it
+/// was admitted at, and how many of its beats the store has confirmed. Every write
+/// carries it. Clones share the count of beats.
+#[derive(Debug, Clone)]
 pub struct Admission {
     /// The instance's id in the store's beats.
     pub instance: String,
@@ -59,6 +60,35 @@ pub struct Admission {
     pub authority: String,
     /// The epoch its start moved the store to.
     pub epoch: i64,
+    /// The epoch its authority's tenure began at (`epoch` for the tenure's first
+    /// instance): what its Redis's streams must belong to.
+    pub tenure_epoch: i64,
+    /// The beats the store confirmed, as the store counted them: a store whose count is
+    /// below this was restored from a backup taken before the last of them.
+    beats: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Admission {
+    /// An admission the store has not recorded: for a process that only reads (a test's
+    /// worker that never commits). The store refuses every write it carries.
+    pub fn unrecorded(instance: &str) -> Admission {
+        Admission::new(instance, "", 0, 0)
+    }
+
+    fn new(instance: &str, authority: &str, epoch: i64, tenure_epoch: i64) -> Admission {
+        Admission {
+            instance: instance.to_owned(),
+            authority: authority.to_owned(),
+            epoch,
+            tenure_epoch,
+            beats: Default::default(),
+        }
+    }
+
+    /// How many beats the store has confirmed.
+    pub fn beats(&self) -> i64 {
+        self.beats.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// An instance that sells a store's stock, as its last beat recorded it.
@@ -73,7 +103,7 @@ pub struct LiveInstance {
 }
 
 /// What [`Db::join`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Joined {
     /// The instance is admitted.
     Admitted(Admission),
@@ -82,7 +112,7 @@ pub enum Joined {
 }
 
 /// What [`Db::take_over`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum TakeOver {
     /// The store records the new authority, and this instance is admitted under it.
     Taken {
@@ -156,12 +186,17 @@ impl Db {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR SHARE",
         };
+        // The instance's own row keeps the count of its beats: a count below what the
+        // instance was told means the database was restored under it.
         let admitted = sqlx::query(&format!(
             "SELECT 1 AS admitted FROM store WHERE id = 1 AND authority = $1 \
-             AND authority_released = 0 AND tenure_epoch <= $2{shared}"
+             AND authority_released = 0 AND tenure_epoch <= $2 AND EXISTS (SELECT 1 FROM \
+             store_instances WHERE id = $3 AND beats >= $4){shared}"
         ))
         .bind(admission.authority.as_str())
         .bind(admission.epoch)
+        .bind(admission.instance.as_str())
+        .bind(admission.beats())
         .fetch_optional(&mut *tx)
         .await?;
         if admitted.is_none() {
@@ -247,11 +282,7 @@ impl Db {
         .bind(FORGET_SILENT_AFTER_MS)
         .execute(&mut *tx)
         .await?;
-        let admission = Admission {
-            instance: instance.to_owned(),
-            authority: expected.id.clone(),
-            epoch,
-        };
+        let admission = Admission::new(instance, &expected.id, epoch, tenure_epoch);
         self.record_instance(&mut tx, &admission, described).await?;
         tx.commit().await?;
         Ok(Joined::Admitted(admission))
@@ -297,11 +328,7 @@ impl Db {
         .bind(epoch)
         .execute(&mut *tx)
         .await?;
-        let admission = Admission {
-            instance: instance.to_owned(),
-            authority: candidate.id.clone(),
-            epoch,
-        };
+        let admission = Admission::new(instance, &candidate.id, epoch, epoch);
         self.record_instance(&mut tx, &admission, described).await?;
         tx.commit().await?;
         Ok(TakeOver::Taken {
@@ -429,29 +456,38 @@ impl Db {
     }
 
     /// Records that `admission`'s instance (`described` for people) still sells, by the
-    /// database's clock, if the store still admits it; returns whether it does. One
-    /// statement that holds the store row shared, so a beat never lands after a move that
-    /// evicted its instance.
+    /// database's clock, if the store still admits it and has not gone back in time;
+    /// returns whether both hold. One statement that holds the store row shared, so a
+    /// beat never lands after a move that evicted its instance. The store counts the
+    /// instance's beats: a count that is not above the one the instance was last told
+    /// (its row restored from a backup, or gone) is a store restored under it.
     pub async fn beat(&self, admission: &Admission, described: &str) -> Result<bool, DbError> {
         let shared = match self.dialect {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR SHARE",
         };
         let beaten = sqlx::query(&format!(
-            "INSERT INTO store_instances (id, described, authority, seen_at, epoch) \
-             SELECT $1, $2, authority, {}, $3 FROM store WHERE id = 1 AND authority = $4 \
+            "INSERT INTO store_instances (id, described, authority, seen_at, epoch, beats) \
+             SELECT $1, $2, authority, {}, $3, 0 FROM store WHERE id = 1 AND authority = $4 \
              AND authority_released = 0 AND tenure_epoch <= $3{shared} \
-             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, \
+             beats = store_instances.beats + 1 RETURNING beats",
             self.now_ms_sql()
         ))
         .bind(admission.instance.as_str())
         .bind(described)
         .bind(admission.epoch)
         .bind(admission.authority.as_str())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(beaten == 1)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = beaten else {
+            return Ok(false);
+        };
+        let beats: i64 = row.try_get("beats")?;
+        let told = admission
+            .beats
+            .fetch_max(beats, std::sync::atomic::Ordering::SeqCst);
+        Ok(beats > told)
     }
 
     /// Removes instance `id`'s beat: it stopped selling.
