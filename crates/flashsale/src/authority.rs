@@ -18,10 +18,13 @@
 //! - **Every write is fenced by the store itself.** An instance is admitted at the epoch
 //!   its start moved the store to ([`Admission`]), and every write it makes (orders,
 //!   fenced sales, beats) is refused by the database, in the write's own transaction, once
-//!   a take-over or a release has moved the store past that epoch. So a frozen, slow or
-//!   clock-skewed instance can never write after a take-over, however long it slept; what
-//!   it had sold and not stored stays in its Redis, and `flashsale reconcile` on that
-//!   Redis lists it.
+//!   a take-over or a release has moved the store past that epoch, or gone back under it
+//!   (restored from a backup: the store counts each instance's beats). So a frozen, slow
+//!   or clock-skewed instance can never write to the store after a take-over, however
+//!   long it slept; what it had sold and not stored stays in its Redis, and `flashsale
+//!   reconcile` on that Redis lists it. A new tenure of a Redis sets aside the order
+//!   streams an earlier one left there (`stock::StockLoader`), so taking an abandoned
+//!   Redis back never stores them either.
 //! - **Moving on purpose** is `serve --take-over-store`, and only from a *released*
 //!   authority: its last instance stopped gracefully, with no other instance beating and
 //!   every order event of the store's streams stored (`Service::shutdown`), the release

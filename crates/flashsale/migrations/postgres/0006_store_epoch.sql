@@ -3,7 +3,7 @@
 -- authority's tenure began (its first start after a release, or its take-over): an
 -- instance admitted at an epoch below it belongs to an earlier tenure, and every write it
 -- makes is refused by the database in the write's own transaction. So an instance frozen,
--- slow or with a skewed clock can never write once the store has moved on.
+-- slow or with a skewed clock can never write to the store once it has moved on.
 ALTER TABLE store ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE store ADD COLUMN tenure_epoch BIGINT NOT NULL DEFAULT 0;
 
