@@ -177,14 +177,13 @@ impl Tenure {
 /// Beats for `tenure`'s instance every [`BEAT_EVERY`] until aborted, confirming it; stops
 /// once the store refuses a beat (it moved past this instance).
 pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<()> {
-    let described = instance_description();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TIMING.beat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let sent = Instant::now();
-            let beat = db.beat(tenure.admission(), &described);
+            let beat = db.beat(tenure.admission());
             match tokio::time::timeout(TIMING.beat * 2, beat).await {
                 Ok(Ok(true)) => tenure.confirm_from(sent),
                 Ok(Ok(false)) => {
@@ -528,11 +527,11 @@ pub async fn confirm(
 /// regardless, and in both cases only once every instance of the current tenure has been
 /// silent for the take-over silence, by the database's clock.
 ///
-/// Then this Redis's counters of the store's open coupons are cleared, to be rebuilt from
-/// SQL and its own streams, and its id is set. A take-over cut short between the two
-/// leaves the store recorded here and this Redis without an id (a stale one was removed
-/// first): a plain start on this Redis then puts the id there (it is reached as
-/// recorded), and its counters are repaired against SQL at start.
+/// Then this Redis's id is set; what an earlier tenure left here (counters, order streams)
+/// is set aside by the loader before the new tenure loads. A take-over cut short between
+/// its commit and the id leaves the store recorded here and this Redis without an id (a
+/// stale one was removed first): a plain start on this Redis then puts the id there (it
+/// is reached as recorded), and its loader sets the earlier tenure's state aside.
 async fn take_over(
     db: &Db,
     conn: &mut distlock::Connection,
@@ -580,12 +579,10 @@ async fn take_over(
             })
         }
     };
-    // Every coupon's counters here are an earlier tenure's (those of ended coupons too:
-    // their buyers would answer order lookups). The streams are set aside by the loader.
-    for coupon in db.coupons_ending_after(i64::MIN).await? {
-        let keys = db.keyspace().coupon(coupon.id);
-        let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
-    }
+    crate::faults::stop_at(crate::faults::TAKEN_OVER);
+    // This Redis's counters and order streams are an earlier tenure's: the loader sets
+    // them aside before this tenure loads anything (`stock::StockLoader`), also when this
+    // start is cut short here and the next one finishes it.
     let () = conn.set(&key, &candidate.id).await?;
     tracing::warn!(
         previous = previous.map(|p| p.location).unwrap_or_else(|| "none".into()),

@@ -3,7 +3,7 @@
 //! - `FLASHSALE_FAULT_STOP_AT=POINT[,POINT…]`: the process stops itself (SIGSTOP) the first
 //!   time it reaches each named point, as a pause at the worst moment would, and waits for
 //!   a SIGCONT (or a SIGKILL) from outside. The points are [`WORKER_COMMIT`],
-//!   [`STOPPING`] and [`RELEASE`].
+//!   [`STOPPING`], [`RELEASE`] and [`TAKEN_OVER`].
 //! - `FLASHSALE_TEST_CLOCK_SKEW_MS=N`: this process's wall clock ([`crate::model::now_millis`])
 //!   reads N ms ahead (or behind, for a negative N), as a host whose clock is off would.
 
@@ -12,6 +12,8 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 
 /// The order worker holds a batch it read and is about to store it.
 pub const WORKER_COMMIT: &str = "worker-commit";
+/// A take-over has committed in SQL and not yet touched its Redis.
+pub const TAKEN_OVER: &str = "taken-over";
 /// A stopping instance has drained its orders and is about to leave the store's beats.
 pub const STOPPING: &str = "stopping";
 /// A stopping instance has checked that it may release the store and is about to.

@@ -62,8 +62,8 @@ impl Keyspace {
         format!("flashsale:{}:stock-authority", self.namespace)
     }
 
-    /// The tenure (its first epoch) that this Redis's coupon streams belong to: a stream
-    /// of an earlier tenure is set aside before a new one sells (`stock::StockLoader`).
+    /// The id of the tenure this Redis's coupon state (order streams, counters) belongs to:
+    /// an earlier tenure's is set aside before a new one sells (`stock::StockLoader`).
     pub fn stream_tenure(&self) -> String {
         format!("flashsale:{}:stream-tenure", self.namespace)
     }

@@ -341,23 +341,43 @@ pub struct Unstored {
     pub queued: bool,
 }
 
-/// The orders coupon `coupon_id`'s Redis holds whose buyer SQL holds no order of the
-/// coupon for. SQL is read first: an order reaches Redis before SQL, so none stored in
-/// between looks missing, and each candidate is looked up once more.
+impl Unstored {
+    fn new(
+        order_id: String,
+        user_id: i64,
+        coupon_id: i64,
+        told_at_ms: Option<i64>,
+        queued: bool,
+    ) -> Unstored {
+        Unstored {
+            told_at: told_at_ms.map(crate::model::format_millis),
+            told_at_ms,
+            queued,
+            order_id,
+            user_id,
+            coupon_id,
+        }
+    }
+}
+
+/// `orders` by when their buyers were told, then by id.
+fn oldest_first(mut orders: Vec<Unstored>) -> Vec<Unstored> {
+    orders.sort_by(|a, b| (a.told_at_ms, &a.order_id).cmp(&(b.told_at_ms, &b.order_id)));
+    orders
+}
+
+/// The orders coupon `coupon_id`'s Redis holds whose ids SQL does not hold: each buyer
+/// was told 201 for it. SQL is read first: an order reaches Redis before SQL, so none
+/// stored in between looks missing, and each candidate is looked up once more.
 pub async fn unstored_orders(
     db: &Db,
     conn: &mut distlock::Connection,
     coupon_id: i64,
 ) -> Result<Vec<Unstored>, OrderEventsError> {
     let keys = db.keyspace().coupon(coupon_id);
-    let stored: HashSet<i64> = db
-        .buyers(coupon_id)
-        .await?
-        .into_iter()
-        .map(|(user, _)| user)
-        .collect();
+    let stored = stored_orders(db, coupon_id).await?;
     let held = held_orders(conn, &keys).await?;
-    if held.keys().all(|user| stored.contains(user)) {
+    if held.values().all(|order| stored.contains(order)) {
         return Ok(Vec::new());
     }
     let events: HashMap<String, StreamEvent> = stream_events(conn, &keys)
@@ -367,22 +387,19 @@ pub async fn unstored_orders(
         .collect();
     let mut unstored = Vec::new();
     for (user, order) in held {
-        if stored.contains(&user) || db.order(&order).await?.is_some() {
+        if stored.contains(&order) || db.order(&order).await?.is_some() {
             continue;
         }
         let event = events.get(&order);
-        let told_at_ms = event.and_then(|event| event.told_at_ms);
-        unstored.push(Unstored {
-            told_at: told_at_ms.map(crate::model::format_millis),
-            told_at_ms,
-            queued: event.is_some_and(|event| event.queued),
-            order_id: order,
-            user_id: user,
+        unstored.push(Unstored::new(
+            order,
+            user,
             coupon_id,
-        });
+            event.and_then(|event| event.told_at_ms),
+            event.is_some_and(|event| event.queued),
+        ));
     }
-    unstored.sort_by(|a, b| (a.told_at_ms, &a.order_id).cmp(&(b.told_at_ms, &b.order_id)));
-    Ok(unstored)
+    Ok(oldest_first(unstored))
 }
 
 /// The orders of coupon `coupon_id` that Redis holds, a worker already stored (their
@@ -407,14 +424,33 @@ pub async fn lost_by_sql(
     if entries - claims <= sql_orders + backlog.lag + backlog.pending {
         return Ok(Vec::new());
     }
+    // A buyer SQL holds another order for has a unit already (`reconcile` reports the
+    // difference): storing this one would be refused, and must not hold a release up.
+    let buyers: HashSet<i64> = db
+        .buyers(coupon_id)
+        .await?
+        .into_iter()
+        .map(|(user, _)| user)
+        .collect();
     let mut lost = unstored_orders(db, conn, coupon_id).await?;
-    lost.retain(|order| !order.queued);
+    lost.retain(|order| !order.queued && !buyers.contains(&order.user_id));
     Ok(lost)
+}
+
+/// The ids of the orders SQL holds for coupon `coupon_id`.
+async fn stored_orders(db: &Db, coupon_id: i64) -> Result<HashSet<String>, DbError> {
+    Ok(db
+        .buyers(coupon_id)
+        .await?
+        .into_iter()
+        .map(|(_, order)| order)
+        .collect())
 }
 
 /// The orders coupon `coupon_id`'s retired streams hold (`stock::retire_stream`: set aside
 /// when an earlier tenure of this Redis ended, or when an earlier coupon had the same id)
-/// whose buyers SQL holds no order of the coupon for: told 201, and never to be stored.
+/// whose ids SQL does not hold: told 201, and never to be stored (a buyer who bought
+/// again since holds another order, and is listed all the same: they were told twice).
 pub async fn retired_unstored(
     db: &Db,
     conn: &mut distlock::Connection,
@@ -425,34 +461,27 @@ pub async fn retired_unstored(
     if streams.is_empty() {
         return Ok(Vec::new());
     }
-    let stored: HashSet<i64> = db
-        .buyers(coupon_id)
-        .await?
-        .into_iter()
-        .map(|(user, _)| user)
-        .collect();
+    let stored = stored_orders(db, coupon_id).await?;
     let mut seen = HashSet::new();
     let mut unstored = Vec::new();
     for stream in streams {
         for event in walk(conn, &stream, |_| false).await? {
-            if stored.contains(&event.user_id) || !seen.insert(event.order_id.clone()) {
+            if stored.contains(&event.order_id) || !seen.insert(event.order_id.clone()) {
                 continue;
             }
             if db.order(&event.order_id).await?.is_some() {
                 continue;
             }
-            unstored.push(Unstored {
-                told_at: event.told_at_ms.map(crate::model::format_millis),
-                told_at_ms: event.told_at_ms,
-                queued: false,
-                order_id: event.order_id,
-                user_id: event.user_id,
+            unstored.push(Unstored::new(
+                event.order_id,
+                event.user_id,
                 coupon_id,
-            });
+                event.told_at_ms,
+                false,
+            ));
         }
     }
-    unstored.sort_by(|a, b| (a.told_at_ms, &a.order_id).cmp(&(b.told_at_ms, &b.order_id)));
-    Ok(unstored)
+    Ok(oldest_first(unstored))
 }
 
 #[cfg(test)]

@@ -108,9 +108,9 @@ impl ServeArgs {
     }
 }
 
-/// What a signal received before the startup line ends with.
+/// What a second signal received before the startup line ends with.
 fn stopped_while_starting() -> ExitCode {
-    eprintln!("flashsale: stopped by a signal while starting; nothing was served");
+    eprintln!("flashsale: the start was cut by a second signal; nothing was served");
     ExitCode::FAILURE
 }
 
@@ -128,11 +128,23 @@ pub async fn run(args: ServeArgs) -> CliResult {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     // A signal while starting (a take-over waiting for the store, a slow database) stops
-    // the start: nothing is sold before the startup line.
-    let mut service = tokio::select! {
-        started = Service::start(config) => started?,
-        _ = terminate.recv() => return Ok(stopped_while_starting()),
-        _ = interrupt.recv() => return Ok(stopped_while_starting()),
+    // the service as soon as it has started, gracefully: a start cut in the middle could
+    // leave its beat in the store, which would keep its fleet from releasing the store for
+    // the take-over silence. A second signal cuts the start.
+    let start = Service::start(config);
+    tokio::pin!(start);
+    let mut stop_once_started = false;
+    let mut service = loop {
+        let signalled = tokio::select! {
+            started = &mut start => break started?,
+            _ = terminate.recv() => true,
+            _ = interrupt.recv() => true,
+        };
+        if signalled && stop_once_started {
+            return Ok(stopped_while_starting());
+        }
+        stop_once_started = true;
+        eprintln!("flashsale: stopping as soon as the start finishes (a second signal cuts it)");
     };
     if let Some(data_dir) = service.data_dir() {
         eprintln!(
@@ -150,50 +162,53 @@ pub async fn run(args: ServeArgs) -> CliResult {
         crate::db::mask_password(service.redis_url())
     );
     let mut watch = tokio::time::interval(REDIS_WATCH_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
-            _ = watch.tick() => {
-                let redis_died = service.private_redis_exited();
-                let why = if let Some(log) = &redis_died {
-                    format!(
-                        "the private redis-server exited unexpectedly; stopping (a restart \
-                         replays its append-only file). Its last lines:\n{}",
-                        log.join("\n")
-                    )
-                } else if service.authority_moved() {
-                    "the store no longer admits this instance: it was taken over (serve \
-                     --take-over-store --abandon-old-authority) or released while this \
-                     instance was frozen or cut off, and refuses its writes. It sells nothing \
-                     more and stops; its unstored orders stay in this Redis (their units were \
-                     put back on sale): `flashsale reconcile` against it lists them"
-                        .to_owned()
-                } else if service.store_lock_lost().await {
-                    "the session holding the database's lock ended (a database restart, a \
-                     killed backend): another embedded instance could now take it; stopping \
-                     (a restart takes it again)"
-                        .to_owned()
-                } else {
-                    continue;
-                };
-                // Nothing can be sold safely on, and the data directory stays locked while
-                // this process lives: exit, so a supervisor restarts the service. Requests
-                // in flight still get their answers, and the worker stores what it can,
-                // both within the shutdown timeout.
-                eprintln!("flashsale: {why}");
-                let drained = if redis_died.is_some() || service.authority_moved() {
-                    service.shutdown_without_drain().await
-                } else {
-                    service.shutdown().await
-                };
-                if let Drain::Incomplete { read_not_stored, reason } = drained {
-                    eprintln!(
-                        "flashsale: the order queue was NOT drained: {reason}; {read_not_stored} \
-                         order events read and not stored stay in Redis"
-                    );
+    // Asked to stop while starting: straight to the graceful stop.
+    if !stop_once_started {
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => break,
+                _ = interrupt.recv() => break,
+                _ = watch.tick() => {
+                    let redis_died = service.private_redis_exited();
+                    let why = if let Some(log) = &redis_died {
+                        format!(
+                            "the private redis-server exited unexpectedly; stopping (a restart \
+                             replays its append-only file). Its last lines:\n{}",
+                            log.join("\n")
+                        )
+                    } else if service.authority_moved() {
+                        "the store no longer admits this instance: it was taken over (serve \
+                         --take-over-store --abandon-old-authority) or released while this \
+                         instance was frozen or cut off, and refuses its writes. It sells nothing \
+                         more and stops; its unstored orders stay in this Redis (their units were \
+                         put back on sale): `flashsale reconcile` against it lists them"
+                            .to_owned()
+                    } else if service.store_lock_lost().await {
+                        "the session holding the database's lock ended (a database restart, a \
+                         killed backend): another embedded instance could now take it; stopping \
+                         (a restart takes it again)"
+                            .to_owned()
+                    } else {
+                        continue;
+                    };
+                    // Nothing can be sold safely on, and the data directory stays locked while
+                    // this process lives: exit, so a supervisor restarts the service. Requests
+                    // in flight still get their answers, and the worker stores what it can,
+                    // both within the shutdown timeout.
+                    eprintln!("flashsale: {why}");
+                    let drained = if redis_died.is_some() || service.authority_moved() {
+                        service.shutdown_without_drain().await
+                    } else {
+                        service.shutdown().await
+                    };
+                    if let Drain::Incomplete { read_not_stored, reason } = drained {
+                        eprintln!(
+                            "flashsale: the order queue was NOT drained: {reason}; {read_not_stored} \
+                             order events read and not stored stay in Redis"
+                        );
+                    }
+                    return Ok(ExitCode::FAILURE);
                 }
-                return Ok(ExitCode::FAILURE);
             }
         }
     }

@@ -128,7 +128,6 @@ impl Service {
                 .map_err(ConfigError::redis)?;
         }
         let metrics = Metrics::new();
-        let watched = Watched::default();
         let settings: StrategySettings = config.strategy.clone();
         let loader = StockLoader::new(
             locks.clone(),
@@ -140,6 +139,10 @@ impl Service {
         .tenure(tenure.clone());
         let load_report = loader.load_active().await.map_err(ConfigError::Load)?;
         tracing::info!(loaded = ?load_report.loaded, skipped = ?load_report.skipped, "stock loading done");
+        let watched = Watched::default();
+        watch_unstored_past_the_window(&db, &mut locks.connection(), &watched)
+            .await
+            .map_err(|err| ConfigError::Load(err.into()))?;
 
         let stop_worker = CancellationToken::new();
         let worker = match config.worker {
@@ -384,6 +387,34 @@ impl Drop for Service {
     }
 }
 
+/// Adds to `watched` every coupon whose sale ended before the workers' watch window and
+/// whose stream still holds events no worker stored (no worker ran for a day after its
+/// sale): they were told 201, and the worker stores them like any other.
+async fn watch_unstored_past_the_window(
+    db: &Db,
+    conn: &mut distlock::Connection,
+    watched: &Watched,
+) -> Result<(), crate::order_events::OrderEventsError> {
+    let window_start = crate::model::now_millis() - crate::worker::WATCH_AFTER_END_MS;
+    for coupon in db.coupons_ending_after(i64::MIN).await? {
+        if coupon.ends_at > window_start {
+            continue;
+        }
+        let keys = db.keyspace().coupon(coupon.id);
+        let backlog = crate::order_events::stream_backlog(conn, &keys).await?;
+        if backlog.lag + backlog.pending > 0 {
+            tracing::warn!(
+                coupon = coupon.id,
+                unstored = backlog.lag + backlog.pending,
+                "a coupon whose sale ended over a day ago still has orders no worker stored: \
+                 storing them"
+            );
+            watched.add(coupon.id);
+        }
+    }
+    Ok(())
+}
+
 /// `err` as [`ConfigError::StoreLocked`] when it is SQLite's "database is locked" and
 /// another process holds the store's write lock: the error then names that process and
 /// says how to free the lock, instead of leaving the operator to guess.
@@ -435,11 +466,13 @@ async fn release_if_last(
     {
         return Err(another_sells(instance));
     }
-    let watched = db
-        .coupons_ending_after(crate::model::now_millis() - crate::worker::WATCH_AFTER_END_MS)
+    // Every coupon, however long ago its sale ended: an order told and not stored is one
+    // whatever its age.
+    let coupons = db
+        .coupons_ending_after(i64::MIN)
         .await
         .map_err(|err| unreadable(&err))?;
-    for coupon in watched {
+    for coupon in coupons {
         let keys = db.keyspace().coupon(coupon.id);
         let backlog = crate::order_events::stream_backlog(conn, &keys)
             .await

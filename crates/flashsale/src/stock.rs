@@ -45,18 +45,9 @@ pub enum LoadError {
     /// This Redis is not (or no longer) the store's stock authority.
     #[error("stock authority: {0}")]
     Authority(#[from] crate::authority::ConfirmError),
-    /// This instance belongs to an earlier tenure than the one this Redis's streams
-    /// belong to: the store moved on without it.
-    #[error(
-        "this instance was admitted in the store's tenure {ours}, and this Redis's streams \
-         belong to the later tenure {redis}: the store moved on without it"
-    )]
-    EarlierTenure {
-        /// The tenure this instance belongs to.
-        ours: i64,
-        /// The tenure this Redis's streams belong to.
-        redis: i64,
-    },
+    /// The store has moved past this instance's tenure: it may not load stock.
+    #[error("the store has moved past this instance's tenure (a take-over or a release)")]
+    NotCurrentTenure,
     /// Another instance held the loader lock for longer than the wait.
     #[error("another instance held the stock loader lock for more than {0:?}")]
     LockTimeout(Duration),
@@ -118,9 +109,25 @@ impl StockLoader {
     }
 
     /// Loads every coupon whose sale has not ended, under the loader lock.
+    ///
+    /// Then the orders SQL lost that Redis holds (a restored database) are stored again
+    /// ([`restore_orders`]), for the coupons on sale and those whose sale ended within the
+    /// workers' watch window: a release waits for those too.
     pub async fn load_active(&self) -> Result<LoadReport, LoadError> {
-        let coupons = self.db.coupons_ending_after(now_millis()).await?;
-        self.load_under_lock(&coupons).await
+        let now = now_millis();
+        let coupons = self.db.coupons_ending_after(now).await?;
+        let report = self.load_under_lock(&coupons).await?;
+        if let Some(tenure) = &self.tenure {
+            let mut conn = self.locks.connection();
+            let ended = self
+                .db
+                .coupons_ending_after(now - crate::worker::WATCH_AFTER_END_MS)
+                .await?;
+            for coupon in ended.iter().filter(|coupon| coupon.ends_at <= now) {
+                restore_orders(&self.db, &mut conn, tenure.admission(), coupon.id).await?;
+            }
+        }
+        Ok(report)
     }
 
     /// Loads `coupon` unless its counter is live, under the loader lock. For a new coupon,
@@ -168,8 +175,9 @@ impl StockLoader {
                 Err(err) => outcome = Err(LoadError::Authority(err)),
             }
             if outcome.is_ok() {
-                let tenure_epoch = tenure.admission().tenure_epoch;
-                outcome = self.settle_stream_tenure(&mut conn, tenure_epoch).await;
+                outcome = self
+                    .settle_tenure(&mut conn, &tenure.admission().tenure)
+                    .await;
             }
         }
         let mut report = LoadReport::default();
@@ -188,45 +196,48 @@ impl StockLoader {
         outcome.map(|()| report)
     }
 
-    /// Sets aside the order streams an earlier tenure of this Redis left (with what it
-    /// sold and never stored), once per tenure, before the tenure's first load: a new
-    /// tenure's workers must not store them, since the units may have been sold again by
-    /// another authority since (a review's move back to an abandoned Redis stored 30 such
-    /// orders over a stock of 50). A Redis without the mark is new, lost its data, or
-    /// comes from a build without tenures: its streams, if any, are this tenure's.
-    async fn settle_stream_tenure(
+    /// Sets aside what an earlier tenure of this Redis as the store's authority left here,
+    /// once per tenure, before the tenure's first load: every coupon's order stream (with
+    /// what it sold and never stored, listed by `reconcile`) and counters (rebuilt from
+    /// SQL). A new tenure's workers must not store an earlier one's orders, whose units
+    /// may have been sold again by another authority since (a review's move back to an
+    /// abandoned Redis stored 30 such orders over a stock of 50), and its loader must not
+    /// keep an earlier tenure's buyers (another review's take-over, cut after its commit,
+    /// stored them as orders SQL had lost). The Redis names the tenure its state belongs
+    /// to; one without the name is new, lost its data, or comes from a build without
+    /// tenures, and its state, if any, is this tenure's. Only an instance of the store's
+    /// current tenure sets anything aside: one the store has moved past is refused.
+    async fn settle_tenure(
         &self,
         conn: &mut distlock::Connection,
-        tenure_epoch: i64,
+        tenure: &str,
     ) -> Result<(), LoadError> {
         let key = self.db.keyspace().stream_tenure();
-        let held: Option<i64> = conn.get(&key).await?;
-        match held {
-            Some(held) if held == tenure_epoch => return Ok(()),
-            Some(held) if held > tenure_epoch => {
-                return Err(LoadError::EarlierTenure {
-                    ours: tenure_epoch,
-                    redis: held,
-                })
-            }
-            Some(held) => {
-                let mut retired = 0;
-                for coupon in self.db.coupons_ending_after(i64::MIN).await? {
-                    let keys = self.db.keyspace().coupon(coupon.id);
-                    retired += u32::from(retire_stream(conn, &keys, &format!("t{held}")).await?);
-                }
-                tracing::warn!(
-                    earlier = held,
-                    now = tenure_epoch,
-                    streams = retired,
-                    "a new tenure of this Redis as the store's authority: set aside the order \
-                     streams of the earlier one; `flashsale reconcile` lists what they hold \
-                     that the store does not"
-                );
-            }
-            None => {}
+        let held: Option<String> = conn.get(&key).await?;
+        if held.as_deref() == Some(tenure) {
+            return Ok(());
         }
-        let () = conn.set(&key, tenure_epoch).await?;
+        let current = self.db.store_state().await?.tenure_id;
+        if current.as_deref() != Some(tenure) {
+            return Err(LoadError::NotCurrentTenure);
+        }
+        if let Some(held) = held {
+            let mut retired = 0;
+            for coupon in self.db.coupons_ending_after(i64::MIN).await? {
+                let keys = self.db.keyspace().coupon(coupon.id);
+                retired += u32::from(retire_stream(conn, &keys, &format!("t{held}")).await?);
+                let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
+            }
+            tracing::warn!(
+                earlier = %held,
+                now = %tenure,
+                streams = retired,
+                "a new tenure of this Redis as the store's authority: set aside the earlier \
+                 one's order streams and counters; `flashsale reconcile` lists what its \
+                 streams hold that the store does not"
+            );
+        }
+        let () = conn.set(&key, tenure).await?;
         Ok(())
     }
 

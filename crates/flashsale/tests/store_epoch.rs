@@ -28,6 +28,28 @@ use tokio::process::Command;
 
 const TIMING: &str = "100,1000,3000";
 
+/// A test of the async fn `$case(store)` on a SQLite file, and one on a PostgreSQL
+/// database, each bounded to two minutes.
+macro_rules! on_both_stores {
+    ($case:ident, $on_sqlite:ident, $on_postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_sqlite() {
+            bounded(Duration::from_secs(120), async {
+                $case(TestStore::sqlite().await).await
+            })
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_postgres() {
+            bounded(Duration::from_secs(120), async {
+                $case(TestStore::postgres().await).await
+            })
+            .await;
+        }
+    };
+}
+
 /// The store every instance of a test shares.
 enum TestStore {
     Sqlite(tempfile::TempDir),
@@ -341,23 +363,11 @@ async fn a_frozen_worker_stores_nothing_after_an_abandoning_take_over(store: Tes
     drop(taker);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_worker_stores_nothing_after_an_abandoning_take_over_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_frozen_worker_stores_nothing_after_an_abandoning_take_over(TestStore::sqlite().await)
-            .await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_worker_stores_nothing_after_an_abandoning_take_over_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_frozen_worker_stores_nothing_after_an_abandoning_take_over(TestStore::postgres().await)
-            .await
-    })
-    .await;
-}
+on_both_stores!(
+    a_frozen_worker_stores_nothing_after_an_abandoning_take_over,
+    a_frozen_worker_stores_nothing_after_an_abandoning_take_over_on_sqlite,
+    a_frozen_worker_stores_nothing_after_an_abandoning_take_over_on_postgres
+);
 
 // 2. The store released while an instance of its authority starts.
 
@@ -408,21 +418,11 @@ async fn a_release_racing_a_start_is_refused(store: TestStore) {
     assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 18);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_racing_a_start_is_refused_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_release_racing_a_start_is_refused(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_racing_a_start_is_refused_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_release_racing_a_start_is_refused(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_release_racing_a_start_is_refused,
+    a_release_racing_a_start_is_refused_on_sqlite,
+    a_release_racing_a_start_is_refused_on_postgres
+);
 
 // 3. Two abandoning take-overs at once.
 
@@ -472,21 +472,11 @@ async fn two_abandoning_take_overs_at_once_settle_one(store: TestStore) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_abandoning_take_overs_at_once_settle_one_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        two_abandoning_take_overs_at_once_settle_one(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_abandoning_take_overs_at_once_settle_one_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        two_abandoning_take_overs_at_once_settle_one(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    two_abandoning_take_overs_at_once_settle_one,
+    two_abandoning_take_overs_at_once_settle_one_on_sqlite,
+    two_abandoning_take_overs_at_once_settle_one_on_postgres
+);
 
 // 4. Clocks that disagree.
 
@@ -564,21 +554,11 @@ async fn a_skewed_clock_cannot_open_the_take_over_window(store: TestStore) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_skewed_clock_cannot_open_the_take_over_window_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_skewed_clock_cannot_open_the_take_over_window(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_skewed_clock_cannot_open_the_take_over_window_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_skewed_clock_cannot_open_the_take_over_window(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_skewed_clock_cannot_open_the_take_over_window,
+    a_skewed_clock_cannot_open_the_take_over_window_on_sqlite,
+    a_skewed_clock_cannot_open_the_take_over_window_on_postgres
+);
 
 // 5. A store restored from a backup.
 
@@ -636,21 +616,11 @@ async fn a_restored_store_gets_its_told_orders_back(store: TestStore) {
     assert_eq!(lookup.body["state"], "stored", "{}", lookup.body);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restored_store_gets_its_told_orders_back_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_restored_store_gets_its_told_orders_back(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restored_store_gets_its_told_orders_back_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_restored_store_gets_its_told_orders_back(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_restored_store_gets_its_told_orders_back,
+    a_restored_store_gets_its_told_orders_back_on_sqlite,
+    a_restored_store_gets_its_told_orders_back_on_postgres
+);
 
 /// An order whose event waits for a worker is looked up as `queued`, with how long it
 /// has waited.
@@ -808,21 +778,11 @@ async fn moving_back_to_an_abandoned_redis_stores_nothing_it_left(store: TestSto
     assert_eq!(code, 0, "{stderr}\n{report:#}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moving_back_to_an_abandoned_redis_stores_nothing_it_left_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        moving_back_to_an_abandoned_redis_stores_nothing_it_left(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moving_back_to_an_abandoned_redis_stores_nothing_it_left_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        moving_back_to_an_abandoned_redis_stores_nothing_it_left(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    moving_back_to_an_abandoned_redis_stores_nothing_it_left,
+    moving_back_to_an_abandoned_redis_stores_nothing_it_left_on_sqlite,
+    moving_back_to_an_abandoned_redis_stores_nothing_it_left_on_postgres
+);
 
 /// The database restored from a backup under a running instance of the lock strategy,
 /// which decides its sales from SQL: the instance must stop before it sells units the
@@ -876,21 +836,11 @@ async fn a_store_restored_under_a_running_instance_stops_it(store: TestStore) {
     assert_eq!(store.order_count(coupon).await, 50);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_restored_under_a_running_instance_stops_it_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_store_restored_under_a_running_instance_stops_it(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_restored_under_a_running_instance_stops_it_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_store_restored_under_a_running_instance_stops_it(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_store_restored_under_a_running_instance_stops_it,
+    a_store_restored_under_a_running_instance_stops_it_on_sqlite,
+    a_store_restored_under_a_running_instance_stops_it_on_postgres
+);
 
 /// A store whose SQL lost told orders is not released by its last instance's stop (the
 /// review's was, and a take-over then sold their units again: 80 for 50). Once a start
@@ -929,21 +879,11 @@ async fn a_store_missing_told_orders_is_not_released(store: TestStore) {
     assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 10);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_missing_told_orders_is_not_released_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_store_missing_told_orders_is_not_released(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_missing_told_orders_is_not_released_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_store_missing_told_orders_is_not_released(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_store_missing_told_orders_is_not_released,
+    a_store_missing_told_orders_is_not_released_on_sqlite,
+    a_store_missing_told_orders_is_not_released_on_postgres
+);
 
 /// The database restored to before a coupon was made, and its id given to a new coupon:
 /// the new one starts with its own stock and no buyers (the review's, stock 10, inherited
@@ -965,7 +905,9 @@ async fn a_coupon_id_given_out_again_inherits_nothing(store: TestStore) {
     let reused = open_coupon(&http, &again.base, 10).await;
     assert_eq!(reused, lost, "the id is given out again");
     assert_eq!(stats(&http, &again.base, reused).await["remaining"], 10);
-    buy_all(&http, &again.base, reused, 1001..=1010).await;
+    // Buyers of the old coupon too: their old orders stay listed (the review's build
+    // dropped an old order from the list once its buyer bought the new coupon).
+    buy_all(&http, &again.base, reused, 1..=10).await;
     assert_eq!(
         buy(&http, &again.base, reused, 1011).await.body["error"],
         "sold_out"
@@ -982,21 +924,11 @@ async fn a_coupon_id_given_out_again_inherits_nothing(store: TestStore) {
     assert_eq!(coupon_report["oversold"], 0, "{report:#}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coupon_id_given_out_again_inherits_nothing_on_sqlite() {
-    bounded(Duration::from_secs(120), async {
-        a_coupon_id_given_out_again_inherits_nothing(TestStore::sqlite().await).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coupon_id_given_out_again_inherits_nothing_on_postgres() {
-    bounded(Duration::from_secs(120), async {
-        a_coupon_id_given_out_again_inherits_nothing(TestStore::postgres().await).await
-    })
-    .await;
-}
+on_both_stores!(
+    a_coupon_id_given_out_again_inherits_nothing,
+    a_coupon_id_given_out_again_inherits_nothing_on_sqlite,
+    a_coupon_id_given_out_again_inherits_nothing_on_postgres
+);
 
 /// Two instances of a fleet stopped together, each held at the moment it stops selling
 /// and let go at once: the last to leave releases the store (the review's build left it
@@ -1030,6 +962,169 @@ async fn a_fleet_stopped_at_once_releases_the_store() {
                 panic!("the store was not released: {code}: {stderr}")
             });
         assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 7);
+    })
+    .await;
+}
+
+// What a third review found: tenures told apart by number after a restore, a take-over
+// cut after its commit, an old coupon's orders hidden by a new coupon's buyers, and a
+// restore after a sale ended.
+
+/// A restore takes the epoch back, so tenures numbered alike are not the same tenure:
+/// Redis A's abandoned orders (sold in one tenure, never stored), the store restored, then
+/// taken over again by A, must stay set aside (the review's build stored them: 70 for 50,
+/// its new tenure having the number of A's old one).
+async fn tenures_stay_apart_across_a_restore(store: TestStore) {
+    let (redis_a, redis_b) = (
+        RedisServer::start().await.expect("redis"),
+        RedisServer::start().await.expect("redis"),
+    );
+    let http = reqwest::Client::new();
+    let mut on_b = serve(&redis_b, &store, &[], &[]).await;
+    let coupon = open_coupon(&http, &on_b.base, 50).await;
+    buy_all(&http, &on_b.base, coupon, 1..=10).await;
+    drain(&http, &on_b.base, coupon).await;
+    store.back_up().await;
+    sigterm(&on_b);
+    assert_eq!(exits(&mut on_b, Duration::from_secs(20)).await, 0);
+
+    let mut on_a = start_or_exit(
+        serve_command(&redis_a, &store, &[]),
+        &["--take-over-store", "--no-worker"],
+    )
+    .await
+    .unwrap_or_else(|(code, stderr)| panic!("{code}: {stderr}"));
+    buy_all(&http, &on_a.base, coupon, 101..=130).await;
+    on_a.child.kill().await.expect("kill -9");
+    store.restore().await;
+
+    let mut again_b = serve(&redis_b, &store, &[], &[]).await;
+    buy_all(&http, &again_b.base, coupon, 11..=40).await;
+    drain(&http, &again_b.base, coupon).await;
+    again_b.child.kill().await.expect("kill -9");
+
+    let taker = abandoning_take_over(&redis_a, &store).await;
+    let mut sold = 0;
+    for user in 200..230 {
+        if buy(&http, &taker.base, coupon, user).await.status == 201 {
+            sold += 1;
+        }
+    }
+    assert_eq!(sold, 10, "exactly what SQL says is left");
+    drain(&http, &taker.base, coupon).await;
+    assert_eq!(
+        store.order_count(coupon).await,
+        50,
+        "no more orders than stock"
+    );
+}
+
+on_both_stores!(
+    tenures_stay_apart_across_a_restore,
+    tenures_stay_apart_across_a_restore_on_sqlite,
+    tenures_stay_apart_across_a_restore_on_postgres
+);
+
+/// A take-over stopped right after its commit, before it touched its Redis, and killed:
+/// the next start on that Redis finishes it, setting the earlier tenure's buyers and
+/// streams aside, and stores none of what that tenure left (the review's build took its
+/// buyers for orders SQL had lost and stored them: 80 for 50).
+async fn a_take_over_cut_after_its_commit_is_finished_by_the_next_start(store: TestStore) {
+    let (redis_a, redis_b) = (
+        RedisServer::start().await.expect("redis"),
+        RedisServer::start().await.expect("redis"),
+    );
+    let http = reqwest::Client::new();
+    let mut seller = serve(&redis_b, &store, &[], &["--no-worker"]).await;
+    let coupon = open_coupon(&http, &seller.base, 50).await;
+    let told = buy_all(&http, &seller.base, coupon, 1..=30).await;
+    seller.child.kill().await.expect("kill -9");
+
+    let mut on_a = abandoning_take_over(&redis_a, &store).await;
+    buy_all(&http, &on_a.base, coupon, 100..=149).await;
+    drain(&http, &on_a.base, coupon).await;
+    sigterm(&on_a);
+    assert_eq!(exits(&mut on_a, Duration::from_secs(20)).await, 0);
+
+    let cut = Command::new(BIN)
+        .env("REDIS_URL", redis_b.url())
+        .env("DATABASE_URL", store.url())
+        .env("FLASHSALE_TEST_AUTHORITY_TIMING", TIMING)
+        .env("FLASHSALE_FAULT_STOP_AT", "taken-over")
+        .args(["serve", "--listen", "127.0.0.1:0", "--take-over-store"])
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let mut cut = cut.expect("spawn");
+    let pid = nix::unistd::Pid::from_raw(cut.id().expect("pid") as i32);
+    stopped(pid).await;
+    cut.kill().await.expect("kill -9");
+
+    let on_b = serve(&redis_b, &store, &[], &[]).await;
+    let after = drain(&http, &on_b.base, coupon).await;
+    assert_eq!(after["remaining"], 0, "{after}");
+    assert_eq!(
+        store.order_count(coupon).await,
+        50,
+        "no more orders than stock"
+    );
+    let (code, report, stderr) = reconcile(&redis_b, &store).await;
+    assert_eq!(code, 3, "{stderr}\n{report:#}");
+    assert_eq!(report[0]["told_not_stored_count"], told.len(), "{report:#}");
+}
+
+on_both_stores!(
+    a_take_over_cut_after_its_commit_is_finished_by_the_next_start,
+    a_take_over_cut_after_its_commit_is_finished_by_the_next_start_on_sqlite,
+    a_take_over_cut_after_its_commit_is_finished_by_the_next_start_on_postgres
+);
+
+/// A restore after a coupon's sale ended: the start stores the lost orders of coupons that
+/// ended within the workers' watch window too, so the store can be released (the review's
+/// build repaired only coupons on sale, and no stop could release the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_after_a_sale_ended_is_repaired_and_released() {
+    bounded(Duration::from_secs(90), async {
+        let store = TestStore::sqlite().await;
+        let (redis_a, redis_b) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        let http = reqwest::Client::new();
+        let mut first = serve(&redis_a, &store, &[], &[]).await;
+        let ends = time::OffsetDateTime::now_utc() + time::Duration::seconds(4);
+        let body = serde_json::json!({
+            "title": "ends soon", "stock": 50, "price": 1,
+            "starts_at": "2020-01-01T00:00:00Z",
+            "ends_at": ends.format(&time::format_description::well_known::Rfc3339).expect("time"),
+        });
+        let coupon = common::send(
+            http.post(format!("{}/api/coupons", first.base))
+                .header("content-type", "application/json")
+                .body(body.to_string()),
+        )
+        .await
+        .body["id"]
+            .as_i64()
+            .expect("coupon");
+        buy_all(&http, &first.base, coupon, 1..=10).await;
+        drain(&http, &first.base, coupon).await;
+        store.back_up().await;
+        buy_all(&http, &first.base, coupon, 11..=15).await;
+        drain(&http, &first.base, coupon).await;
+        let left = (ends - time::OffsetDateTime::now_utc()).unsigned_abs();
+        tokio::time::sleep(left + Duration::from_millis(200)).await;
+        sigterm(&first);
+        assert_eq!(exits(&mut first, Duration::from_secs(20)).await, 0);
+        store.restore().await;
+
+        let mut again = serve(&redis_a, &store, &[], &[]).await;
+        assert_eq!(store.order_count(coupon).await, 15, "stored again at start");
+        sigterm(&again);
+        assert_eq!(exits(&mut again, Duration::from_secs(20)).await, 0);
+        let taker =
+            start_or_exit(serve_command(&redis_b, &store, &[]), &["--take-over-store"]).await;
+        assert!(taker.is_ok(), "not released: {:?}", taker.err());
     })
     .await;
 }

@@ -6,6 +6,10 @@
 -- slow or with a skewed clock can never write to the store once it has moved on.
 ALTER TABLE store ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE store ADD COLUMN tenure_epoch BIGINT NOT NULL DEFAULT 0;
+-- A random id of the current tenure, never given twice: a restore can take the epoch
+-- back, so a number cannot tell one tenure from another. The authority's Redis keeps the
+-- id of the tenure its order streams belong to.
+ALTER TABLE store ADD COLUMN tenure_id TEXT;
 
 -- The epoch each instance was admitted at. `seen_at` is now the database's own clock
 -- (Unix ms), never an instance's. `beats` counts the beats the store accepted from the

@@ -47,6 +47,8 @@ pub struct StoreState {
     /// The epoch of the current tenure's first admission: instances admitted before it
     /// belong to an earlier tenure, and their writes are refused.
     pub tenure_epoch: i64,
+    /// The current tenure's random id (`None` in a store from before tenures had ids).
+    pub tenure_id: Option<String>,
 }
 
 /// An instance's right to write to the store: the authority it sells under, the epoch it
@@ -60,9 +62,10 @@ pub struct Admission {
     pub authority: String,
     /// The epoch its start moved the store to.
     pub epoch: i64,
-    /// The epoch its authority's tenure began at (`epoch` for the tenure's first
-    /// instance): what its Redis's streams must belong to.
-    pub tenure_epoch: i64,
+    /// The id of its authority's tenure: what its Redis's order streams must belong to
+    /// (`stock::StockLoader`). Random, so a restore that takes the epoch back cannot make
+    /// two tenures look alike.
+    pub tenure: String,
     /// The beats the store confirmed, as the store counted them: a store whose count is
     /// below this was restored from a backup taken before the last of them.
     beats: std::sync::Arc<std::sync::atomic::AtomicI64>,
@@ -72,15 +75,15 @@ impl Admission {
     /// An admission the store has not recorded: for a process that only reads (a test's
     /// worker that never commits). The store refuses every write it carries.
     pub fn unrecorded(instance: &str) -> Admission {
-        Admission::new(instance, "", 0, 0)
+        Admission::new(instance, "", 0, String::new())
     }
 
-    fn new(instance: &str, authority: &str, epoch: i64, tenure_epoch: i64) -> Admission {
+    fn new(instance: &str, authority: &str, epoch: i64, tenure: String) -> Admission {
         Admission {
             instance: instance.to_owned(),
             authority: authority.to_owned(),
             epoch,
-            tenure_epoch,
+            tenure,
             beats: Default::default(),
         }
     }
@@ -147,11 +150,9 @@ pub enum Release {
 /// How long a move waits for the store row before it gives up (PostgreSQL). Longer than
 /// the idle-in-transaction timeout that ends the transaction of a frozen instance.
 const MOVE_LOCK_TIMEOUT: &str = "30s";
-/// Rows of instances silent this long (killed) are removed by the next start.
-const FORGET_SILENT_AFTER_MS: i64 = 3_600_000;
 
 const STORE_STATE: &str = "SELECT authority, authority_location, authority_since, \
-     authority_released, epoch, tenure_epoch FROM store WHERE id = 1";
+     authority_released, epoch, tenure_epoch, tenure_id FROM store WHERE id = 1";
 
 type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
@@ -264,25 +265,23 @@ impl Db {
             other => return Ok(Joined::Moved(other.clone())),
         };
         let epoch = state.epoch + 1;
-        let tenure_epoch = if new_tenure {
-            epoch
-        } else {
-            state.tenure_epoch
+        let (tenure_epoch, tenure) = match state.tenure_id {
+            Some(tenure) if !new_tenure => (state.tenure_epoch, tenure),
+            // A store from before tenures had ids names its tenure now.
+            None if !new_tenure => (state.tenure_epoch, new_tenure_id()),
+            _ => (epoch, new_tenure_id()),
         };
         sqlx::query(
-            "UPDATE store SET epoch = $1, tenure_epoch = $2, authority_released = 0 WHERE id = 1",
+            "UPDATE store SET epoch = $1, tenure_epoch = $2, tenure_id = $3, \
+             authority_released = 0 WHERE id = 1",
         )
         .bind(epoch)
         .bind(tenure_epoch)
+        .bind(tenure.as_str())
         .execute(&mut *tx)
         .await?;
-        sqlx::query(&format!(
-            "DELETE FROM store_instances WHERE seen_at < {now} - $1"
-        ))
-        .bind(FORGET_SILENT_AFTER_MS)
-        .execute(&mut *tx)
-        .await?;
-        let admission = Admission::new(instance, &expected.id, epoch, tenure_epoch);
+        forget_earlier_tenures(&mut tx, tenure_epoch).await?;
+        let admission = Admission::new(instance, &expected.id, epoch, tenure);
         self.record_instance(&mut tx, &admission, described).await?;
         tx.commit().await?;
         Ok(Joined::Admitted(admission))
@@ -318,17 +317,20 @@ impl Db {
             }
         }
         let epoch = state.epoch + 1;
+        let tenure = new_tenure_id();
         sqlx::query(&format!(
             "UPDATE store SET authority = $1, authority_location = $2, authority_since = {}, \
-             authority_released = 0, epoch = $3, tenure_epoch = $3 WHERE id = 1",
+             authority_released = 0, epoch = $3, tenure_epoch = $3, tenure_id = $4 WHERE id = 1",
             self.now_ms_sql()
         ))
         .bind(candidate.id.as_str())
         .bind(candidate.location.as_str())
         .bind(epoch)
+        .bind(tenure.as_str())
         .execute(&mut *tx)
         .await?;
-        let admission = Admission::new(instance, &candidate.id, epoch, epoch);
+        forget_earlier_tenures(&mut tx, epoch).await?;
+        let admission = Admission::new(instance, &candidate.id, epoch, tenure);
         self.record_instance(&mut tx, &admission, described).await?;
         tx.commit().await?;
         Ok(TakeOver::Taken {
@@ -371,7 +373,8 @@ impl Db {
             return Ok(Release::Moved);
         }
         sqlx::query(
-            "UPDATE store SET authority_released = 1, epoch = $1, tenure_epoch = $1 WHERE id = 1",
+            "UPDATE store SET authority_released = 1, epoch = $1, tenure_epoch = $1, \
+             tenure_id = NULL WHERE id = 1",
         )
         .bind(state.epoch + 1)
         .execute(&mut *tx)
@@ -455,39 +458,32 @@ impl Db {
         Ok(())
     }
 
-    /// Records that `admission`'s instance (`described` for people) still sells, by the
-    /// database's clock, if the store still admits it and has not gone back in time;
-    /// returns whether both hold. One statement that holds the store row shared, so a
-    /// beat never lands after a move that evicted its instance. The store counts the
-    /// instance's beats: a count that is not above the one the instance was last told
-    /// (its row restored from a backup, or gone) is a store restored under it.
-    pub async fn beat(&self, admission: &Admission, described: &str) -> Result<bool, DbError> {
-        let shared = match self.dialect {
-            Dialect::Sqlite => "",
-            Dialect::Postgres => " FOR SHARE",
+    /// Records that `admission`'s instance still sells, by the database's clock, if the
+    /// store still admits it ([`Db::begin_admitted`]: the store row held shared, so a beat
+    /// never lands after a move that evicted its instance, and the instance's count of
+    /// beats not behind what it was told); returns whether it does. The store counts the
+    /// beat, and the instance learns the count: a database restored under it shows a
+    /// smaller one (or no row) at its next beat or write.
+    pub async fn beat(&self, admission: &Admission) -> Result<bool, DbError> {
+        let mut tx = match self.begin_admitted(admission).await {
+            Ok(tx) => tx,
+            Err(DbError::Evicted { .. }) => return Ok(false),
+            Err(err) => return Err(err),
         };
-        let beaten = sqlx::query(&format!(
-            "INSERT INTO store_instances (id, described, authority, seen_at, epoch, beats) \
-             SELECT $1, $2, authority, {}, $3, 0 FROM store WHERE id = 1 AND authority = $4 \
-             AND authority_released = 0 AND tenure_epoch <= $3{shared} \
-             ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, \
-             beats = store_instances.beats + 1 RETURNING beats",
+        let row = sqlx::query(&format!(
+            "UPDATE store_instances SET seen_at = {}, beats = beats + 1 WHERE id = $1 \
+             RETURNING beats",
             self.now_ms_sql()
         ))
         .bind(admission.instance.as_str())
-        .bind(described)
-        .bind(admission.epoch)
-        .bind(admission.authority.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
-        let Some(row) = beaten else {
-            return Ok(false);
-        };
         let beats: i64 = row.try_get("beats")?;
-        let told = admission
+        tx.commit().await?;
+        admission
             .beats
             .fetch_max(beats, std::sync::atomic::Ordering::SeqCst);
-        Ok(beats > told)
+        Ok(true)
     }
 
     /// Removes instance `id`'s beat: it stopped selling.
@@ -498,6 +494,23 @@ impl Db {
             .await?;
         Ok(())
     }
+}
+
+/// A tenure id: random, never given twice.
+fn new_tenure_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Removes the beats of instances of tenures before the one beginning at `tenure_epoch`:
+/// the store refuses them anyway. Rows of the current tenure stay until their instance
+/// leaves (a killed one's stays silent), whatever the clock says: a clock that jumped
+/// forward must not take a live instance's row away.
+async fn forget_earlier_tenures(tx: &mut Tx, tenure_epoch: i64) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM store_instances WHERE epoch < $1")
+        .bind(tenure_epoch)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 fn store_state(row: &AnyRow) -> Result<StoreState, DbError> {
@@ -519,5 +532,6 @@ fn store_state(row: &AnyRow) -> Result<StoreState, DbError> {
         authority,
         epoch: row.try_get("epoch")?,
         tenure_epoch: row.try_get("tenure_epoch")?,
+        tenure_id: row.try_get("tenure_id")?,
     })
 }
