@@ -197,9 +197,10 @@ impl StockLoader {
     }
 
     /// Sets aside what an earlier tenure of this Redis as the store's authority left here,
-    /// once per tenure, before the tenure's first load: every coupon's order stream (with
-    /// what it sold and never stored, listed by `reconcile`) and counters (rebuilt from
-    /// SQL). A new tenure's workers must not store an earlier one's orders, whose units
+    /// once per tenure, before the tenure's first load, unless that tenure is the one just
+    /// before this and ended with a release (a fleet restarted: its state is the store's):
+    /// every coupon's order stream (with what it sold and never stored, listed by
+    /// `reconcile`) and counters (rebuilt from SQL). A new tenure's workers must not store an earlier one's orders, whose units
     /// may have been sold again by another authority since (a review's move back to an
     /// abandoned Redis stored 30 such orders over a stock of 50), and its loader must not
     /// keep an earlier tenure's buyers (another review's take-over, cut after its commit,
@@ -217,25 +218,36 @@ impl StockLoader {
         if held.as_deref() == Some(tenure) {
             return Ok(());
         }
-        let current = self.db.store_state().await?.tenure_id;
-        if current.as_deref() != Some(tenure) {
+        let state = self.db.store_state().await?;
+        let released = state
+            .authority
+            .as_ref()
+            .is_none_or(|current| current.released);
+        if released || state.tenure_id.as_deref() != Some(tenure) {
             return Err(LoadError::NotCurrentTenure);
         }
-        if let Some(held) = held {
-            let mut retired = 0;
-            for coupon in self.db.coupons_ending_after(i64::MIN).await? {
-                let keys = self.db.keyspace().coupon(coupon.id);
-                retired += u32::from(retire_stream(conn, &keys, &format!("t{held}")).await?);
-                let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
+        match held {
+            // The tenure just before this one, on this very Redis, ended with a release:
+            // everything it sold is stored, and its state is the store's.
+            Some(held) if state.previous_tenure_id.as_ref() == Some(&held) => {}
+            Some(held) => {
+                let mut retired = 0;
+                for coupon in self.db.coupons_ending_after(i64::MIN).await? {
+                    let keys = self.db.keyspace().coupon(coupon.id);
+                    retired += u32::from(retire_stream(conn, &keys, &format!("t{held}")).await?);
+                    let () = conn.del(&[&keys.stock, &keys.buyers, &keys.claims]).await?;
+                }
+                tracing::warn!(
+                    earlier = %held,
+                    now = %tenure,
+                    streams = retired,
+                    "a new tenure of this Redis as the store's authority after another \
+                     authority's, or after one that was abandoned: set aside the earlier one's \
+                     order streams and counters (rebuilt from SQL); `flashsale reconcile` lists \
+                     what its streams hold that the store does not"
+                );
             }
-            tracing::warn!(
-                earlier = %held,
-                now = %tenure,
-                streams = retired,
-                "a new tenure of this Redis as the store's authority: set aside the earlier \
-                 one's order streams and counters; `flashsale reconcile` lists what its \
-                 streams hold that the store does not"
-            );
+            None => {}
         }
         let () = conn.set(&key, tenure).await?;
         Ok(())
@@ -289,7 +301,8 @@ impl StockLoader {
                 tracing::warn!(
                     coupon = coupon.id,
                     already_sold = sold,
-                    "reloading the stock of a coupon that had sales: Redis lost its counter"
+                    "reloading the stock of a coupon that had sales: its counter was missing \
+                     (Redis lost its data, or a new tenure set an earlier one's aside)"
                 );
             }
             self.restore_fencing_counter(coupon).await?;

@@ -1128,3 +1128,36 @@ async fn a_restore_after_a_sale_ended_is_repaired_and_released() {
     })
     .await;
 }
+
+/// A fleet restarted (its last instance releases the store, the next start begins a new
+/// tenure on the same Redis) keeps its Redis's state: the tenure before ended with
+/// everything stored, so nothing is set aside or rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_restart_keeps_its_redis_state() {
+    use redis::AsyncCommands;
+    bounded(Duration::from_secs(60), async {
+        let store = TestStore::sqlite().await;
+        let redis = RedisServer::start().await.expect("redis");
+        let http = reqwest::Client::new();
+        let mut first = serve(&redis, &store, &[], &[]).await;
+        let coupon = open_coupon(&http, &first.base, 20).await;
+        buy_all(&http, &first.base, coupon, 1..=5).await;
+        drain(&http, &first.base, coupon).await;
+        sigterm(&first);
+        assert_eq!(exits(&mut first, Duration::from_secs(20)).await, 0);
+
+        let again = serve(&redis, &store, &[], &[]).await;
+        assert_eq!(stats(&http, &again.base, coupon).await["remaining"], 15);
+        let keys = store.db().await.keyspace().coupon(coupon);
+        let mut conn = redis.connection().await.expect("redis");
+        let retired: Vec<String> = conn.smembers(&keys.retired).await.expect("retired");
+        assert!(retired.is_empty(), "{retired:?}");
+        let events: usize = conn.xlen(&keys.orders).await.expect("xlen");
+        assert_eq!(events, 5, "the stream is the same");
+        assert_eq!(
+            buy(&http, &again.base, coupon, 3).await.body["error"],
+            "already_purchased"
+        );
+    })
+    .await;
+}

@@ -10,6 +10,10 @@ ALTER TABLE store ADD COLUMN tenure_epoch BIGINT NOT NULL DEFAULT 0;
 -- back, so a number cannot tell one tenure from another. The authority's Redis keeps the
 -- id of the tenure its order streams belong to.
 ALTER TABLE store ADD COLUMN tenure_id TEXT;
+-- The tenure just before the current one, when that one ended with a release (everything
+-- it sold stored): its Redis's state is then the store's, and a new tenure on that same
+-- Redis keeps it instead of rebuilding from SQL.
+ALTER TABLE store ADD COLUMN previous_tenure_id TEXT;
 
 -- The epoch each instance was admitted at. `seen_at` is now the database's own clock
 -- (Unix ms), never an instance's. `beats` counts the beats the store accepted from the

@@ -47,8 +47,11 @@ pub struct StoreState {
     /// The epoch of the current tenure's first admission: instances admitted before it
     /// belong to an earlier tenure, and their writes are refused.
     pub tenure_epoch: i64,
-    /// The current tenure's random id (`None` in a store from before tenures had ids).
+    /// The current (or, released, the last) tenure's random id (`None` in a store from
+    /// before tenures had ids).
     pub tenure_id: Option<String>,
+    /// The tenure just before the current one, when it ended with a release.
+    pub previous_tenure_id: Option<String>,
 }
 
 /// An instance's right to write to the store: the authority it sells under, the epoch it
@@ -152,7 +155,8 @@ pub enum Release {
 const MOVE_LOCK_TIMEOUT: &str = "30s";
 
 const STORE_STATE: &str = "SELECT authority, authority_location, authority_since, \
-     authority_released, epoch, tenure_epoch, tenure_id FROM store WHERE id = 1";
+     authority_released, epoch, tenure_epoch, tenure_id, previous_tenure_id FROM store \
+     WHERE id = 1";
 
 type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
@@ -265,19 +269,24 @@ impl Db {
             other => return Ok(Joined::Moved(other.clone())),
         };
         let epoch = state.epoch + 1;
-        let (tenure_epoch, tenure) = match state.tenure_id {
-            Some(tenure) if !new_tenure => (state.tenure_epoch, tenure),
+        let released = state
+            .authority
+            .as_ref()
+            .is_some_and(|current| current.released);
+        let (tenure_epoch, tenure, previous) = match state.tenure_id {
+            Some(tenure) if !new_tenure => (state.tenure_epoch, tenure, state.previous_tenure_id),
             // A store from before tenures had ids names its tenure now.
-            None if !new_tenure => (state.tenure_epoch, new_tenure_id()),
-            _ => (epoch, new_tenure_id()),
+            None if !new_tenure => (state.tenure_epoch, new_tenure_id(), None),
+            ended => (epoch, new_tenure_id(), ended.filter(|_| released)),
         };
         sqlx::query(
             "UPDATE store SET epoch = $1, tenure_epoch = $2, tenure_id = $3, \
-             authority_released = 0 WHERE id = 1",
+             previous_tenure_id = $4, authority_released = 0 WHERE id = 1",
         )
         .bind(epoch)
         .bind(tenure_epoch)
         .bind(tenure.as_str())
+        .bind(previous.as_deref())
         .execute(&mut *tx)
         .await?;
         forget_earlier_tenures(&mut tx, tenure_epoch).await?;
@@ -318,15 +327,24 @@ impl Db {
         }
         let epoch = state.epoch + 1;
         let tenure = new_tenure_id();
+        // A tenure that ended with a release left everything stored; an abandoned one did not.
+        let previous = state.tenure_id.clone().filter(|_| {
+            state
+                .authority
+                .as_ref()
+                .is_some_and(|current| current.released)
+        });
         sqlx::query(&format!(
             "UPDATE store SET authority = $1, authority_location = $2, authority_since = {}, \
-             authority_released = 0, epoch = $3, tenure_epoch = $3, tenure_id = $4 WHERE id = 1",
+             authority_released = 0, epoch = $3, tenure_epoch = $3, tenure_id = $4, \
+             previous_tenure_id = $5 WHERE id = 1",
             self.now_ms_sql()
         ))
         .bind(candidate.id.as_str())
         .bind(candidate.location.as_str())
         .bind(epoch)
         .bind(tenure.as_str())
+        .bind(previous.as_deref())
         .execute(&mut *tx)
         .await?;
         forget_earlier_tenures(&mut tx, epoch).await?;
@@ -373,8 +391,8 @@ impl Db {
             return Ok(Release::Moved);
         }
         sqlx::query(
-            "UPDATE store SET authority_released = 1, epoch = $1, tenure_epoch = $1, \
-             tenure_id = NULL WHERE id = 1",
+            "UPDATE store SET authority_released = 1, epoch = $1, tenure_epoch = $1 \
+             WHERE id = 1",
         )
         .bind(state.epoch + 1)
         .execute(&mut *tx)
@@ -533,5 +551,6 @@ fn store_state(row: &AnyRow) -> Result<StoreState, DbError> {
         epoch: row.try_get("epoch")?,
         tenure_epoch: row.try_get("tenure_epoch")?,
         tenure_id: row.try_get("tenure_id")?,
+        previous_tenure_id: row.try_get("previous_tenure_id")?,
     })
 }
