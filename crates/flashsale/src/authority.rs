@@ -353,12 +353,14 @@ pub async fn admit(
         if let Some(refused) = refusal.refuses(&marker, &recorded) {
             return Err(refused);
         }
-        refusal.put_marker(conn, &key, &recorded).await?;
+        if refusal.put_marker(conn, &key, &recorded).await? {
+            tracing::warn!(authority = %recorded.location, "this Redis had no stock authority id for the store (it lost its data, or a take-over was cut short); put it there");
+        }
     }
     let owner = match db.join(&recorded, first_use, instance, &described).await? {
         Joined::Admitted(admission) => {
             if first_use {
-                refusal.put_marker(conn, &key, &recorded).await?;
+                let _: bool = refusal.put_marker(conn, &key, &recorded).await?;
                 tracing::info!(authority = %recorded.location, "this Redis is now the store's stock authority");
             }
             return Ok(admission);
@@ -372,7 +374,7 @@ pub async fn admit(
             if let Some(refused) = refusal.refuses(&marker, &owner) {
                 return Err(refused);
             }
-            refusal.put_marker(conn, &key, &owner).await?;
+            let _: bool = refusal.put_marker(conn, &key, &owner).await?;
             match db.join(&owner, false, instance, &described).await? {
                 Joined::Admitted(admission) => Ok(admission),
                 Joined::Moved(moved) => Err(refusal.foreign(moved.unwrap_or(owner))),
@@ -466,19 +468,16 @@ impl Refusal<'_> {
         }
     }
 
-    /// Puts `recorded`'s id into this Redis if it has none (new, or lost with its data).
+    /// Puts `recorded`'s id into this Redis if it has none (new, or lost with its data);
+    /// returns whether it did.
     async fn put_marker(
         &self,
         conn: &mut distlock::Connection,
         key: &str,
         recorded: &AuthorityRecord,
-    ) -> Result<(), AuthorityError> {
+    ) -> Result<bool, AuthorityError> {
         match confirm(conn, key, &recorded.id).await {
-            Ok(true) => {
-                tracing::warn!(authority = %recorded.location, "this Redis had no stock authority id for the store (new, or lost with its data); put it there");
-                Ok(())
-            }
-            Ok(false) => Ok(()),
+            Ok(put) => Ok(put),
             Err(ConfirmError::Redis(err)) => Err(AuthorityError::Redis(err)),
             Err(ConfirmError::Another(marker)) => Err(self.stale(recorded.clone(), marker)),
         }
