@@ -46,6 +46,21 @@ pub struct Backlog {
     pub pending: i64,
 }
 
+/// Creates the order workers' consumer group, and the stream with it, if missing. Reading
+/// from id 0 means a group recreated after Redis lost its data still sees every entry.
+pub async fn ensure_group<C>(conn: &mut C, keys: &CouponKeys) -> redis::RedisResult<()>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let created: redis::RedisResult<()> = conn
+        .xgroup_create_mkstream(&keys.orders, ORDER_GROUP, "0")
+        .await;
+    match created {
+        Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
 /// The coupon stream's length and backlog.
 pub async fn stream_backlog(
     conn: &mut distlock::Connection,

@@ -16,10 +16,10 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::db::{Db, DbError};
-use crate::keys::{CouponKeys, ORDER_GROUP};
+use crate::keys::CouponKeys;
 use crate::metrics::Metrics;
 use crate::model::{now_millis, Coupon, OrderEvent};
-use crate::order_events::{lost_by_sql, stream_events, OrderEventsError};
+use crate::order_events::{ensure_group, lost_by_sql, stream_events, OrderEventsError};
 use crate::scripts::{LOAD_STOCK, REPAIR_STOCK, RESPLIT_STOCK, RETIRE_STREAM};
 
 /// How long an instance waits for another to finish loading before it gives up.
@@ -401,21 +401,6 @@ impl StockLoader {
             "fencing counter restored above the highest token SQL accepted"
         );
         Ok(())
-    }
-}
-
-/// Creates the order workers' consumer group, and the stream with it, if missing. Reading
-/// from id 0 means a group recreated after Redis lost its data still sees every entry.
-pub async fn ensure_group<C>(conn: &mut C, keys: &CouponKeys) -> redis::RedisResult<()>
-where
-    C: redis::aio::ConnectionLike + Send + Sync,
-{
-    let created: redis::RedisResult<()> = conn
-        .xgroup_create_mkstream(&keys.orders, ORDER_GROUP, "0")
-        .await;
-    match created {
-        Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
-        other => other,
     }
 }
 

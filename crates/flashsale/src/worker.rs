@@ -23,7 +23,7 @@ use crate::db::{Db, DbError};
 use crate::keys::{Keyspace, ORDER_GROUP};
 use crate::metrics::Metrics;
 use crate::model::{now_millis, OrderEvent};
-use crate::stock::ensure_group;
+use crate::order_events::ensure_group;
 
 /// How long after its sale ended a coupon's stream is still watched, so late entries and
 /// entries of a crashed worker are still stored.
