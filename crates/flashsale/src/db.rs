@@ -115,6 +115,15 @@ pub enum DbError {
     },
 }
 
+/// What [`Db::store_orders`] did with a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredOrders {
+    /// Orders stored.
+    pub inserted: u64,
+    /// Orders refused as beyond their coupon's stock (kept in `orders_refused`).
+    pub refused: u64,
+}
+
 /// A pool of connections to the store, cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Db {
@@ -508,11 +517,16 @@ impl Db {
         rows.iter().map(order_from_row).collect()
     }
 
-    /// Stores a batch of orders in one transaction and returns how many were new.
+    /// Stores a batch of orders in one transaction, never beyond a coupon's stock, and
+    /// says how many were new and how many were refused.
     ///
     /// An order already stored, or a second order of the same user for the same coupon,
     /// is skipped rather than failing the batch: the worker may see an event again after a
-    /// crash between commit and acknowledgement, and that must be harmless.
+    /// crash between commit and acknowledgement, and that must be harmless. An order beyond
+    /// its coupon's stock (`coupon_sales` counts the units sold, in the same transaction
+    /// as every order) is not stored but kept in `orders_refused`, oldest first stored:
+    /// Redis counted a unit that was gone (a Redis put back to an earlier state), and its
+    /// buyer was told 201, so `reconcile` lists it.
     ///
     /// `admission` is the storing instance's: if the store has moved past it (taken over
     /// or released since the instance started), nothing is stored and the answer is
@@ -522,16 +536,129 @@ impl Db {
         admission: &Admission,
         orders: &[OrderEvent],
         now_ms: i64,
+    ) -> Result<StoredOrders, DbError> {
+        let mut tx = self.begin_admitted(admission).await?;
+        let mut stored = StoredOrders::default();
+        let mut coupons: Vec<i64> = orders.iter().map(|order| order.coupon_id).collect();
+        coupons.sort_unstable();
+        coupons.dedup();
+        for coupon in coupons {
+            let batch: Vec<&OrderEvent> = orders
+                .iter()
+                .filter(|order| order.coupon_id == coupon)
+                .collect();
+            let room = self.units_left(&mut tx, coupon).await?;
+            let fresh = self.new_buyers(&mut tx, coupon, &batch).await?;
+            let (accepted, refused) = fresh.split_at(fresh.len().min(room));
+            let inserted = self
+                .insert_orders(&mut tx, "orders", accepted, now_ms)
+                .await?;
+            sqlx::query("UPDATE coupon_sales SET sold = sold + $1 WHERE coupon_id = $2")
+                .bind(i64::try_from(inserted).unwrap_or(i64::MAX))
+                .bind(coupon)
+                .execute(&mut *tx)
+                .await?;
+            if !refused.is_empty() {
+                self.insert_orders(&mut tx, "orders_refused", refused, now_ms)
+                    .await?;
+                tracing::error!(
+                    coupon,
+                    refused = refused.len(),
+                    "orders beyond the coupon's stock were refused by the store (Redis \
+                     counted units that were sold already: was it put back to an earlier \
+                     state?); their buyers were told 201, and `flashsale reconcile` lists them"
+                );
+            }
+            stored.inserted += inserted;
+            stored.refused += refused.len() as u64;
+        }
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    /// The units coupon `coupon` has left by the store's own count, its counter row
+    /// locked (PostgreSQL) until the transaction ends, so two batches at once cannot both
+    /// take the last ones. A coupon that is not in the store has none.
+    async fn units_left(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        coupon: i64,
+    ) -> Result<usize, DbError> {
+        sqlx::query(
+            "INSERT INTO coupon_sales (coupon_id, sold) SELECT id, 0 FROM coupons WHERE id = $1 \
+             ON CONFLICT (coupon_id) DO NOTHING",
+        )
+        .bind(coupon)
+        .execute(&mut **tx)
+        .await?;
+        let lock = match self.dialect {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR UPDATE OF s",
+        };
+        let row = sqlx::query(&format!(
+            "SELECT c.stock - s.sold AS room FROM coupon_sales s JOIN coupons c \
+             ON c.id = s.coupon_id WHERE s.coupon_id = $1{lock}"
+        ))
+        .bind(coupon)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let room: i64 = row.map(|row| row.try_get("room")).transpose()?.unwrap_or(0);
+        Ok(usize::try_from(room).unwrap_or(0))
+    }
+
+    /// The orders of `batch` (one coupon's) whose buyers hold no order of it yet, the
+    /// first of each buyer's in the batch: the orders a store would take.
+    async fn new_buyers<'a>(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        coupon: i64,
+        batch: &[&'a OrderEvent],
+    ) -> Result<Vec<&'a OrderEvent>, DbError> {
+        const USERS_PER_STATEMENT: usize = 500;
+        let mut holders = std::collections::HashSet::new();
+        for chunk in batch.chunks(USERS_PER_STATEMENT) {
+            let users: Vec<String> = (0..chunk.len()).map(|i| self.placeholder(i + 2)).collect();
+            let sql = format!(
+                "SELECT user_id FROM orders WHERE coupon_id = {} AND user_id IN ({})",
+                self.placeholder(1),
+                users.join(", ")
+            );
+            let mut query = sqlx::query(&sql).bind(coupon);
+            for order in chunk {
+                query = query.bind(order.user_id);
+            }
+            for row in query.fetch_all(&mut **tx).await? {
+                holders.insert(row.try_get::<i64, _>("user_id")?);
+            }
+        }
+        Ok(batch
+            .iter()
+            .copied()
+            .filter(|order| holders.insert(order.user_id))
+            .collect())
+    }
+
+    /// Inserts `orders` into `table` (`orders` or `orders_refused`, the same columns but
+    /// the last), skipping any already there; returns how many were new.
+    async fn insert_orders(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        table: &'static str,
+        orders: &[&OrderEvent],
+        now_ms: i64,
     ) -> Result<u64, DbError> {
         // Multi-row VALUES lists keep a batch to one statement per chunk; the chunk keeps
         // the parameter count (5 per row) under SQLite's limit.
         const ROWS_PER_STATEMENT: usize = 200;
-        let mut tx = self.begin_admitted(admission).await?;
+        let last = if table == "orders" {
+            "stored_at"
+        } else {
+            "refused_at"
+        };
         let mut inserted = 0;
         for chunk in orders.chunks(ROWS_PER_STATEMENT) {
-            let mut sql = String::from(
-                "INSERT INTO orders (id, coupon_id, user_id, created_at, stored_at) VALUES ",
-            );
+            let mut sql =
+                format!("INSERT INTO {table} (id, coupon_id, user_id, created_at, {last}) VALUES ");
             for row in 0..chunk.len() {
                 if row > 0 {
                     sql.push_str(", ");
@@ -550,10 +677,40 @@ impl Db {
                     .bind(order.created_at)
                     .bind(now_ms);
             }
-            inserted += query.execute(&mut *tx).await?.rows_affected();
+            inserted += query.execute(&mut **tx).await?.rows_affected();
         }
-        tx.commit().await?;
         Ok(inserted)
+    }
+
+    /// The orders of coupon `coupon_id` the store refused as beyond its stock
+    /// ([`Db::store_orders`]), oldest first.
+    pub async fn refused_orders(&self, coupon_id: i64) -> Result<Vec<OrderEvent>, DbError> {
+        let rows = sqlx::query(
+            "SELECT id, coupon_id, user_id, created_at FROM orders_refused \
+             WHERE coupon_id = $1 ORDER BY created_at, id",
+        )
+        .bind(coupon_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OrderEvent {
+                    order_id: row.try_get("id")?,
+                    coupon_id: row.try_get("coupon_id")?,
+                    user_id: row.try_get("user_id")?,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets coupon `coupon_id`'s refused orders: they were settled with their buyers.
+    pub async fn forget_refused_orders(&self, coupon_id: i64) -> Result<(), DbError> {
+        sqlx::query("DELETE FROM orders_refused WHERE coupon_id = $1")
+            .bind(coupon_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }
 

@@ -471,6 +471,14 @@ async fn order_lookup(
     let lost = |reason: &str| {
         Json(json!({ "state": "lost", "order": order, "reason": reason })).into_response()
     };
+    let refused = state.db.refused_orders(coupon_id).await?;
+    if refused.iter().any(|refused| refused.order_id == id) {
+        return Ok(lost(
+            "Redis sold this order beyond the coupon's stock (it counted a unit that was sold \
+             already: was it put back to an earlier state?), and the store refused it. \
+             `flashsale reconcile` lists such orders, to be settled with their buyers",
+        ));
+    }
     if !state.reserver.admitted() {
         return Ok(lost(
             "this instance's store was taken over by another Redis while it was frozen or cut \

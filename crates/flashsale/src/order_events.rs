@@ -452,13 +452,40 @@ pub async fn lost_by_sql(
     Ok(lost)
 }
 
-/// The ids of the orders SQL holds for coupon `coupon_id`.
+/// The ids of the orders the store knows for coupon `coupon_id`: those it holds, and those
+/// it refused as beyond the stock (listed by `reconcile` on their own).
 async fn stored_orders(db: &Db, coupon_id: i64) -> Result<HashSet<String>, DbError> {
-    Ok(db
+    let mut known: HashSet<String> = db
         .buyers(coupon_id)
         .await?
         .into_iter()
         .map(|(_, order)| order)
+        .collect();
+    known.extend(
+        db.refused_orders(coupon_id)
+            .await?
+            .into_iter()
+            .map(|order| order.order_id),
+    );
+    Ok(known)
+}
+
+/// The orders of coupon `coupon_id` the store refused as beyond its stock: their buyers
+/// were told 201 by a Redis that counted units already sold.
+pub async fn refused_over_stock(db: &Db, coupon_id: i64) -> Result<Vec<Unstored>, DbError> {
+    Ok(db
+        .refused_orders(coupon_id)
+        .await?
+        .into_iter()
+        .map(|order| {
+            Unstored::new(
+                order.order_id,
+                order.user_id,
+                coupon_id,
+                Some(order.created_at),
+                false,
+            )
+        })
         .collect())
 }
 

@@ -26,7 +26,8 @@ use crate::keys::{CouponKeys, Keyspace};
 use crate::metrics::Metrics;
 use crate::model::Coupon;
 use crate::order_events::{
-    held_orders, retired_unstored, stream_backlog, unstored_orders, OrderEventsError, Unstored,
+    held_orders, refused_over_stock, retired_unstored, stream_backlog, unstored_orders,
+    OrderEventsError, Unstored,
 };
 use crate::scripts::REPAIR_CLAIMS;
 use crate::worker::Watched;
@@ -137,9 +138,11 @@ pub struct CouponDrift {
     pub different_order: Vec<String>,
     /// How many there are.
     pub different_order_count: usize,
-    /// Orders an earlier tenure of this Redis (or an earlier coupon with this id, before the
-    /// database was restored) told buyers about and never stored: their streams were set
-    /// aside, and their units sold again. Settle each with its buyer.
+    /// Orders told 201 and never stored: the store refused them as beyond the coupon's
+    /// stock (Redis counted units that were sold already), or an earlier tenure of this
+    /// Redis (or an earlier coupon with this id, before the database was restored) sold
+    /// them and their streams were set aside, their units sold again. Settle each with its
+    /// buyer.
     pub told_not_stored: Vec<Unstored>,
     /// How many there are.
     pub told_not_stored_count: usize,
@@ -262,7 +265,8 @@ pub async fn reconcile_coupon(
         count
     };
     missing_in_sql.sort();
-    let told_not_stored = retired_unstored(db, conn, coupon.id).await?;
+    let mut told_not_stored = refused_over_stock(db, coupon.id).await?;
+    told_not_stored.extend(retired_unstored(db, conn, coupon.id).await?);
     Ok(CouponDrift {
         coupon_id: coupon.id,
         stock: coupon.stock,
@@ -390,6 +394,7 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
             if args.forget_told_not_stored {
                 for coupon in &report {
                     forget_retired(&db, &mut conn, coupon.coupon_id).await?;
+                    db.forget_refused_orders(coupon.coupon_id).await?;
                 }
                 report.iter().any(CouponDrift::disagrees)
             } else {
@@ -409,13 +414,13 @@ pub async fn run(args: ReconcileArgs) -> CliResult {
     })
 }
 
-/// Removes coupon `coupon_id`'s order streams set aside by earlier tenures: their orders
-/// were settled with their buyers.
+/// Removes coupon `coupon_id`'s order streams set aside by earlier tenures from this
+/// Redis: what they told and never stored was settled with its buyers.
 async fn forget_retired(
     db: &Db,
     conn: &mut distlock::Connection,
     coupon_id: i64,
-) -> redis::RedisResult<()> {
+) -> Result<(), ReconcileError> {
     let keys = db.keyspace().coupon(coupon_id);
     let streams: Vec<String> = conn.smembers(&keys.retired).await?;
     for stream in &streams {
@@ -431,7 +436,7 @@ async fn forget_former(
     db: &Db,
     conn: &mut distlock::Connection,
     coupons: &[Coupon],
-) -> redis::RedisResult<()> {
+) -> Result<(), ReconcileError> {
     for coupon in coupons {
         forget_retired(db, conn, coupon.id).await?;
         let keys = db.keyspace().coupon(coupon.id);

@@ -494,7 +494,10 @@ pub async fn restore_orders(
     if lost.is_empty() {
         return Ok(0);
     }
-    let stored = db.store_orders(admission, &lost, now_millis()).await?;
+    let stored = db
+        .store_orders(admission, &lost, now_millis())
+        .await?
+        .inserted;
     tracing::warn!(
         coupon = coupon_id,
         stored,

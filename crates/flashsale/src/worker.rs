@@ -149,6 +149,9 @@ pub struct Committed {
     pub stored: u64,
     /// Orders skipped as already stored (same order, or same user and coupon).
     pub duplicates: u64,
+    /// Orders refused as beyond their coupon's stock (kept in the store's
+    /// `orders_refused`, listed by `reconcile`).
+    pub refused: u64,
     /// Entries acknowledged without storing, because they were not order events.
     pub malformed: u64,
 }
@@ -415,8 +418,9 @@ impl Worker {
         };
         self.read_not_stored = 0;
         let committed = Committed {
-            stored,
-            duplicates: orders.len() as u64 - stored,
+            stored: stored.inserted,
+            duplicates: orders.len() as u64 - stored.inserted - stored.refused,
+            refused: stored.refused,
             malformed: (deliveries.len() - orders.len()) as u64,
         };
         for delivery in deliveries.iter().filter(|d| d.event.is_none()) {

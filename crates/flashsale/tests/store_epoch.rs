@@ -203,8 +203,10 @@ fn restore_statements(prefix: &str) -> String {
 }
 
 /// flashsale's tables whose rows a restore puts back, children before their parents.
-const TABLES: [&str; 5] = [
+const TABLES: [&str; 7] = [
     "orders",
+    "orders_refused",
+    "coupon_sales",
     "lock_fences",
     "store_instances",
     "store",
@@ -1161,3 +1163,59 @@ async fn a_fleet_restart_keeps_its_redis_state() {
     })
     .await;
 }
+
+/// A Redis that counts sold units as left (put back to an earlier state under a running
+/// instance, as a restart from an older RDB snapshot does) sells them again: the store
+/// refuses every order beyond the stock, keeps them, and `reconcile` lists them with the
+/// lookups saying `lost` (a review's build stored them: 70 orders for 50).
+async fn a_redis_counting_sold_units_as_left_cannot_overfill_the_store(store: TestStore) {
+    use redis::AsyncCommands;
+    let redis = RedisServer::start().await.expect("redis");
+    let http = reqwest::Client::new();
+    let served = serve(&redis, &store, &[], &[]).await;
+    let coupon = open_coupon(&http, &served.base, 50).await;
+    buy_all(&http, &served.base, coupon, 1..=20).await;
+    drain(&http, &served.base, coupon).await;
+    let keys = store.db().await.keyspace().coupon(coupon);
+    let mut conn = redis.connection().await.expect("redis");
+    let () = conn.hset(&keys.stock, 0, 50).await.expect("hset");
+
+    let told = buy_all(&http, &served.base, coupon, 100..=149).await;
+    drain(&http, &served.base, coupon).await;
+    assert_eq!(
+        store.order_count(coupon).await,
+        50,
+        "no more orders than stock"
+    );
+    let (code, report, stderr) = reconcile(&redis, &store).await;
+    assert_eq!(code, 3, "{stderr}\n{report:#}");
+    assert_eq!(report[0]["told_not_stored_count"], 20, "{report:#}");
+    let listed: Vec<&str> = report[0]["told_not_stored"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report:#}"))
+        .iter()
+        .filter_map(|order| order["order_id"].as_str())
+        .collect();
+    let mut lost = 0;
+    for order in &told {
+        let lookup = common::send(http.get(format!("{}/api/orders/{order}", served.base))).await;
+        match lookup.body["state"].as_str() {
+            Some("stored") => {}
+            Some("lost") => {
+                assert!(
+                    listed.contains(&order.as_str()),
+                    "{order} is lost and not listed"
+                );
+                lost += 1;
+            }
+            other => panic!("{order}: {other:?} {}", lookup.body),
+        }
+    }
+    assert_eq!(lost, 20);
+}
+
+on_both_stores!(
+    a_redis_counting_sold_units_as_left_cannot_overfill_the_store,
+    a_redis_counting_sold_units_as_left_cannot_overfill_the_store_on_sqlite,
+    a_redis_counting_sold_units_as_left_cannot_overfill_the_store_on_postgres
+);

@@ -22,3 +22,23 @@ ALTER TABLE store ADD COLUMN previous_tenure_id TEXT;
 -- forgot what it wrote.
 ALTER TABLE store_instances ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE store_instances ADD COLUMN beats BIGINT NOT NULL DEFAULT 0;
+
+-- Units sold per coupon, kept in the same transaction as every order stored: the store
+-- itself refuses an order beyond the coupon's stock, whatever Redis counted (a Redis put
+-- back to an earlier state counts sold units as left). Such an order is kept in
+-- `orders_refused`, for `reconcile` to list: its buyer was told 201.
+CREATE TABLE coupon_sales (
+    coupon_id  BIGINT  PRIMARY KEY REFERENCES coupons (id),
+    sold       BIGINT  NOT NULL
+);
+INSERT INTO coupon_sales (coupon_id, sold)
+    SELECT coupon_id, COUNT(*) FROM orders GROUP BY coupon_id;
+
+CREATE TABLE orders_refused (
+    coupon_id   BIGINT  NOT NULL,
+    user_id     BIGINT  NOT NULL,
+    id          TEXT    NOT NULL,
+    created_at  BIGINT  NOT NULL,
+    refused_at  BIGINT  NOT NULL,
+    PRIMARY KEY (coupon_id, id)
+);

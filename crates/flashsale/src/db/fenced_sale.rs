@@ -47,8 +47,9 @@ impl Db {
     /// 1. the coupon's fence is raised to `token`, or the sale is refused ([`FencedSale::Fenced`])
     ///    if a larger token has written: the first statement, so it also takes the row
     ///    lock that serializes concurrent sales of the coupon until commit;
-    /// 2. the user's existing order and the coupon's count of orders are read, and the
-    ///    order is inserted only if the user has none and a unit is left;
+    /// 2. the user's existing order and the store's count of the coupon's units sold
+    ///    (`coupon_sales`, kept with every order stored) are read, and the order is
+    ///    inserted, and counted, only if the user has none and a unit is left;
     /// 3. `still_held` is asked just before the commit; `false` rolls back
     ///    ([`FencedSale::LeaseLost`]).
     ///
@@ -83,10 +84,8 @@ impl Db {
         .map_err(FencedCommitError::before)?
         .rows_affected();
         let row = sqlx::query(
-            "SELECT c.stock AS stock, \
-               (SELECT COUNT(*) FROM orders o WHERE o.coupon_id = c.id) AS sold, \
-               (SELECT o.id FROM orders o WHERE o.coupon_id = c.id AND o.user_id = $2) AS held \
-             FROM coupons c WHERE c.id = $1",
+            "SELECT (SELECT o.id FROM orders o WHERE o.coupon_id = c.id AND o.user_id = $2) \
+             AS held FROM coupons c WHERE c.id = $1",
         )
         .bind(order.coupon_id)
         .bind(order.user_id)
@@ -108,13 +107,16 @@ impl Db {
                 highest: highest.max(0).unsigned_abs(),
             });
         }
-        let stock: i64 = row.try_get("stock").map_err(FencedCommitError::before)?;
-        let sold: i64 = row.try_get("sold").map_err(FencedCommitError::before)?;
         let held: Option<String> = row.try_get("held").map_err(FencedCommitError::before)?;
         if let Some(order_id) = held {
             return Ok(FencedSale::AlreadyBought { order_id });
         }
-        if sold >= stock {
+        // The store's own count of units sold, kept with every order stored.
+        let left = self
+            .units_left(&mut tx, order.coupon_id)
+            .await
+            .map_err(FencedCommitError::Before)?;
+        if left == 0 {
             return Ok(FencedSale::SoldOut);
         }
         sqlx::query(
@@ -129,12 +131,17 @@ impl Db {
         .execute(&mut *tx)
         .await
         .map_err(FencedCommitError::before)?;
+        sqlx::query("UPDATE coupon_sales SET sold = sold + 1 WHERE coupon_id = $1")
+            .bind(order.coupon_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(FencedCommitError::before)?;
         if !still_held() {
             return Ok(FencedSale::LeaseLost);
         }
         tx.commit().await.map_err(FencedCommitError::InDoubt)?;
         Ok(FencedSale::Sold {
-            remaining: stock - sold - 1,
+            remaining: i64::try_from(left - 1).unwrap_or(i64::MAX),
         })
     }
 }
