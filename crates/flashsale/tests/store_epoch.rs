@@ -237,6 +237,24 @@ async fn serve(
     start_serve(serve_command(redis, store, env), extra).await
 }
 
+/// A plain `serve --take-over-store` on `redis`, which must be accepted: the store was
+/// released.
+async fn take_over(redis: &RedisServer, store: &TestStore) -> Served {
+    start_or_exit(serve_command(redis, store, &[]), &["--take-over-store"])
+        .await
+        .unwrap_or_else(|(code, stderr)| panic!("take-over refused ({code}): {stderr}"))
+}
+
+/// A plain `serve --take-over-store` on `redis`, which must be refused with code 4 as not
+/// released; `unreleased` says why the store must not be, for the failure message.
+async fn take_over_is_refused(redis: &RedisServer, store: &TestStore, unreleased: &str) {
+    match start_or_exit(serve_command(redis, store, &[]), &["--take-over-store"]).await {
+        Err((4, stderr)) => assert!(stderr.contains("was not released"), "{stderr}"),
+        Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
+        Ok(_) => panic!("a plain take-over was accepted: {unreleased}"),
+    }
+}
+
 /// An abandoning take-over on `redis`, tried until every instance of the old authority
 /// has been silent long enough for it (about the 3 s silence).
 async fn abandoning_take_over(redis: &RedisServer, store: &TestStore) -> Served {
@@ -401,22 +419,19 @@ async fn a_release_racing_a_start_is_refused(store: TestStore) {
     kill(first.pid(), Signal::SIGCONT).expect("SIGCONT");
     assert_eq!(exits(&mut first, Duration::from_secs(20)).await, 0);
 
-    let take_over =
-        start_or_exit(serve_command(&redis_b, &store, &[]), &["--take-over-store"]).await;
-    match take_over {
-        Err((4, stderr)) => assert!(stderr.contains("was not released"), "{stderr}"),
-        Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
-        Ok(_) => panic!("a plain take-over was accepted while A2 sells"),
-    }
+    take_over_is_refused(
+        &redis_b,
+        &store,
+        "a plain take-over was accepted while A2 sells",
+    )
+    .await;
     buy_all(&http, &second.base, coupon, 11..=12).await;
     drain(&http, &second.base, coupon).await;
     sigterm(&second);
     assert_eq!(exits(&mut second, Duration::from_secs(20)).await, 0);
 
     // Now released by its last instance: the take-over sells exactly what is left.
-    let taker = start_or_exit(serve_command(&redis_b, &store, &[]), &["--take-over-store"])
-        .await
-        .unwrap_or_else(|(code, stderr)| panic!("take-over exited {code}: {stderr}"));
+    let taker = take_over(&redis_b, &store).await;
     assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 18);
 }
 
@@ -548,9 +563,7 @@ async fn a_skewed_clock_cannot_open_the_take_over_window(store: TestStore) {
         let mut holder = holder;
         assert_eq!(exits(&mut holder, Duration::from_secs(20)).await, 0);
         // Released: the next round takes it back to Redis A with a plain start.
-        let back =
-            start_or_exit(serve_command(&redis_a, &store, &[]), &["--take-over-store"]).await;
-        let mut back = back.unwrap_or_else(|(code, stderr)| panic!("{code}: {stderr}"));
+        let mut back = take_over(&redis_a, &store).await;
         sigterm(&back);
         assert_eq!(exits(&mut back, Duration::from_secs(20)).await, 0);
     }
@@ -745,9 +758,7 @@ async fn moving_back_to_an_abandoned_redis_stores_nothing_it_left(store: TestSto
     sigterm(&taker);
     assert_eq!(exits(&mut taker, Duration::from_secs(20)).await, 0);
 
-    let back = start_or_exit(serve_command(&redis_x, &store, &[]), &["--take-over-store"])
-        .await
-        .unwrap_or_else(|(code, stderr)| panic!("take-back exited {code}: {stderr}"));
+    let back = take_over(&redis_x, &store).await;
     let after = drain(&http, &back.base, coupon).await;
     assert_eq!(after["remaining"], 0, "{after}");
     assert_eq!(
@@ -864,20 +875,17 @@ async fn a_store_missing_told_orders_is_not_released(store: TestStore) {
     sigterm(&first);
     exits(&mut first, Duration::from_secs(20)).await;
 
-    let take_over =
-        start_or_exit(serve_command(&redis_y, &store, &[]), &["--take-over-store"]).await;
-    match take_over {
-        Err((4, stderr)) => assert!(stderr.contains("was not released"), "{stderr}"),
-        Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
-        Ok(_) => panic!("a store missing 30 told orders was released and taken over"),
-    }
+    take_over_is_refused(
+        &redis_y,
+        &store,
+        "a store missing 30 told orders was released and taken over",
+    )
+    .await;
     let mut again = serve(&redis_x, &store, &[], &[]).await;
     assert_eq!(store.order_count(coupon).await, 50);
     sigterm(&again);
     assert_eq!(exits(&mut again, Duration::from_secs(20)).await, 0);
-    let taker = start_or_exit(serve_command(&redis_y, &store, &[]), &["--take-over-store"])
-        .await
-        .unwrap_or_else(|(code, stderr)| panic!("take-over exited {code}: {stderr}"));
+    let taker = take_over(&redis_y, &store).await;
     assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 10);
 }
 
@@ -958,11 +966,7 @@ async fn a_fleet_stopped_at_once_releases_the_store() {
         kill(b.pid(), Signal::SIGCONT).expect("SIGCONT");
         assert_eq!(exits(&mut a, Duration::from_secs(20)).await, 0);
         assert_eq!(exits(&mut b, Duration::from_secs(20)).await, 0);
-        let taker = start_or_exit(serve_command(&redis_y, &store, &[]), &["--take-over-store"])
-            .await
-            .unwrap_or_else(|(code, stderr)| {
-                panic!("the store was not released: {code}: {stderr}")
-            });
+        let taker = take_over(&redis_y, &store).await;
         assert_eq!(stats(&http, &taker.base, coupon).await["remaining"], 7);
     })
     .await;
@@ -1124,9 +1128,7 @@ async fn a_restore_after_a_sale_ended_is_repaired_and_released() {
         assert_eq!(store.order_count(coupon).await, 15, "stored again at start");
         sigterm(&again);
         assert_eq!(exits(&mut again, Duration::from_secs(20)).await, 0);
-        let taker =
-            start_or_exit(serve_command(&redis_b, &store, &[]), &["--take-over-store"]).await;
-        assert!(taker.is_ok(), "not released: {:?}", taker.err());
+        take_over(&redis_b, &store).await;
     })
     .await;
 }
