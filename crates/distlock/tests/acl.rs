@@ -733,3 +733,50 @@ async fn a_fair_release_refused_a_read_changes_nothing() {
     holder.shutdown().await;
     rival.shutdown().await;
 }
+
+/// Issue 30 (1.1), for a user whose ACL was written before `+persist` was in the
+/// documented minimal ACL: a Redisson waiter queued behind a distlock waiter still keeps
+/// its entry when the distlock waiter is handed the lock, because the queue's keys are set
+/// to last one wait past the last score instead of being made persistent.
+#[tokio::test]
+async fn a_fair_queue_outlasts_a_redisson_waiter_without_persist() {
+    use common::redisson_fair::{assert_entry_outlasted, queue, redisson_acquire};
+    let server = server().await;
+    let url = user(&server, "older", &["+persist"]).await;
+    let holder = client_as(&url).await;
+    let waiter = client_as(&url).await;
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = holder.fair_lock("app:older").unwrap().lock().await.unwrap();
+        let waiting = tokio::spawn({
+            let lock = waiter.fair_lock("app:older").unwrap();
+            async move { lock.lock().await }
+        });
+        common::eventually(Duration::from_secs(5), "a fair waiter queued", || {
+            let mut admin = admin.clone();
+            async move {
+                let queued: i64 = redis::cmd("LLEN")
+                    .arg(queue("app:older"))
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+                queued == 1
+            }
+        })
+        .await;
+        assert!(!redisson_acquire(&mut admin, "app:older", "r:1").await);
+        held.release().await.unwrap();
+        let guard = waiting.await.unwrap().unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(queue("app:older"))
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "without PERSIST the keys keep an expiry: {pttl}");
+        assert_entry_outlasted(&mut admin, "app:older", "r:1").await;
+        guard.release().await.unwrap();
+    })
+    .await;
+    holder.shutdown().await;
+    waiter.shutdown().await;
+}

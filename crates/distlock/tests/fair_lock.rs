@@ -8,24 +8,16 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::redisson_fair::{
+    assert_entry_outlasted, queue, redisson_acquire, score_left_ms, server_time_ms, timeouts,
+    waiters, REDISSON_FAIR_GIVE_UP,
+};
 use common::{bounded, client, client_with_watchdog, eventually, raw, server};
 use distlock_testkit::ExclusionChecker;
 use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-fn queue(name: &str) -> String {
-    format!("redisson_lock_queue:{{{name}}}")
-}
-
-fn timeouts(name: &str) -> String {
-    format!("redisson_lock_timeout:{{{name}}}")
-}
-
-fn waiters(name: &str) -> String {
-    format!("distlock_fair_waiters:{{{name}}}")
-}
 
 async fn queue_length(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> usize {
     redis::cmd("LLEN")
@@ -55,11 +47,6 @@ async fn queue_keys_left(conn: &mut redis::aio::MultiplexedConnection, name: &st
         .query_async(conn)
         .await
         .expect("EXISTS")
-}
-
-async fn server_time_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
-    let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
-    seconds * 1000 + micros / 1000
 }
 
 /// Waiters that queued one after another, on several clients, get the lock in that order.
@@ -541,68 +528,6 @@ fn a_grant_read_after_it_ran_out_is_not_taken() {
     main.block_on(body).unwrap();
 }
 
-/// Redisson's fair-lock acquisition, written from the facts in redisson-layout.md, for
-/// playing a Redisson client in a mixed queue: drop gone heads, take the lock when free
-/// and first (one wait off every score), or queue scored one wait behind the last waiter.
-/// KEYS: lock, queue, timeouts. ARGV: lease, owner, wait, now (ms). Answers nil when it
-/// holds the lock, else how long it expects to wait.
-const REDISSON_FAIR_ACQUIRE: &str = r"
-while true do
-    local head = redis.call('lindex', KEYS[2], 0)
-    if not head then break end
-    local score = tonumber(redis.call('zscore', KEYS[3], head))
-    if score == nil or score > tonumber(ARGV[4]) then break end
-    redis.call('zrem', KEYS[3], head)
-    redis.call('lpop', KEYS[2])
-end
-if redis.call('exists', KEYS[1]) == 0 and (redis.call('exists', KEYS[2]) == 0
-        or redis.call('lindex', KEYS[2], 0) == ARGV[2]) then
-    redis.call('lpop', KEYS[2])
-    redis.call('zrem', KEYS[3], ARGV[2])
-    for _, owner in ipairs(redis.call('zrange', KEYS[3], 0, -1)) do
-        redis.call('zincrby', KEYS[3], -tonumber(ARGV[3]), owner)
-    end
-    redis.call('hset', KEYS[1], ARGV[2], 1)
-    redis.call('pexpire', KEYS[1], ARGV[1])
-    return nil
-end
-local mine = redis.call('zscore', KEYS[3], ARGV[2])
-if mine then
-    return tonumber(mine) - tonumber(ARGV[3]) - tonumber(ARGV[4])
-end
-local last = redis.call('lindex', KEYS[2], -1)
-local ttl
-if last and last ~= ARGV[2] then
-    ttl = tonumber(redis.call('zscore', KEYS[3], last)) - tonumber(ARGV[4])
-else
-    ttl = redis.call('pttl', KEYS[1])
-end
-redis.call('zadd', KEYS[3], ttl + tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[2])
-redis.call('rpush', KEYS[2], ARGV[2])
-return ttl
-";
-
-/// Runs [`REDISSON_FAIR_ACQUIRE`] for `owner`: true when it holds the lock.
-async fn redisson_acquire(
-    conn: &mut redis::aio::MultiplexedConnection,
-    name: &str,
-    owner: &str,
-) -> bool {
-    let now = server_time_ms(conn).await;
-    let reply: Option<i64> = redis::Script::new(REDISSON_FAIR_ACQUIRE)
-        .key(name)
-        .key(queue(name))
-        .key(timeouts(name))
-        .arg(30_000)
-        .arg(owner)
-        .arg(300_000)
-        .arg(now)
-        .invoke_async(conn)
-        .await
-        .unwrap();
-    reply.is_none()
-}
-
 async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
         .arg(queue(name))
@@ -700,6 +625,154 @@ async fn a_redisson_waiter_keeps_its_turn_behind_a_distlock_holder() {
             .await
             .unwrap();
         let guard = last.await.unwrap().unwrap();
+        guard.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Issue 30 (1.1): a Redisson waiter that queued behind a distlock waiter keeps its entry
+/// when that waiter leaves the queue, handed the lock or giving up. The distlock waiter's
+/// refreshes had set an expiry of a few seconds on the queue's keys, which Redisson never
+/// extends: the Redisson waiter's entry vanished while the lock was held, and a later
+/// arrival was served first.
+#[tokio::test]
+async fn a_redisson_waiter_keeps_its_entry_when_the_distlock_waiter_ahead_leaves() {
+    let server = server().await;
+    let a = client(&server).await;
+    let b = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        // Handed the lock.
+        let held = a.fair_lock("kept").unwrap().lock().await.unwrap();
+        let first = tokio::spawn({
+            let lock = b.fair_lock("kept").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "kept", 1).await;
+        assert!(!redisson_acquire(&mut conn, "kept", "r:1").await);
+        held.release().await.unwrap();
+        let first = first.await.unwrap().unwrap();
+        assert_entry_outlasted(&mut conn, "kept", "r:1").await;
+        let mut listener = server.client().unwrap().get_async_pubsub().await.unwrap();
+        listener
+            .subscribe("redisson_lock__channel:{kept}:r:1")
+            .await
+            .unwrap();
+        first.release().await.unwrap();
+        let told = tokio::time::timeout(Duration::from_secs(2), listener.on_message().next())
+            .await
+            .expect("the Redisson waiter was told its turn")
+            .unwrap();
+        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        assert!(redisson_acquire(&mut conn, "kept", "r:1").await);
+
+        // Giving up.
+        let held = a.fair_lock("left").unwrap().lock().await.unwrap();
+        let gives_up = tokio::spawn({
+            let lock = b.fair_lock("left").unwrap();
+            async move { lock.try_lock_for(Duration::from_millis(1500)).await }
+        });
+        until_queued(&conn, "left", 1).await;
+        assert!(!redisson_acquire(&mut conn, "left", "r:2").await);
+        assert!(gives_up.await.unwrap().unwrap().is_none());
+        assert_eq!(queued(&mut conn, "left").await, ["r:2"]);
+        assert_entry_outlasted(&mut conn, "left", "r:2").await;
+        held.release().await.unwrap();
+        assert!(redisson_acquire(&mut conn, "left", "r:2").await);
+    })
+    .await;
+}
+
+/// Issue 30 (1.2): a distlock waiter that died at the head of a free lock (a Redisson
+/// release told it to try, and it never did) is dropped by the next distlock script once
+/// its alive time passes, and the Redisson waiter that is now the head of a free lock is
+/// told its turn then, not after its own timer (about 30 s in the review).
+#[tokio::test]
+async fn a_redisson_waiter_is_told_its_turn_when_a_dead_waiter_ahead_is_dropped() {
+    let server = server().await;
+    let live = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let now = server_time_ms(&mut conn).await;
+        let _: () = redis::pipe()
+            .cmd("RPUSH")
+            .arg(queue("stall"))
+            .arg("dead:1")
+            .ignore()
+            .cmd("ZADD")
+            .arg(timeouts("stall"))
+            .arg(now + 300_000)
+            .arg("dead:1")
+            .ignore()
+            .cmd("HSET")
+            .arg(waiters("stall"))
+            .arg("dead:1")
+            .arg(format!("30000:{}", now + 1500))
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut listener = server.client().unwrap().get_async_pubsub().await.unwrap();
+        listener
+            .subscribe("redisson_lock__channel:{stall}:r:1")
+            .await
+            .unwrap();
+        assert!(!redisson_acquire(&mut conn, "stall", "r:1").await);
+        let behind = tokio::spawn({
+            let lock = live.fair_lock("stall").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "stall", 3).await;
+        let told = tokio::time::timeout(Duration::from_secs(6), listener.on_message().next())
+            .await
+            .expect("the Redisson waiter was told its turn within seconds of the dead head's alive time")
+            .unwrap();
+        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        assert!(redisson_acquire(&mut conn, "stall", "r:1").await);
+        assert!(!behind.is_finished());
+        behind.abort();
+    })
+    .await;
+}
+
+/// Issue 30 (1.3): a Redisson waiter that gives up removes its own entry and lowers the
+/// score of the distlock waiter behind it by one wait; the distlock waiter is then the
+/// head, and takes the lock on the next release. (docs/layout.md had said Redisson's
+/// `tryLock` leaves its entry behind after a timeout; measured against Redisson, it does
+/// not.)
+#[tokio::test]
+async fn a_redisson_waiter_that_gives_up_moves_the_distlock_waiter_behind_it_up() {
+    let server = server().await;
+    let a = client(&server).await;
+    let b = client_with_watchdog(&server, Duration::from_secs(2)).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = a.fair_lock("quit").unwrap().lock().await.unwrap();
+        assert!(!redisson_acquire(&mut conn, "quit", "r:1").await);
+        let waiting = tokio::spawn({
+            let lock = b.fair_lock("quit").unwrap();
+            async move { lock.lock().await }
+        });
+        until_queued(&conn, "quit", 2).await;
+        let distlock_waiter = queued(&mut conn, "quit").await[1].clone();
+        let before = score_left_ms(&mut conn, "quit", &distlock_waiter).await;
+        let _: () = redis::Script::new(REDISSON_FAIR_GIVE_UP)
+            .key(queue("quit"))
+            .key(timeouts("quit"))
+            .arg("r:1")
+            .arg(300_000)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(queued(&mut conn, "quit").await, std::slice::from_ref(&distlock_waiter));
+        let after = score_left_ms(&mut conn, "quit", &distlock_waiter).await;
+        assert!(
+            (before - after - 300_000).abs() < 2_000,
+            "one wait off: {before} ms, then {after} ms"
+        );
+        held.release().await.unwrap();
+        let guard = waiting.await.unwrap().unwrap();
+        assert_eq!(queue_length(&mut conn, "quit").await, 0);
         guard.release().await.unwrap();
     })
     .await;

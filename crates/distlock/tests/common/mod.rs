@@ -1,6 +1,8 @@
 //! Shared fixtures: a private redis-server per test and clients on it.
 #![allow(dead_code)]
 
+pub mod redisson_fair;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 

@@ -94,15 +94,17 @@ impl Acquire for FairAttempt {
                 &keys.timeouts,
                 &keys.waiters,
                 &keys.token_key,
+                &keys.channel,
             ],
-            6,
+            7,
         );
         call.arg(self.owner.lease_ms)
             .arg(&*self.owner.owner)
             .arg(&*keys.other_token_key)
             .arg(if self.queue { "1" } else { "0" })
             .arg(self.alive_ms)
-            .arg(keys.redisson_wait_ms);
+            .arg(keys.redisson_wait_ms)
+            .arg(self.owner.core.deployment().publish_command());
         let (owner, refresh) = (Arc::clone(&self.owner), self.refresh);
         let busy_at_token = Arc::clone(&self.busy_at_token);
         let gave_back = Arc::clone(&self.gave_back);

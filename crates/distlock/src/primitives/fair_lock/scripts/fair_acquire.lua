@@ -8,6 +8,8 @@
 -- KEYS[4]  distlock's waiters: hash, owner -> "<lease ms>:<alive until ms>" (takes a
 --          direct grant; gone once its alive time passes)
 -- KEYS[5]  this client's fencing-token counter
+-- KEYS[6]  the lock's channel, redisson_lock__channel:{name}; a waiter's own channel is
+--          this, ':' and its owner (same slot)
 -- ARGV[1]  lease, milliseconds
 -- ARGV[2]  owner, "<client uuid>:<n>": one per acquisition, kept while it waits
 -- ARGV[3]  the lock's counter under the other FencingCounter setting (see fence.lua)
@@ -16,6 +18,7 @@
 -- ARGV[5]  how long a queued waiter counts as alive without refreshing, ms
 -- ARGV[6]  Redisson's wait timeout, ms: one wait per waiter ahead in a new waiter's
 --          score, taken off the scores behind a waiter that leaves
+-- ARGV[7]  "publish", or "spublish" on a Redis 7 cluster
 --
 -- Returns:
 --   >= 1       the owner holds the lock now; the value is its fencing token (an integer,
@@ -33,7 +36,15 @@
 -- its lease is set again from now, and it gets a fresh token, so that its holder can
 -- count its lease from this call. An owner that was dropped from the queue (it stopped
 -- refreshing, or a grant to it ran out) queues again at the back.
-local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], nil, 'publish')
+--
+-- A free lock with someone else at the head (a waiter ahead was just dropped as gone, or
+-- the lock's lease ran out, and nothing told the head) gets its head told to try (`0` on
+-- its channel), as a Redisson release tells it: without that, a Redisson head waits for
+-- its own timer. It is not granted outright, as a release grants a distlock head: a
+-- waiter that stopped refreshing still counts as alive for a while, and a grant to a dead
+-- one would hold the lock for a whole lease instead of until its alive time passes.
+local publish = ARGV[7] == 'spublish' and 'spublish' or 'publish'
+local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
 if refusal then
     return refusal
 end
@@ -56,17 +67,23 @@ if granted or (redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[
     end
     redis.call('zrem', KEYS[3], ARGV[2])
     redis.call('hdel', KEYS[4], ARGV[2])
+    if head then
+        keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now, wait)
+    end
     if not granted then
         redis.call('hset', KEYS[1], ARGV[2], 1)
     end
     redis.call('pexpire', KEYS[1], ARGV[1])
     return token
 end
+if head and redis.call('exists', KEYS[1]) == 0 then
+    redis.call(publish, KEYS[6] .. ':' .. head, '0')
+end
 if ARGV[4] == '1' then
     if not redis.call('zscore', KEYS[3], ARGV[2]) then
         join_queue(KEYS[1], KEYS[2], KEYS[3], ARGV[2], wait, now)
     end
     redis.call('hset', KEYS[4], ARGV[2], ARGV[1] .. ':' .. (now + tonumber(ARGV[5])))
-    expire_queue(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[5]))
+    expire_queue(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[5]), wait)
 end
 return 'busy:' .. fence_high(KEYS[5], ARGV[3])

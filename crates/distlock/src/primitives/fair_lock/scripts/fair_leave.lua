@@ -26,6 +26,8 @@ end
 local wait = tonumber(ARGV[4])
 local held = redis.call('hexists', KEYS[1], ARGV[1]) == 1
 local was_head = leave_queue(KEYS[2], KEYS[3], KEYS[4], ARGV[1], wait)
+-- This waiter's refreshes may have set the expiry a Redisson waiter behind it must outlive.
+keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now_ms(), wait)
 if held then
     redis.call('del', KEYS[1])
 end

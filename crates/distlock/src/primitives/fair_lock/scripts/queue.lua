@@ -110,25 +110,56 @@ local function join_queue(lock, queue, timeouts, owner, wait, now)
     redis.call('zadd', timeouts, now + ahead + wait, owner)
 end
 
--- Lets the queue's keys expire once every waiter in them would be gone, so a queue whose
--- waiters all died does not stay behind (the list and the set vanish by themselves when
--- emptied): after the alive time of distlock's waiters, or, with Redisson's waiters
--- queued, after the last score. In a queue of distlock's waiters only, keys with more than
--- half an alive time left are left as they are: each waiter refreshes its place three
--- times per alive time, and setting the expiries was most of what a refresh cost.
-local function expire_queue(queue, timeouts, waiters, now, alive_ms)
-    local redissons = redis.call('zcard', timeouts) > redis.call('hlen', waiters)
-    if not redissons and redis.call('pttl', waiters) > alive_ms / 2 + 1000 then
+-- Whether a Redisson waiter is queued: an entry scored in the sorted set with none in
+-- distlock's hash (a dead distlock waiter whose hash entry went counts too, harmlessly).
+local function redissons_queued(timeouts, waiters)
+    return redis.call('zcard', timeouts) > redis.call('hlen', waiters)
+end
+
+-- With a Redisson waiter queued, the queue's keys must not expire: Redisson's scripts never
+-- set an expiry and keep a waiter until its score passes, so an expiry a distlock waiter
+-- set earlier would take the Redisson waiter's entry with it, and later arrivals would be
+-- served first. Run after every change that takes a distlock waiter out of a queue others
+-- are still in (it may have been the one whose refreshes set the expiry). A user whose ACL
+-- predates PERSIST in the documented minimal ACL gets the next best thing: the keys last
+-- one wait past the last score, which covers every waiter queued so far and one more
+-- Redisson waiter behind them. Returns whether a Redisson waiter is queued.
+local function keep_for_redissons(queue, timeouts, waiters, now, wait)
+    if not redissons_queued(timeouts, waiters) then
+        return false
+    end
+    if redis.call('pttl', queue) == -1 then
+        return true
+    end
+    local keys = { queue, timeouts, waiters }
+    if not redis.acl_check_cmd or redis.acl_check_cmd('persist', queue) then
+        for _, key in ipairs(keys) do
+            redis.call('persist', key)
+        end
+        return true
+    end
+    local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
+    local until_ms = math.floor((tonumber(last[2]) or now) - now + wait) + 1000
+    for _, key in ipairs(keys) do
+        redis.call('pexpire', key, until_ms)
+    end
+    return true
+end
+
+-- Lets the queue's keys expire once every distlock waiter in them would be gone, so a
+-- queue whose waiters all died does not stay behind (the list and the set vanish by
+-- themselves when emptied). Keys with more than half an alive time left are left as they
+-- are: each waiter refreshes its place three times per alive time, and setting the
+-- expiries was most of what a refresh cost. With a Redisson waiter queued the keys are
+-- kept instead, as Redisson keeps them (keep_for_redissons).
+local function expire_queue(queue, timeouts, waiters, now, alive_ms, wait)
+    if keep_for_redissons(queue, timeouts, waiters, now, wait) then
         return
     end
-    local until_ms = alive_ms
-    if redissons then
-        local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
-        if last[2] then
-            until_ms = math.max(until_ms, tonumber(last[2]) - now)
-        end
+    if redis.call('pttl', waiters) > alive_ms / 2 + 1000 then
+        return
     end
-    until_ms = math.floor(until_ms) + 1000
+    local until_ms = math.floor(alive_ms) + 1000
     redis.call('pexpire', queue, until_ms)
     redis.call('pexpire', timeouts, until_ms)
     redis.call('pexpire', waiters, until_ms)
@@ -165,6 +196,7 @@ local function hand_to_head(lock, queue, timeouts, waiters, counter, other, chan
     redis.call('zrem', timeouts, head)
     redis.call('hdel', waiters, head)
     shift_deadlines(queue, timeouts, wait, 0)
+    keep_for_redissons(queue, timeouts, waiters, now_ms(), wait)
     redis.call(publish, channel .. ':' .. head, token_text(token))
     return head
 end
@@ -191,6 +223,7 @@ local function refused_queue_access(lock, queue, timeouts, waiters, channel, pub
         and check('hget', waiters, 'o') and check('hlen', waiters)
         and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
         and check('pexpire', waiters, '1')
+        and check('pttl', queue)
         and (channel == nil or (check(publish, channel, '0')
             and check(publish, channel .. ':o', '0')))
     if not allowed then
