@@ -176,11 +176,17 @@ impl LockGuard {
     /// trip), or shorten the watchdog timeout
     /// ([`ClientBuilder::watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)).
     ///
-    /// Awaited in a task, the future watches that runtime's clock itself, so the promise
-    /// holds even if the clients' background thread cannot run. Awaited directly in a
-    /// `block_on` body (the body of `#[tokio::main]`), it keeps time on the background
-    /// thread instead, and comes late if that thread is starved; spawn it, or use
-    /// [`LockGuard::lost_token`], to be independent of it.
+    /// It keeps time wherever it is awaited, on two clocks, and completes at the deadline
+    /// by whichever runs first: the clients' own background thread (whose watchdog fires
+    /// the signal), and the awaiting runtime's timer. In a task, the future watches that
+    /// runtime's clock itself; awaited directly in a `block_on` body (the body of
+    /// `#[tokio::main]`, as in the README), it starts one small timer task on that
+    /// runtime (once per holding and runtime, ended with the holding). So it is on time
+    /// when the clients' thread is starved (`starved.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_the_clients_thread_is_starved`),
+    /// and when every worker of the awaiting runtime is busy
+    /// (`runtimes.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_every_worker_is_blocked`);
+    /// only both at once make it late. Outside any runtime it keeps time on the clients'
+    /// thread.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let watch = self.hold.holding().lease_entry.watch();
         async move {
