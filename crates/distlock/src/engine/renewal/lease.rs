@@ -189,6 +189,27 @@ impl Lease {
     pub(crate) fn mark_lost(&self) {
         self.with_entry(Entry::mark_lost);
     }
+
+    /// True while the holding is neither known lost nor being given back: a message on
+    /// its lock's channel is then worth asking the server about.
+    pub(crate) fn is_held_and_open(&self) -> bool {
+        self.with_entry(|entry| !entry.lost && !entry.closing)
+            .unwrap_or(false)
+    }
+
+    /// The server said the owner no longer holds the lock, in answer to a question that
+    /// may have crossed the holder's own release: once that release has started, the key
+    /// being gone is no loss, and nothing is marked. Returns whether it marked the loss.
+    pub(crate) fn mark_lost_unless_closing(&self) -> bool {
+        self.with_entry(|entry| {
+            if entry.closing || entry.lost {
+                return false;
+            }
+            entry.mark_lost();
+            true
+        })
+        .unwrap_or(false)
+    }
 }
 
 /// A child of entry `id`'s lost signal, made on first use (`None` once the holding is
