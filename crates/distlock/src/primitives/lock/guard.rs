@@ -90,6 +90,15 @@ impl LockGuard {
     }
 }
 
+/// Makes each of `guards` listen on its lock's channel, as asking a guard for its lost
+/// signal does (see [`LockGuard::lost`]): a MultiLock's or RedLock's lost signal is made
+/// of its members'.
+pub(crate) fn listen_for_unlock(guards: &[LockGuard]) {
+    for guard in guards {
+        guard.hold.holding_arc().watch_for_unlock();
+    }
+}
+
 /// The leases of `guards` as one, trusted while `quorum` of them are (a MultiLock's
 /// guards, all of them; a RedLock's, a majority).
 pub(crate) fn lease_set(guards: &[LockGuard], quorum: usize) -> LeaseSet<'_> {
