@@ -177,7 +177,9 @@ impl Semaphore {
     /// Sets the free permits to `permits` if the semaphore has none set yet, and says
     /// what it did: [`PermitsSet::Set`], or [`PermitsSet::Kept`] with the free count it
     /// found and kept (an earlier caller's count, less the permits taken now). `permits`
-    /// must not be negative.
+    /// must not be negative. A call whose connection dropped before the reply is sent
+    /// once more, and may then report `Kept` with the count it set itself: compare
+    /// `found` with yours rather than treat `Kept` as a conflict.
     pub async fn try_set_permits(&self, permits: i64) -> Result<PermitsSet> {
         set_permits(self.session.core(), &self.keys, None, permits)
             .await
