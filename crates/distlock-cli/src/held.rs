@@ -41,7 +41,11 @@ pub async fn take(
             None => semaphore.with_watchdog(),
         };
         // The first holder sets the count; later ones must ask for the same.
-        if !semaphore.try_set_permits(u64::from(permits)).await? {
+        if !semaphore
+            .try_set_permits(i64::from(permits))
+            .await?
+            .is_set()
+        {
             let total = permits_in(client, &semaphore, &hold.name).await?;
             if total != i64::from(permits) {
                 return Err(Failure::new(

@@ -72,7 +72,7 @@ pub use primitives::multi_lock::{MultiLock, MultiLockGuard, MultiLockMember};
 pub use primitives::permit_semaphore::{LeasedPermits, PermitSemaphore};
 pub use primitives::red_lock::{RedLock, RedLockGuard};
 pub use primitives::rw_lock::{RwLock, RwReadGuard};
-pub use primitives::semaphore::{Semaphore, SemaphorePermits};
+pub use primitives::semaphore::{PermitsSet, Semaphore, SemaphorePermits};
 pub use transport::connection::{Connection, RedisConnection};
 pub use transport::replica_sync::ReplicaSync;
 

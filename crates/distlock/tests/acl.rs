@@ -179,10 +179,10 @@ async fn the_documented_minimal_acl_runs_every_lock_operation() {
         reader.release().await.unwrap();
         writing.await.unwrap().unwrap().release().await.unwrap();
         let pool = holder.semaphore("app:pool").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         pool.acquire(1).await.unwrap().release().await.unwrap();
         let gpus = holder.permit_semaphore("app:gpus").unwrap();
-        gpus.try_set_permits(1).await.unwrap();
+        assert!(gpus.try_set_permits(1).await.unwrap().is_set());
         let permit = gpus.acquire(1).await.unwrap();
         tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(!permit.is_lost(), "a permit was not renewed");

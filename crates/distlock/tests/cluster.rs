@@ -874,7 +874,7 @@ async fn the_lock_family_works_on_a_cluster() {
 
         // Semaphore: a waiter woken by the release's free count.
         let pool = a.semaphore("fam:pool").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         let taken = pool.acquire(1).await.unwrap();
         let waiting = tokio::spawn({
             let pool = b.semaphore("fam:pool").unwrap();
@@ -892,7 +892,7 @@ async fn the_lock_family_works_on_a_cluster() {
 
         // Permit semaphore.
         let gpus = a.permit_semaphore("fam:gpus").unwrap();
-        gpus.try_set_permits(2).await.unwrap();
+        assert!(gpus.try_set_permits(2).await.unwrap().is_set());
         let permits = gpus.acquire(2).await.unwrap();
         assert!(b
             .permit_semaphore("fam:gpus")

@@ -110,7 +110,7 @@ async fn waits_outcomes_and_lost_leases_are_counted() {
             .unwrap();
         short.lost().await;
         let pool = client.semaphore("metered-pool").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         pool.acquire(1).await.unwrap().release().await.unwrap();
     })
     .await;

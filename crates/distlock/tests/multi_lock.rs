@@ -328,3 +328,23 @@ async fn members_of_every_kind_are_held_together() {
     })
     .await;
 }
+
+/// Issue 30, 4.2, for a set: its lost signal is made of its members', and a member
+/// force-unlocked under it is noticed at the force-unlock's message, not at the next
+/// renewal (10 s away with the default watchdog).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlocked_member_is_noticed_at_its_message() {
+    let server = server().await;
+    let client = client(&server).await;
+    let multi = MultiLock::new(["m:a", "m:b"].map(|name| client.lock(name).unwrap())).unwrap();
+    let guard = bounded(LIMIT, multi.lock()).await.unwrap();
+    let token = guard.lost_token();
+    let started = std::time::Instant::now();
+    assert!(client.lock("m:b").unwrap().force_unlock().await.unwrap());
+    let noticed = tokio::time::timeout(Duration::from_secs(2), token.cancelled()).await;
+    let gap = started.elapsed();
+    eprintln!("a force-unlocked member of a MultiLock: lost after {gap:?}");
+    assert!(noticed.is_ok(), "not noticed 2 s after the force-unlock");
+    assert!(gap < Duration::from_millis(200), "noticed after {gap:?}");
+    assert!(guard.release().await.unwrap().was_lost());
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{bounded, client, client_with_watchdog, raw, server};
-use distlock::{Error, PermitSemaphore};
+use distlock::{Error, PermitSemaphore, PermitsSet};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -19,7 +19,7 @@ async fn contenders_never_hold_more_permits_than_there_are() {
     let server = server().await;
     let clients = [client(&server).await, client(&server).await];
     let gpus = clients[0].permit_semaphore("gpus").unwrap();
-    gpus.try_set_permits(2).await.unwrap();
+    assert!(gpus.try_set_permits(2).await.unwrap().is_set());
     let holding = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     bounded(LIMIT, async {
@@ -58,7 +58,7 @@ async fn a_stopped_holders_permits_come_back_within_the_lease() {
     let other = client(&server).await;
     bounded(LIMIT, async {
         let pool = holder.permit_semaphore("pool").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         let permits = pool.acquire(1).await.unwrap();
         // Renewed past its lease while the holder lives.
         tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -88,7 +88,7 @@ async fn a_fixed_lease_runs_out_and_says_so() {
     let client = client(&server).await;
     bounded(LIMIT, async {
         let pool = client.permit_semaphore("fixed").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         let permits = pool
             .with_lease(Duration::from_millis(200))
             .acquire(1)
@@ -116,7 +116,7 @@ async fn cancellation_leaves_nothing_and_the_layout_is_redissons() {
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let pool = client.permit_semaphore("layout").unwrap();
-        pool.try_set_permits(3).await.unwrap();
+        assert!(pool.try_set_permits(3).await.unwrap().is_set());
         let permits = pool.acquire(2).await.unwrap();
         let ids: Vec<String> = permits.ids().map(str::to_owned).collect();
         let mut stored: Vec<String> = redis::cmd("ZRANGE")
@@ -198,7 +198,7 @@ async fn a_killed_holders_permits_come_back() {
     let server = server().await;
     let client = client(&server).await;
     let pool = client.permit_semaphore("killed").unwrap();
-    pool.try_set_permits(1).await.unwrap();
+    assert!(pool.try_set_permits(1).await.unwrap().is_set());
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -247,8 +247,8 @@ async fn asks_outside_the_bound_are_typed_errors() {
     let server = server().await;
     let client = client(&server).await;
     let pool = client.permit_semaphore("bounded-ask").unwrap();
-    assert!(pool.try_set_permits(3).await.unwrap());
-    for ask in [0, PermitSemaphore::MAX_PERMITS_PER_CALL + 1, u32::MAX] {
+    assert!(pool.try_set_permits(3).await.unwrap().is_set());
+    for ask in [0, PermitSemaphore::MAX_PERMITS_PER_CALL + 1, i64::MAX] {
         let outcome = bounded(LIMIT, pool.try_acquire(ask)).await;
         assert!(
             matches!(
@@ -283,7 +283,7 @@ async fn verify_notices_a_permit_that_is_gone() {
     let server = server().await;
     let client = client(&server).await;
     let pool = client.permit_semaphore("verified").unwrap();
-    assert!(pool.try_set_permits(2).await.unwrap());
+    assert!(pool.try_set_permits(2).await.unwrap().is_set());
     let held = bounded(LIMIT, pool.try_acquire(2))
         .await
         .unwrap()
@@ -305,7 +305,7 @@ async fn verify_notices_a_permit_that_is_gone() {
         .permit_semaphore("expiring")
         .unwrap()
         .with_lease(Duration::from_millis(300));
-    assert!(short.try_set_permits(1).await.unwrap());
+    assert!(short.try_set_permits(1).await.unwrap().is_set());
     let expiring = bounded(LIMIT, short.try_acquire(1))
         .await
         .unwrap()
@@ -316,5 +316,53 @@ async fn verify_notices_a_permit_that_is_gone() {
         "verify says the permit ran out",
         || async { !expiring.verify().await.unwrap() },
     )
+    .await;
+}
+
+/// Issue 30, 4.3: a permit semaphore had no way to read its total (the distlock command
+/// read it with a raw GET and ZCOUNT), and `try_set_permits` kept an earlier count with a
+/// bare `false`. `total_permits` reads free plus taken in one script, and
+/// `try_set_permits` says the total it kept.
+#[tokio::test]
+async fn the_total_can_be_read_and_try_set_permits_says_the_total_it_kept() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let pool = client.permit_semaphore("totals").unwrap();
+        assert_eq!(pool.total_permits().await.unwrap(), 0);
+        assert_eq!(pool.try_set_permits(3).await.unwrap(), PermitsSet::Set);
+        assert_eq!(pool.total_permits().await.unwrap(), 3);
+        let permits = pool.acquire(2).await.unwrap();
+        assert_eq!(permits.permits(), 2);
+        assert_eq!(pool.available_permits().await.unwrap(), 1);
+        assert_eq!(pool.total_permits().await.unwrap(), 3);
+        // A second user asking for another count is told what the semaphore keeps.
+        assert_eq!(
+            pool.try_set_permits(5).await.unwrap(),
+            PermitsSet::Kept { found: 3 }
+        );
+        assert_eq!(pool.add_permits(1).await.unwrap(), 2);
+        assert_eq!(pool.total_permits().await.unwrap(), 4);
+        permits.release().await.unwrap();
+        assert_eq!(pool.total_permits().await.unwrap(), 4);
+        assert_eq!(pool.available_permits().await.unwrap(), 4);
+        // A permit whose lease ran out still counts once, before and after it is back.
+        let short = pool.with_lease(Duration::from_millis(100));
+        let expiring = short.acquire(1).await.unwrap();
+        expiring.lost().await;
+        assert_eq!(pool.total_permits().await.unwrap(), 4);
+        drop(expiring);
+        assert_eq!(pool.total_permits().await.unwrap(), 4);
+        for bad in [0, -1, PermitSemaphore::MAX_PERMITS_PER_CALL + 1] {
+            assert!(matches!(
+                pool.try_acquire(bad).await,
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        assert!(matches!(
+            pool.try_set_permits(-1).await,
+            Err(Error::InvalidArgument { .. })
+        ));
+    })
     .await;
 }

@@ -68,9 +68,9 @@ fn refused<T: std::fmt::Debug>(what: &str, outcome: distlock::Result<T>) {
 async fn unreplicated_acquisitions_of_every_primitive_are_given_back() {
     let (master, replica, client) = replicated().await;
     let semaphore = client.semaphore("sem").unwrap();
-    assert!(semaphore.try_set_permits(3).await.unwrap());
+    assert!(semaphore.try_set_permits(3).await.unwrap().is_set());
     let permits = client.permit_semaphore("permits").unwrap();
-    assert!(permits.try_set_permits(2).await.unwrap());
+    assert!(permits.try_set_permits(2).await.unwrap().is_set());
     let fair = client.fair_lock("fair").unwrap();
     let rw = client.rw_lock("rw").unwrap();
 

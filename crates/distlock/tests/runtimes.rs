@@ -696,3 +696,62 @@ fn a_guard_and_its_lost_signal_work_outside_tokio() {
     assert!(released.is_ok(), "{released:?}");
     main.block_on(client.shutdown());
 }
+
+/// A guard on `name` with a fixed lease of `lease`.
+async fn held_for(client: &distlock::Client, name: &str, lease: Duration) -> distlock::LockGuard {
+    let lock = client.lock(name).unwrap();
+    lock.with_lease(lease).lock().await.unwrap()
+}
+
+/// Issue 30, 4.1, the other way round from `starved.rs` (where the clients' thread is
+/// stalled): every worker of the awaiting runtime is busy, so that runtime's
+/// timers cannot fire; the clients' thread fires the signal, and `lost()` in the
+/// `block_on` body (whose thread is free) completes on time.
+#[test]
+fn lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_every_worker_is_blocked() {
+    let runtime = common::runtime_with(true, 1);
+    runtime.block_on(async {
+        let server = common::server().await;
+        let client = common::client(&server).await;
+        let guard = held_for(&client, "main-body-busy", Duration::from_millis(300)).await;
+        let started = Instant::now();
+        common::block_every_worker(&runtime, 1, Duration::from_millis(2_000));
+        // No timeout of this runtime's here: its timers are stalled with its worker.
+        guard.lost().await;
+        let fired = started.elapsed();
+        eprintln!("lost() in a block_on body, every worker blocked: fired after {fired:?}");
+        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+    });
+}
+
+/// A current-thread runtime busy on its own thread, awaited through its handle from
+/// another thread (as a sync wrapper does): the future is polled, but nothing drives that
+/// runtime's timers; the clients' thread fires the signal on time.
+#[test]
+fn lost_awaited_through_the_handle_of_a_busy_current_thread_runtime_fires_on_time() {
+    let runtime = common::runtime_with(false, 1);
+    let (server, client, guard) = runtime.block_on(async {
+        let server = common::server().await;
+        let client = common::client(&server).await;
+        let guard = held_for(&client, "busy-current", Duration::from_millis(300)).await;
+        (server, client, guard)
+    });
+    let handle = runtime.handle().clone();
+    let (busy_tx, busy_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        // The runtime's own thread, busy in its own `block_on` for 2 s.
+        scope.spawn(|| {
+            runtime.block_on(async {
+                let _ = busy_tx.send(());
+                std::thread::sleep(Duration::from_millis(2_000));
+            })
+        });
+        busy_rx.recv().unwrap();
+        let started = Instant::now();
+        handle.block_on(guard.lost());
+        let fired = started.elapsed();
+        eprintln!("lost() through a busy current-thread runtime's handle: fired after {fired:?}");
+        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+    });
+    drop((guard, client, server));
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{bounded, client, raw, server};
-use distlock::Error;
+use distlock::{Error, PermitsSet};
 use futures_util::StreamExt;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -20,12 +20,13 @@ const LIMIT: Duration = Duration::from_secs(30);
 async fn contenders_never_hold_more_permits_than_there_are() {
     let server = server().await;
     let clients = [client(&server).await, client(&server).await];
-    clients[0]
+    assert!(clients[0]
         .semaphore("pool")
         .unwrap()
         .try_set_permits(3)
         .await
-        .unwrap();
+        .unwrap()
+        .is_set());
     let holding = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     bounded(LIMIT, async {
@@ -70,7 +71,7 @@ async fn a_waiter_asking_for_several_permits_is_not_starved() {
     let server = server().await;
     let client = client(&server).await;
     let semaphore = client.semaphore("batch").unwrap();
-    semaphore.try_set_permits(3).await.unwrap();
+    assert!(semaphore.try_set_permits(3).await.unwrap().is_set());
     bounded(LIMIT, async {
         let all = semaphore.acquire(3).await.unwrap();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -120,7 +121,7 @@ async fn cancellation_leaves_no_permit_taken() {
     let server = server().await;
     let client = client(&server).await;
     let semaphore = client.semaphore("cancel").unwrap();
-    semaphore.try_set_permits(2).await.unwrap();
+    assert!(semaphore.try_set_permits(2).await.unwrap().is_set());
     bounded(LIMIT, async {
         let held = semaphore.acquire(2).await.unwrap();
         // Waiting, then cancelled.
@@ -164,8 +165,11 @@ async fn follows_redissons_layout_and_messages() {
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let semaphore = client.semaphore("shared").unwrap();
-        assert!(semaphore.try_set_permits(1).await.unwrap());
-        assert!(!semaphore.try_set_permits(5).await.unwrap());
+        assert!(semaphore.try_set_permits(1).await.unwrap().is_set());
+        assert_eq!(
+            semaphore.try_set_permits(5).await.unwrap(),
+            PermitsSet::Kept { found: 1 }
+        );
         let stored: String = redis::cmd("GET")
             .arg("shared")
             .query_async(&mut conn)
@@ -234,7 +238,7 @@ async fn bad_input_is_a_typed_error() {
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        semaphore.try_set_permits(u64::MAX).await,
+        semaphore.try_set_permits(-1).await,
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
@@ -275,7 +279,7 @@ async fn permits_given_back_on_a_dropped_connection_come_back_once() {
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let semaphore = client.semaphore("dropped").unwrap();
-        semaphore.try_set_permits(2).await.unwrap();
+        assert!(semaphore.try_set_permits(2).await.unwrap().is_set());
         let released = semaphore.acquire(1).await.unwrap();
         let dropped = semaphore.acquire(1).await.unwrap();
         let kill = || {
@@ -341,7 +345,7 @@ async fn a_waiter_behind_the_head_never_passes_it_on_a_timer() {
     let (a, b) = (client(&server).await, client(&server).await);
     bounded(LIMIT, async {
         let semaphore = a.semaphore("strict").unwrap();
-        semaphore.try_set_permits(0).await.unwrap();
+        assert!(semaphore.try_set_permits(0).await.unwrap().is_set());
         let big = tokio::spawn({
             let semaphore = semaphore.clone();
             async move { semaphore.acquire(3).await }
@@ -364,6 +368,52 @@ async fn a_waiter_behind_the_head_never_passes_it_on_a_timer() {
         assert_eq!(permits.permits(), 3);
         permits.release().await.unwrap();
         small.await.unwrap().unwrap().release().await.unwrap();
+    })
+    .await;
+}
+
+/// Issue 30, 4.3: `try_set_permits(3)` on a semaphore that already had a count kept the
+/// earlier count, and said only `false`, which compiled unread. It now says what it kept:
+/// the free count it found (a plain semaphore keeps no other), and the result must be
+/// used. Every count is an `i64`, so what is asked, held and read compare directly.
+#[tokio::test]
+async fn try_set_permits_says_which_count_it_kept() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let semaphore = client.semaphore("kept").unwrap();
+        assert_eq!(semaphore.try_set_permits(2).await.unwrap(), PermitsSet::Set);
+        assert_eq!(
+            semaphore.try_set_permits(3).await.unwrap(),
+            PermitsSet::Kept { found: 2 }
+        );
+        let asked: i64 = 2;
+        let permits = semaphore.acquire(asked).await.unwrap();
+        assert_eq!(permits.permits(), asked);
+        // Taken permits are not in a plain semaphore's count: it finds 0 free.
+        let kept = semaphore.try_set_permits(3).await.unwrap();
+        assert_eq!(kept, PermitsSet::Kept { found: 0 });
+        assert!(!kept.is_set());
+        // Below zero, as Redisson's reducePermits can leave it, and read back as such.
+        assert_eq!(semaphore.add_permits(-1).await.unwrap(), -1);
+        assert_eq!(
+            semaphore.try_set_permits(3).await.unwrap(),
+            PermitsSet::Kept { found: -1 }
+        );
+        assert_eq!(semaphore.available_permits().await.unwrap(), -1);
+        permits.release().await.unwrap();
+        assert_eq!(semaphore.available_permits().await.unwrap(), 1);
+        // Asks below 1 and negative counts are typed errors.
+        for bad in [0, -1] {
+            assert!(matches!(
+                semaphore.acquire(bad).await,
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        assert!(matches!(
+            client.semaphore("fresh").unwrap().try_set_permits(-2).await,
+            Err(Error::InvalidArgument { .. })
+        ));
     })
     .await;
 }

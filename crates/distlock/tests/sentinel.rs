@@ -336,7 +336,7 @@ async fn the_lock_family_works_through_sentinel() {
         next.await.unwrap().unwrap().release().await.unwrap();
 
         let pool = a.semaphore("fam:pool").unwrap();
-        pool.try_set_permits(1).await.unwrap();
+        assert!(pool.try_set_permits(1).await.unwrap().is_set());
         let taken = pool.acquire(1).await.unwrap();
         assert!(b
             .semaphore("fam:pool")
@@ -348,7 +348,7 @@ async fn the_lock_family_works_through_sentinel() {
         taken.release().await.unwrap();
 
         let gpus = a.permit_semaphore("fam:gpus").unwrap();
-        gpus.try_set_permits(1).await.unwrap();
+        assert!(gpus.try_set_permits(1).await.unwrap().is_set());
         gpus.acquire(1).await.unwrap().release().await.unwrap();
 
         let latch = a.count_down_latch("fam:latch").unwrap();

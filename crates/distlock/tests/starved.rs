@@ -94,3 +94,28 @@ async fn a_runtime_nobody_drives_does_not_hold_up_the_lost_token() {
     })
     .await;
 }
+
+/// A multi-thread runtime, as `#[tokio::main]` builds one.
+fn tokio_main_runtime(workers: usize) -> tokio::runtime::Runtime {
+    common::runtime_with(true, workers)
+}
+
+/// Issue 30, 4.1: README's first example awaits `guard.lost()` in the body of
+/// `#[tokio::main]`, which is a `block_on`, not a task. There the future kept time on the
+/// clients' thread alone, so it came as late as that thread was starved (2 s here, for a
+/// 300 ms lease).
+#[test]
+fn lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_the_clients_thread_is_starved() {
+    let runtime = tokio_main_runtime(2);
+    runtime.block_on(async {
+        let server = server().await;
+        let client = client(&server).await;
+        let guard = held(&client, "main-body", Duration::from_millis(300)).await;
+        let started = Instant::now();
+        client.stall_background_for_tests(Duration::from_millis(2_000));
+        bounded(LIMIT, guard.lost()).await;
+        let fired = started.elapsed();
+        eprintln!("lost() in a block_on body, clients' thread stalled: fired after {fired:?}");
+        assert!(fired < Duration::from_millis(600), "fired after {fired:?}");
+    });
+}

@@ -116,12 +116,14 @@ async fn names(client: &Client, tag: &str, permits: usize) -> BenchResult<[Strin
     ];
     if !client
         .semaphore(&*names[1])?
-        .try_set_permits(permits as u64)
+        .try_set_permits(permits as i64)
         .await?
+        .is_set()
         || !client
             .permit_semaphore(&*names[2])?
-            .try_set_permits(permits as u64)
+            .try_set_permits(permits as i64)
             .await?
+            .is_set()
     {
         return Err("a fresh semaphore had its permits set already".into());
     }

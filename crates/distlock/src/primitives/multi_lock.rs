@@ -29,7 +29,7 @@ use crate::engine::lease_set::LeaseSet;
 use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::fair_lock::FairLock;
-use crate::primitives::lock::lease_set;
+use crate::primitives::lock::{lease_set, listen_for_unlock};
 use crate::primitives::lock::{Lock, LockGuard, ReleaseOutcome};
 use crate::primitives::rw_lock::RwLock;
 
@@ -372,6 +372,7 @@ impl MultiLockGuard {
 
     /// Completes as soon as any member is lost; never after a normal release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        listen_for_unlock(&self.guards);
         self.leases().lost()
     }
 
@@ -379,6 +380,7 @@ impl MultiLockGuard {
     /// Each call gives a new token, watched by one small task on the first member's
     /// client until the set is lost or released.
     pub fn lost_token(&self) -> CancellationToken {
+        listen_for_unlock(&self.guards);
         self.leases().lost_token()
     }
 

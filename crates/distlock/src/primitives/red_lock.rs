@@ -40,7 +40,7 @@ use crate::engine::lease_set::LeaseSet;
 use crate::engine::renewal::registry::safety_margin;
 use crate::engine::session::Core;
 use crate::error::{Error, NodeFailure, Result};
-use crate::primitives::lock::lease_set;
+use crate::primitives::lock::{lease_set, listen_for_unlock};
 use crate::primitives::lock::{Lock, LockAttempt, LockGuard, ReleaseOutcome};
 
 /// The longest default per-node timeout: a master that takes longer is counted as down.
@@ -506,11 +506,13 @@ impl RedLockGuard {
     /// Completes as soon as a majority can no longer be trusted to hold the lock; never
     /// after a normal release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        listen_for_unlock(&self.guards);
         self.leases().lost()
     }
 
     /// The same signal as [`RedLockGuard::lost`], as a token for other tasks.
     pub fn lost_token(&self) -> CancellationToken {
+        listen_for_unlock(&self.guards);
         self.leases().lost_token()
     }
 

@@ -44,86 +44,18 @@ impl Lease {
     }
 
     /// A child of the entry's lost signal, made on first use; with `timed`, the signal's
-    /// deadline timer is started if it is not running yet.
+    /// deadline timer is started on the caller's runtime (the client's outside of one) if
+    /// it is not running there yet.
     fn signal(&self, timed: bool) -> Option<CancellationToken> {
-        // The timer runs on the caller's runtime, or the client's outside of one.
-        let runtime = match tokio::runtime::Handle::try_current() {
-            Ok(current) => Some(current),
-            Err(_) => self.shared.registry().runtime.clone(),
-        };
-        let (child, start_timer) = self.with_entry(|entry| {
-            let signal = entry.signal.get_or_insert_with(|| {
-                let signal = CancellationToken::new();
-                if entry.lost {
-                    signal.cancel();
-                }
-                signal
-            });
-            let child = signal.child_token();
-            let start_timer = match &runtime {
-                Some(runtime)
-                    if timed && !entry.lost && !entry.timer_runtimes.contains(&runtime.id()) =>
-                {
-                    entry.timer_runtimes.push(runtime.id());
-                    let stop = entry
-                        .signal_timer
-                        .get_or_insert_with(CancellationToken::new)
-                        .clone();
-                    Some((runtime.clone(), stop))
-                }
-                _ => None,
-            };
-            (child, start_timer)
-        })?;
-        if let Some((runtime, stop)) = start_timer {
-            self.start_signal_timer(&runtime, stop);
-        }
-        Some(child)
-    }
-
-    /// Cancels the lost signal when the deadline (less the margin) comes, unless the
-    /// holding ends or a renewal moves the deadline first.
-    fn start_signal_timer(&self, on: &tokio::runtime::Handle, stop: CancellationToken) {
-        let registry = Arc::clone(&self.shared.registry);
-        let id = self.id;
-        // Should this task be dropped unfinished (its runtime ended, even before it first
-        // ran), the next call to `lost_token` starts another.
-        let gone = TimerGone {
-            registry: Arc::clone(&registry),
-            id,
-            runtime: on.id(),
-        };
-        let timer = async move {
-            let _gone = gone;
-            loop {
-                let (fire, runtime) = {
-                    let mut registry = lock_registry(&registry);
-                    let runtime = registry.runtime.clone();
-                    let Some(entry) = registry.entries.get_mut(&id) else {
-                        return;
-                    };
-                    if entry.lost {
-                        return;
-                    }
-                    let fire = entry.fire_at();
-                    if fire <= Instant::now() {
-                        tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
-                        entry.mark_lost();
-                        return;
-                    }
-                    match runtime {
-                        Some(runtime) => (fire, runtime),
-                        // The client is gone; its shutdown marked every holding lost.
-                        None => return,
-                    }
-                };
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = sleep_until_on(&runtime, fire) => {}
-                }
+        let on = if timed {
+            match tokio::runtime::Handle::try_current() {
+                Ok(current) => Some(current),
+                Err(_) => self.shared.registry().runtime.clone(),
             }
+        } else {
+            None
         };
-        on.spawn(timer);
+        signal_of(&self.shared.registry, self.id, on.as_ref())
     }
 
     /// True while the holding is not known lost and its deadline (less the safety
@@ -145,12 +77,13 @@ impl Lease {
 
     /// Completes with `true` when the lease is lost (the watchdog said so, or the local
     /// deadline came), or with `false` when the holding ended without being lost. It
-    /// watches the clock itself, so a watchdog that cannot run delays nothing, and it
-    /// spawns nothing.
+    /// watches a clock itself, so a watchdog that cannot run delays nothing. In a task it
+    /// spawns nothing; polled by a `block_on` it starts the signal's deadline timer on
+    /// that runtime (once per runtime), so that neither a starved clients' thread nor a
+    /// runtime whose workers are all busy delays it alone.
     pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
         let registry = Arc::clone(&self.shared.registry);
         let id = self.id;
-        // The future watches the clock itself: no timer task for it.
         let signal = self.signal(false).unwrap_or_default();
         async move {
             loop {
@@ -168,6 +101,16 @@ impl Lease {
                 };
                 if fire <= Instant::now() {
                     return true;
+                }
+                // Polled by a `block_on` (the body of `#[tokio::main]`), not in a task: the
+                // sleep below is on the client's clock, and the clients' thread may be
+                // starved. This runtime's clock is driven too (by its workers, or by this
+                // `block_on`), so the signal's deadline timer runs here as well, once per
+                // runtime: whichever clock runs first fires the signal.
+                if let Ok(here) = tokio::runtime::Handle::try_current() {
+                    if tokio::task::try_id().is_none() && here.id() != runtime.id() {
+                        let _ = signal_of(&registry, id, Some(&here));
+                    }
                 }
                 // A renewal moves the deadline; look again when the old one comes. The
                 // holding ending drops the parent signal, which does not cancel this
@@ -246,6 +189,114 @@ impl Lease {
     pub(crate) fn mark_lost(&self) {
         self.with_entry(Entry::mark_lost);
     }
+
+    /// True while the holding is neither known lost nor being given back: a message on
+    /// its lock's channel is then worth asking the server about.
+    pub(crate) fn is_held_and_open(&self) -> bool {
+        self.with_entry(|entry| !entry.lost && !entry.closing)
+            .unwrap_or(false)
+    }
+
+    /// The server said the owner no longer holds the lock, in answer to a question that
+    /// may have crossed the holder's own release: once that release has started, the key
+    /// being gone is no loss, and nothing is marked. Returns whether it marked the loss.
+    pub(crate) fn mark_lost_unless_closing(&self) -> bool {
+        self.with_entry(|entry| {
+            if entry.closing || entry.lost {
+                return false;
+            }
+            entry.mark_lost();
+            true
+        })
+        .unwrap_or(false)
+    }
+}
+
+/// A child of entry `id`'s lost signal, made on first use (`None` once the holding is
+/// over). With `timer_on`, the signal's deadline timer is started on that runtime if it
+/// is not running there yet.
+fn signal_of(
+    registry: &Arc<Mutex<Registry>>,
+    id: u64,
+    timer_on: Option<&tokio::runtime::Handle>,
+) -> Option<CancellationToken> {
+    let (child, start_timer) = {
+        let mut locked = lock_registry(registry);
+        let entry = locked.entries.get_mut(&id)?;
+        let signal = entry.signal.get_or_insert_with(|| {
+            let signal = CancellationToken::new();
+            if entry.lost {
+                signal.cancel();
+            }
+            signal
+        });
+        let child = signal.child_token();
+        let start_timer = match timer_on {
+            Some(runtime) if !entry.lost && !entry.timer_runtimes.contains(&runtime.id()) => {
+                entry.timer_runtimes.push(runtime.id());
+                let stop = entry
+                    .signal_timer
+                    .get_or_insert_with(CancellationToken::new)
+                    .clone();
+                Some((runtime.clone(), stop))
+            }
+            _ => None,
+        };
+        (child, start_timer)
+    };
+    if let Some((runtime, stop)) = start_timer {
+        start_signal_timer(registry, id, &runtime, stop);
+    }
+    Some(child)
+}
+
+/// Cancels entry `id`'s lost signal when the deadline (less the margin) comes, unless the
+/// holding ends or a renewal moves the deadline first: a task on `on`.
+fn start_signal_timer(
+    registry: &Arc<Mutex<Registry>>,
+    id: u64,
+    on: &tokio::runtime::Handle,
+    stop: CancellationToken,
+) {
+    let registry = Arc::clone(registry);
+    // Should this task be dropped unfinished (its runtime ended, even before it first
+    // ran), the next call to `lost_token` starts another.
+    let gone = TimerGone {
+        registry: Arc::clone(&registry),
+        id,
+        runtime: on.id(),
+    };
+    let timer = async move {
+        let _gone = gone;
+        loop {
+            let (fire, runtime) = {
+                let mut registry = lock_registry(&registry);
+                let runtime = registry.runtime.clone();
+                let Some(entry) = registry.entries.get_mut(&id) else {
+                    return;
+                };
+                if entry.lost {
+                    return;
+                }
+                let fire = entry.fire_at();
+                if fire <= Instant::now() {
+                    tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
+                    entry.mark_lost();
+                    return;
+                }
+                match runtime {
+                    Some(runtime) => (fire, runtime),
+                    // The client is gone; its shutdown marked every holding lost.
+                    None => return,
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep_until_on(&runtime, fire) => {}
+            }
+        }
+    };
+    on.spawn(timer);
 }
 
 /// Clears an entry's record of a lost signal's timer on `runtime` when the timer task ends

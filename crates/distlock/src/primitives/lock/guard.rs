@@ -90,6 +90,15 @@ impl LockGuard {
     }
 }
 
+/// Makes each of `guards` listen on its lock's channel, as asking a guard for its lost
+/// signal does (see [`LockGuard::lost`]): a MultiLock's or RedLock's lost signal is made
+/// of its members'.
+pub(crate) fn listen_for_unlock(guards: &[LockGuard]) {
+    for guard in guards {
+        guard.hold.holding_arc().watch_for_unlock();
+    }
+}
+
 /// The leases of `guards` as one, trusted while `quorum` of them are (a MultiLock's
 /// guards, all of them; a RedLock's, a majority).
 pub(crate) fn lease_set(guards: &[LockGuard], quorum: usize) -> LeaseSet<'_> {
@@ -165,23 +174,37 @@ impl LockGuard {
     /// | how it is noticed | when |
     /// |---|---|
     /// | the lease deadline comes without a renewal (a server or network that does not answer, a fixed lease that ran its length) | at the deadline, less a margin of 1 % + 5 ms, by the local clock |
-    /// | a watchdog renewal finds the key gone or another owner (deleted, force-unlocked, evicted, a failover that lost it) | at the next renewal: every third of the watchdog timeout (10 s by default) |
+    /// | a release message on the lock's channel (a force-unlock: distlock's [`Lock::force_unlock`](crate::Lock::force_unlock), Redisson's `forceUnlock`, or any DEL followed by that message), after which the server says the holding no longer owns the lock | about a round trip after the message: 0.5–0.7 ms on loopback (`lost_signal.rs::a_raw_delete_and_publish_fires_the_lost_signal_as_soon_as_its_message_comes`), as a waiter notices a release; once this signal was asked for ([`lost`](LockGuard::lost) or [`lost_token`](LockGuard::lost_token)), in watchdog and fixed mode alike |
+    /// | a watchdog renewal finds the key gone or another owner (deleted without a message, evicted, a failover that lost it) | at the next renewal: every third of the watchdog timeout (10 s by default) |
     /// | a renewal the server's ACL refuses | at that renewal |
     /// | [`LockGuard::verify`], [`reenter`](LockGuard::reenter), [`extend`](LockGuard::extend) or a release finds it gone | when that call's reply comes |
     /// | the client shuts down | at once |
     ///
-    /// A fixed lease is never renewed, so a lock deleted under it is noticed only at its
-    /// deadline or by one of the calls above. To notice sooner, call
+    /// Asking for the signal (this call, or [`LockGuard::lost_token`]) makes the holding
+    /// listen on the lock's channel until it ends: the client's one subscription per
+    /// channel, shared with the lock's waiters (whose wake-ups it does not take), and one
+    /// HEXISTS when it starts and per message. [`LockGuard::is_lost`] alone starts
+    /// nothing, and sees a force-unlock only once the signal was asked for.
+    ///
+    /// A fixed lease is never renewed, so a lock deleted under it without a message is
+    /// noticed only at its deadline or by one of the calls above. To notice sooner, call
     /// [`LockGuard::verify`] before a step that must not run without the lock (one round
     /// trip), or shorten the watchdog timeout
     /// ([`ClientBuilder::watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)).
     ///
-    /// Awaited in a task, the future watches that runtime's clock itself, so the promise
-    /// holds even if the clients' background thread cannot run. Awaited directly in a
-    /// `block_on` body (the body of `#[tokio::main]`), it keeps time on the background
-    /// thread instead, and comes late if that thread is starved; spawn it, or use
-    /// [`LockGuard::lost_token`], to be independent of it.
+    /// It keeps time wherever it is awaited, on two clocks, and completes at the deadline
+    /// by whichever runs first: the clients' own background thread (whose watchdog fires
+    /// the signal), and the awaiting runtime's timer. In a task, the future watches that
+    /// runtime's clock itself; awaited directly in a `block_on` body (the body of
+    /// `#[tokio::main]`, as in the README), it starts one small timer task on that
+    /// runtime (once per holding and runtime, ended with the holding). So it is on time
+    /// when the clients' thread is starved (`starved.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_the_clients_thread_is_starved`),
+    /// and when every worker of the awaiting runtime is busy
+    /// (`runtimes.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_every_worker_is_blocked`);
+    /// only both at once make it late. Outside any runtime it keeps time on the clients'
+    /// thread.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.hold.holding_arc().watch_for_unlock();
         let watch = self.hold.holding().lease_entry.watch();
         async move {
             if !watch.await {
@@ -195,10 +218,14 @@ impl LockGuard {
     /// call gives a new token: cancelling it yourself (to stop a worker, say) affects
     /// neither the guard nor other tokens.
     ///
+    /// Like [`LockGuard::lost`], it makes the holding listen on the lock's channel, so a
+    /// force-unlock cancels it about a round trip after its message.
+    ///
     /// It is cancelled by the lease deadline itself, not only by the client's watchdog: the
     /// first call starts one small timer task on the caller's runtime (the client's own
     /// when called outside one), which ends with the holding.
     pub fn lost_token(&self) -> CancellationToken {
+        self.hold.holding_arc().watch_for_unlock();
         self.hold.holding().lease_entry.lost_token()
     }
 

@@ -3,10 +3,11 @@
 //! (re-entry, release, extension, verification), sent one at a time.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, LOCK_RENEWAL, RELEASE_MESSAGE};
 use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
@@ -14,6 +15,7 @@ use crate::duration::to_millis;
 use crate::engine::renewal::lease::Lease;
 use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
+use crate::engine::subscriptions::WakeRule;
 use crate::error::{is_connection_failure, Error, Result};
 use crate::primitives::keys::unlock_latch;
 use crate::transport::script::ScriptCall;
@@ -54,6 +56,13 @@ pub(crate) trait HoldScripts: Send + Sync {
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
         (&LOCK_RENEWAL, Arc::clone(owner))
     }
+
+    /// The channel that announces the lock's releases and force-unlocks. A holding whose
+    /// lost signal is asked for listens there, and asks the server whether it still
+    /// holds the lock at each message; `None`: it does not listen.
+    fn unlock_channel(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The arguments every release script takes.
@@ -85,6 +94,10 @@ impl HoldScripts for PlainRelease {
             .arg(if args.retry { "1" } else { "0" })
             .arg(args.publish);
         call
+    }
+
+    fn unlock_channel(&self) -> Option<&str> {
+        Some(&self.channel)
     }
 }
 
@@ -137,6 +150,7 @@ impl Acquired {
                 fixed: !renew,
             }),
             lease_entry,
+            unlock_watch: OnceLock::new(),
         }))
     }
 }
@@ -156,6 +170,17 @@ pub(super) struct Holding {
     /// answer to the one before.
     pub(super) state: tokio::sync::Mutex<HoldState>,
     pub(super) lease_entry: Lease,
+    /// Stops the listener on the lock's channel (see [`Holding::watch_for_unlock`]), once
+    /// one was started: when the last guard goes, or the holding is dropped.
+    pub(super) unlock_watch: OnceLock<CancellationToken>,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(stop) = self.unlock_watch.get() {
+            stop.cancel();
+        }
+    }
 }
 
 pub(super) struct HoldState {
@@ -186,6 +211,102 @@ impl Holding {
     pub(super) fn guard_gone(&self) {
         if self.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.lease_entry.closing();
+            if let Some(stop) = self.unlock_watch.get() {
+                stop.cancel();
+            }
+        }
+    }
+
+    /// Listens on the lock's channel from now until the holding ends (once per holding;
+    /// later calls do nothing), so that a force-unlock, or any deletion announced there,
+    /// fires the lost signal as soon as its message comes rather than at the next
+    /// renewal. Each message costs one question to the server (HEXISTS), and so does the
+    /// start (a message sent before the listener joined is not heard).
+    ///
+    /// The listener shares the client's one subscription per channel with the lock's
+    /// waiters, in a queue of its own, so it takes no wake-up from them. It runs on the
+    /// client's runtime and holds the holding only weakly.
+    pub(super) fn watch_for_unlock(self: &Arc<Self>) {
+        let Some(channel) = self.release.unlock_channel() else {
+            return;
+        };
+        if self.unlock_watch.get().is_some() {
+            return;
+        }
+        let stop = CancellationToken::new();
+        if self.unlock_watch.set(stop.clone()).is_err() {
+            // Another call started it meanwhile.
+            return;
+        }
+        if self.guards.load(Ordering::Acquire) == 0 || !self.lease_entry.is_held_and_open() {
+            return;
+        }
+        let core = Arc::clone(&self.core);
+        let holding = Arc::downgrade(self);
+        let channel = channel.to_owned();
+        // A queue of its own on the channel: the waiters' queue is keyed by the lock's
+        // name, and an owner id (a client id and a number) is no lock's name.
+        let queue = format!("holder {}", self.owner);
+        self.core.background().spawn_service(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = listen_for_unlock(core, holding, channel, queue) => {}
+            }
+        });
+    }
+
+    /// After a message on the lock's channel: asks the server whether this owner still
+    /// holds the lock, and marks the holding lost if not. Returns whether to keep
+    /// listening.
+    async fn still_held_after_message(&self) -> bool {
+        if !self.lease_entry.is_held_and_open() {
+            return false;
+        }
+        match self.ask_server().await {
+            Ok(true) => true,
+            Ok(false) => {
+                if self.lease_entry.mark_lost_unless_closing() {
+                    tracing::warn!(
+                        lock = %self.name,
+                        owner = %self.owner,
+                        "the lock's channel announced a release, and the server says this \
+                         holding no longer owns the lock (force-unlocked or deleted); the lock is lost"
+                    );
+                }
+                false
+            }
+            Err(err) => {
+                // The watchdog and the deadline still watch; the next message, or the
+                // hub's reconnect, asks again.
+                tracing::debug!(lock = %self.name, error = %err, "could not ask whether a lock announced on its channel is still held");
+                true
+            }
+        }
+    }
+
+    /// Whether the server says this owner holds the lock (one round trip).
+    async fn ask_server(&self) -> Result<bool> {
+        let answer = match self.release.verify(&self.name, &self.owner) {
+            Some(call) => {
+                self.core
+                    .request(|mut connection| {
+                        let call = &call;
+                        async move { call.invoke::<bool>(&mut connection).await }
+                    })
+                    .await
+            }
+            None => {
+                let exists = redis::cmd("HEXISTS")
+                    .arg(&*self.name)
+                    .arg(&*self.owner)
+                    .clone();
+                self.core.query::<bool>(&exists).await
+            }
+        };
+        match answer {
+            // Another kind of key at the lock's name: certainly not this holding's.
+            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => Ok(false),
+            other => other,
         }
     }
 
@@ -396,34 +517,41 @@ impl Holding {
         if !self.lease_entry.is_trusted() {
             return Ok(false);
         }
-        let answer = match self.release.verify(&self.name, &self.owner) {
-            Some(call) => {
-                self.core
-                    .request(|mut connection| {
-                        let call = &call;
-                        async move { call.invoke::<bool>(&mut connection).await }
-                    })
-                    .await
-            }
-            None => {
-                let exists = redis::cmd("HEXISTS")
-                    .arg(&*self.name)
-                    .arg(&*self.owner)
-                    .clone();
-                self.core.query::<bool>(&exists).await
-            }
-        };
-        let held = match answer {
-            Ok(held) => held,
-            // Another kind of key at the lock's name: certainly not this holding's.
-            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => false,
-            Err(err) => return Err(err),
-        };
+        let held = self.ask_server().await?;
         if !held {
             tracing::warn!(lock = %self.name, owner = %self.owner, "the server says this holding no longer owns the lock; the lock is lost");
             self.lease_entry.mark_lost();
         }
         Ok(held && self.lease_entry.is_trusted())
+    }
+}
+
+/// Listens on `channel` for a holding: at the start and at each message, asks whether
+/// it is still held; ends when it is not, when the holding is over, or when stopped.
+async fn listen_for_unlock(
+    core: Arc<Core>,
+    holding: Weak<Holding>,
+    channel: String,
+    queue: String,
+) {
+    let subscription = core
+        .subscriptions()
+        .subscribe(&channel, &queue, WakeRule::All, 1)
+        .await;
+    loop {
+        let woken = subscription.notified();
+        tokio::pin!(woken);
+        // Enabled before asking, so a message that comes while the question is out is
+        // not missed.
+        woken.as_mut().enable();
+        let Some(holding) = holding.upgrade() else {
+            return;
+        };
+        if !holding.still_held_after_message().await {
+            return;
+        }
+        drop(holding);
+        woken.await;
     }
 }
 

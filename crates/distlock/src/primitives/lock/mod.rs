@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use attempt::LockAttempt;
-pub(crate) use guard::lease_set;
 pub use guard::LockGuard;
+pub(crate) use guard::{lease_set, listen_for_unlock};
 pub use holding::ReleaseOutcome;
 pub(crate) use holding::{Acquired, Hold, HoldScripts, ReleaseArgs};
 

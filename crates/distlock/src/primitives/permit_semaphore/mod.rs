@@ -28,7 +28,11 @@ use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{permit_timeouts, semaphore_channel};
 use crate::primitives::lock::ReleaseOutcome;
-use crate::primitives::semaphore::Semaphore;
+use crate::primitives::semaphore::{
+    parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
+};
+use crate::transport::script::ScriptCall;
+use scripts::PERMIT_TOTAL;
 
 /// A permit semaphore's keys and channel, worked out once per handle.
 pub(crate) struct PermitKeys {
@@ -45,11 +49,13 @@ pub(crate) struct PermitKeys {
 /// # let server = distlock_testkit::RedisServer::start().await?;
 /// # let client = distlock::Client::connect(&server.url()).await?;
 /// let gpus = client.permit_semaphore("gpus")?;
-/// gpus.try_set_permits(4).await?;
+/// assert!(gpus.try_set_permits(4).await?.is_set());
+/// assert_eq!(gpus.total_permits().await?, 4);
 ///
 /// // Renewed while held; back by itself within the watchdog timeout if this process dies.
 /// let permits = gpus.acquire(2).await?;
 /// assert_eq!(gpus.available_permits().await?, 2);
+/// assert_eq!(gpus.total_permits().await?, 4); // taken permits still count
 /// tokio::select! {
 ///     _ = permits.lost() => eprintln!("a permit was lost: stop using the GPUs"),
 ///     _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
@@ -80,7 +86,7 @@ impl PermitSemaphore {
     /// own, sent in the acquisition's script call and renewed one by one: an ask for
     /// millions would build a call of hundreds of megabytes before Redis could answer.
     /// More is refused with [`Error::InvalidArgument`].
-    pub const MAX_PERMITS_PER_CALL: u32 = 10_000;
+    pub const MAX_PERMITS_PER_CALL: i64 = 10_000;
 
     /// The permit semaphore whose Redis key is `key`: the client's key prefix, then the
     /// name.
@@ -123,7 +129,7 @@ impl PermitSemaphore {
     /// Waits until `permits` permits are free, and takes them, each a lease.
     /// Cancel-safe: dropping the future leaves no permit taken. `permits` must be in
     /// `1..=`[`MAX_PERMITS_PER_CALL`](Self::MAX_PERMITS_PER_CALL).
-    pub async fn acquire(&self, permits: u32) -> Result<LeasedPermits> {
+    pub async fn acquire(&self, permits: i64) -> Result<LeasedPermits> {
         let attempt = self.attempt(permits)?;
         loop {
             let acquired = acquire(attempt.core(), &attempt, Patience::Forever);
@@ -134,7 +140,7 @@ impl PermitSemaphore {
     }
 
     /// Takes `permits` permits if that many are free now; `Ok(None)` otherwise.
-    pub async fn try_acquire(&self, permits: u32) -> Result<Option<LeasedPermits>> {
+    pub async fn try_acquire(&self, permits: i64) -> Result<Option<LeasedPermits>> {
         let attempt = self.attempt(permits)?;
         let acquired = acquire(attempt.core(), &attempt, Patience::None).await?;
         Ok(acquired.map(|held| self.guard(held)))
@@ -144,7 +150,7 @@ impl PermitSemaphore {
     /// time.
     pub async fn try_acquire_for(
         &self,
-        permits: u32,
+        permits: i64,
         timeout: Duration,
     ) -> Result<Option<LeasedPermits>> {
         let patience = Patience::within(timeout)?;
@@ -153,9 +159,44 @@ impl PermitSemaphore {
         Ok(acquired.map(|held| self.guard(held)))
     }
 
-    /// Sets the free permits to `permits` if none are set yet. Returns whether it did.
-    pub async fn try_set_permits(&self, permits: u64) -> Result<bool> {
-        self.counter().try_set_permits(permits).await
+    /// Sets the permits to `permits`, all free, if the semaphore has no count yet, and
+    /// says what it did: [`PermitsSet::Set`], or [`PermitsSet::Kept`] with the total it
+    /// found and kept (free permits plus permits taken, as
+    /// [`total_permits`](Self::total_permits) reads it), read in the same script. Every
+    /// user of one semaphore should ask for the same count: compare `found` with yours.
+    /// `permits` must not be negative.
+    pub async fn try_set_permits(&self, permits: i64) -> Result<PermitsSet> {
+        let found = set_permits(
+            self.session.core(),
+            &self.semaphore_keys(),
+            Some(&self.keys.timeouts),
+            permits,
+        )
+        .await?;
+        Ok(match found {
+            None => PermitsSet::Set,
+            Some((free, taken)) => PermitsSet::Kept {
+                found: free.saturating_add(taken),
+            },
+        })
+    }
+
+    /// The semaphore's total permits: the free ones plus the ones taken and not given
+    /// back yet (a permit whose lease ran out counts once, whether or not it is back in
+    /// the free count yet). 0 when the semaphore has no count. One script, reading both
+    /// keys at one moment.
+    pub async fn total_permits(&self) -> Result<i64> {
+        let keys: [&str; 2] = [&self.keys.count, &self.keys.timeouts];
+        let call = ScriptCall::new(&PERMIT_TOTAL, &keys, 0);
+        let (free, taken): (Option<String>, i64) = self
+            .session
+            .core()
+            .request(|mut connection| {
+                let call = &call;
+                async move { call.invoke(&mut connection).await }
+            })
+            .await?;
+        Ok(parse_count(&self.keys.count, free.as_deref())?.saturating_add(taken))
     }
 
     /// Adds `permits` free permits (takes them away when negative), and wakes waiters.
@@ -176,7 +217,15 @@ impl PermitSemaphore {
         Semaphore::new(self.session.clone(), self.keys.count.to_string())
     }
 
-    fn attempt(&self, permits: u32) -> Result<PermitAttempt> {
+    /// The free count's key and channel, as a plain semaphore's.
+    fn semaphore_keys(&self) -> SemaphoreKeys {
+        SemaphoreKeys {
+            key: Arc::clone(&self.keys.count),
+            channel: self.keys.channel.clone(),
+        }
+    }
+
+    fn attempt(&self, permits: i64) -> Result<PermitAttempt> {
         if !(1..=Self::MAX_PERMITS_PER_CALL).contains(&permits) {
             return Err(Error::InvalidArgument {
                 what: "permits",
@@ -191,6 +240,8 @@ impl PermitSemaphore {
             Some(lease) => (lease, false),
             None => (core.config().watchdog_timeout, true),
         };
+        // In range, checked above.
+        let permits = u32::try_from(permits).unwrap_or(1);
         Ok(PermitAttempt {
             core: Arc::clone(core),
             keys: Arc::clone(&self.keys),
@@ -229,8 +280,9 @@ impl fmt::Debug for LeasedPermits {
 
 impl LeasedPermits {
     /// How many permits this guard holds.
-    pub fn permits(&self) -> usize {
-        self.held.ids().len()
+    pub fn permits(&self) -> i64 {
+        // At most MAX_PERMITS_PER_CALL ids.
+        i64::try_from(self.held.ids().len()).unwrap_or(i64::MAX)
     }
 
     /// The permits' ids, as they are in the semaphore's `{name}:timeout` set.

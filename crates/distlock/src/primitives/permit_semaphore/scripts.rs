@@ -15,6 +15,9 @@ pub(crate) static PERMIT_RELEASE: LuaScript = LuaScript::new(concat!(
 pub(crate) static PERMIT_RENEW: LuaScript =
     LuaScript::new(include_str!("scripts/permit_renew.lua"));
 
+pub(crate) static PERMIT_TOTAL: LuaScript =
+    LuaScript::new(include_str!("scripts/permit_total.lua"));
+
 /// A permit's lease, renewed by `permit_renew.lua`: its score in the timeouts set is
 /// moved on while it is still there and not expired.
 pub(crate) static PERMIT_RENEWAL: RenewalKind = RenewalKind {
@@ -23,4 +26,9 @@ pub(crate) static PERMIT_RENEWAL: RenewalKind = RenewalKind {
 };
 
 /// Every script of the permit semaphore, for loading at connect.
-pub(crate) static ALL: [&LuaScript; 3] = [&PERMIT_ACQUIRE, &PERMIT_RELEASE, &PERMIT_RENEW];
+pub(crate) static ALL: [&LuaScript; 4] = [
+    &PERMIT_ACQUIRE,
+    &PERMIT_RELEASE,
+    &PERMIT_RENEW,
+    &PERMIT_TOTAL,
+];

@@ -17,7 +17,8 @@ use crate::transport::script::ScriptCall;
 pub(crate) struct SemaphoreAttempt {
     pub(super) core: Arc<Core>,
     pub(super) keys: Arc<SemaphoreKeys>,
-    pub(super) permits: u32,
+    /// At least 1 (checked by the handle).
+    pub(super) permits: i64,
 }
 
 impl SemaphoreAttempt {
@@ -46,7 +47,7 @@ impl Acquire for SemaphoreAttempt {
                     // After a lost reply (`None`) nobody can tell whether the permits
                     // were taken: adding them back could make more permits than there
                     // are, so they stay taken (docs/safety.md says so).
-                    |reply| add_back(&core, &keys, reply.map(|_| i64::from(permits))),
+                    |reply| add_back(&core, &keys, reply.map(|_| permits)),
                 )
                 .await?;
             Ok(if taken == 1 {
@@ -75,7 +76,7 @@ impl Acquire for SemaphoreAttempt {
     }
 
     fn ask(&self) -> u64 {
-        u64::from(self.permits)
+        self.permits.unsigned_abs()
     }
 }
 
@@ -85,11 +86,11 @@ pub(crate) struct Taken {
     /// `None` once given back or forgotten.
     core: Option<Arc<Core>>,
     keys: Arc<SemaphoreKeys>,
-    permits: u32,
+    permits: i64,
 }
 
 impl Taken {
-    pub(crate) fn permits(&self) -> u32 {
+    pub(crate) fn permits(&self) -> i64 {
         self.permits
     }
 
@@ -102,7 +103,7 @@ impl Taken {
         let Some(core) = self.core.take() else {
             return Ok(());
         };
-        let add = add_permits(&core, &self.keys, i64::from(self.permits));
+        let add = add_permits(&core, &self.keys, self.permits);
         Detached::new(core.background(), add).await?;
         Ok(())
     }
@@ -118,7 +119,7 @@ impl Drop for Taken {
         let Some(core) = self.core.take() else {
             return;
         };
-        let add = add_permits(&core, &self.keys, i64::from(self.permits));
+        let add = add_permits(&core, &self.keys, self.permits);
         let semaphore = Arc::clone(&self.keys);
         core.background().spawn(async move {
             if let Err(err) = add.await {

@@ -10,6 +10,14 @@
 //! The permits have no owner and no lease, as Redisson's: a process that dies holding
 //! permits does not give them back, and a reply lost after the server took them leaves
 //! them taken. A `PermitSemaphore` (each permit a lease) is the one that survives crashes.
+//!
+//! Every permit count in both semaphores' APIs is an `i64`: what a call asks for, what a
+//! guard holds, what is free, the total, and what `add_permits` adds. The count lives in
+//! Redis as a signed 64-bit integer, and the free count can go below zero
+//! (`add_permits` with a negative number, or Redisson's `reducePermits`, while permits are
+//! taken), so `i64` is the one type that holds every count the server can answer with;
+//! one type means no conversions between what was asked, what is held and what is read.
+//! An ask below 1 is refused with [`Error::InvalidArgument`].
 
 mod attempt;
 pub(crate) mod scripts;
@@ -22,7 +30,7 @@ use attempt::{add_back, add_permits, SemaphoreAttempt, Taken};
 use scripts::{SEMAPHORE_DRAIN, SEMAPHORE_SET};
 
 use crate::engine::acquire::{acquire, Patience};
-use crate::engine::session::Session;
+use crate::engine::session::{Core, Session};
 use crate::error::{Error, Result};
 use crate::primitives::keys::semaphore_channel;
 use crate::transport::script::ScriptCall;
@@ -33,6 +41,32 @@ pub(crate) struct SemaphoreKeys {
     pub(crate) channel: String,
 }
 
+/// What [`Semaphore::try_set_permits`] and
+/// [`PermitSemaphore::try_set_permits`](crate::PermitSemaphore::try_set_permits) did: a
+/// semaphore's count is set once, by the first caller, and later calls keep it.
+#[must_use = "the semaphore may have kept an earlier count: check it"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitsSet {
+    /// The semaphore had no count: it now has the permits asked for, all free.
+    Set,
+    /// The semaphore had a count already, and keeps it: nothing was written. `found` is
+    /// that count: for a [`Semaphore`], its free permits, the only count it keeps; for a
+    /// [`PermitSemaphore`](crate::PermitSemaphore), its total (free permits, plus permits
+    /// taken and not given back yet, as
+    /// [`total_permits`](crate::PermitSemaphore::total_permits) reads it).
+    Kept {
+        /// The count the semaphore has (see above).
+        found: i64,
+    },
+}
+
+impl PermitsSet {
+    /// True if this call set the count.
+    pub fn is_set(self) -> bool {
+        self == PermitsSet::Set
+    }
+}
+
 /// A handle on one named semaphore. Cheap to clone; takes nothing by itself.
 ///
 /// ```
@@ -41,7 +75,10 @@ pub(crate) struct SemaphoreKeys {
 /// # let server = distlock_testkit::RedisServer::start().await?;
 /// # let client = distlock::Client::connect(&server.url()).await?;
 /// let exports = client.semaphore("exports")?;
-/// exports.try_set_permits(3).await?; // three exports at a time, fleet-wide
+/// // Three exports at a time, fleet-wide; the first caller sets the count.
+/// if let distlock::PermitsSet::Kept { found } = exports.try_set_permits(3).await? {
+///     println!("kept the count set earlier: {found} free");
+/// }
 ///
 /// let permits = exports.acquire(2).await?;
 /// assert_eq!(exports.available_permits().await?, 1);
@@ -88,7 +125,8 @@ impl Semaphore {
     /// served in arrival order; across clients, whoever asks when enough are free.
     ///
     /// Cancel-safe: dropping the future leaves no permit taken.
-    pub async fn acquire(&self, permits: u32) -> Result<SemaphorePermits> {
+    /// `permits` must be at least 1.
+    pub async fn acquire(&self, permits: i64) -> Result<SemaphorePermits> {
         let attempt = self.attempt(permits)?;
         loop {
             let acquired = acquire(attempt.core(), &attempt, Patience::Forever);
@@ -100,7 +138,7 @@ impl Semaphore {
 
     /// Takes `permits` permits if that many are free now (and no waiter of this client
     /// is ahead); `Ok(None)` otherwise.
-    pub async fn try_acquire(&self, permits: u32) -> Result<Option<SemaphorePermits>> {
+    pub async fn try_acquire(&self, permits: i64) -> Result<Option<SemaphorePermits>> {
         let attempt = self.attempt(permits)?;
         let acquired = acquire(attempt.core(), &attempt, Patience::None).await?;
         Ok(acquired.map(|taken| self.guard(taken)))
@@ -110,7 +148,7 @@ impl Semaphore {
     /// time.
     pub async fn try_acquire_for(
         &self,
-        permits: u32,
+        permits: i64,
         timeout: Duration,
     ) -> Result<Option<SemaphorePermits>> {
         let patience = Patience::within(timeout)?;
@@ -122,9 +160,9 @@ impl Semaphore {
     /// Gives `permits` permits to the semaphore (taken elsewhere, by Redisson's
     /// `acquire`, or never taken), and wakes waiters. Returns the free count after it.
     /// A guard gives its own permits back when released or dropped.
-    pub async fn release(&self, permits: u32) -> Result<i64> {
+    pub async fn release(&self, permits: i64) -> Result<i64> {
         let permits = positive("permits", permits)?;
-        self.add_permits(i64::from(permits)).await
+        self.add_permits(permits).await
     }
 
     /// Adds `permits` free permits (takes them away when negative, which may leave the
@@ -136,31 +174,27 @@ impl Semaphore {
         add_permits(core, &self.keys, permits).await
     }
 
-    /// Sets the free permits to `permits` if the semaphore has none set yet. Returns
-    /// whether it set them.
-    pub async fn try_set_permits(&self, permits: u64) -> Result<bool> {
-        let permits = i64::try_from(permits).map_err(|_| Error::InvalidArgument {
-            what: "permits",
-            reason: format!("{permits} is more than a Redis counter holds"),
-        })?;
-        let core = self.session.core();
-        let mut call = ScriptCall::new(&SEMAPHORE_SET, &[&self.keys.key, &self.keys.channel], 2);
-        call.arg(permits).arg(core.deployment().publish_command());
-        let set: i64 = core.write(&call, &self.keys.key, true).await?;
-        Ok(set == 1)
+    /// Sets the free permits to `permits` if the semaphore has none set yet, and says
+    /// what it did: [`PermitsSet::Set`], or [`PermitsSet::Kept`] with the free count it
+    /// found and kept (an earlier caller's count, less the permits taken now). `permits`
+    /// must not be negative. A call whose connection dropped before the reply is sent
+    /// once more, and may then report `Kept` with the count it set itself: compare
+    /// `found` with yours rather than treat `Kept` as a conflict.
+    pub async fn try_set_permits(&self, permits: i64) -> Result<PermitsSet> {
+        set_permits(self.session.core(), &self.keys, None, permits)
+            .await
+            .map(|found| found.map(|(free, _)| free))
+            .map(|found| match found {
+                None => PermitsSet::Set,
+                Some(found) => PermitsSet::Kept { found },
+            })
     }
 
     /// How many permits are free right now (0 when the semaphore has none set).
     pub async fn available_permits(&self) -> Result<i64> {
         let get = redis::cmd("GET").arg(&*self.keys.key).clone();
         let free: Option<String> = self.session.core().query(&get).await?;
-        match free {
-            None => Ok(0),
-            Some(free) => free.parse().map_err(|_| Error::InvalidArgument {
-                what: "semaphore",
-                reason: format!("{} holds {free:?}, not a permit count", self.keys.key),
-            }),
-        }
+        parse_count(&self.keys.key, free.as_deref())
     }
 
     /// Takes every free permit. Returns how many it took.
@@ -181,7 +215,7 @@ impl Semaphore {
         .await
     }
 
-    fn attempt(&self, permits: u32) -> Result<SemaphoreAttempt> {
+    fn attempt(&self, permits: i64) -> Result<SemaphoreAttempt> {
         Ok(SemaphoreAttempt {
             core: Arc::clone(self.session.core()),
             keys: Arc::clone(&self.keys),
@@ -197,14 +231,52 @@ impl Semaphore {
     }
 }
 
-fn positive(what: &'static str, value: u32) -> Result<u32> {
-    if value == 0 {
+fn positive(what: &'static str, value: i64) -> Result<i64> {
+    if value < 1 {
         return Err(Error::InvalidArgument {
             what,
-            reason: "must be at least 1".into(),
+            reason: format!("{value} is not a number of permits: must be at least 1"),
         });
     }
     Ok(value)
+}
+
+/// A semaphore's count as stored at `key` (`None`: no count, 0).
+pub(crate) fn parse_count(key: &str, stored: Option<&str>) -> Result<i64> {
+    match stored {
+        None => Ok(0),
+        Some(count) => count.parse().map_err(|_| Error::InvalidArgument {
+            what: "semaphore",
+            reason: format!("{key} holds {count:?}, not a permit count"),
+        }),
+    }
+}
+
+/// Sets the count at `keys` to `permits` if it has none (`semaphore_set.lua`). Returns
+/// `None` when it set it, or the count it kept: the free count, and the permits taken
+/// in `timeouts` (a permit semaphore's set; 0 without one).
+pub(crate) async fn set_permits(
+    core: &Core,
+    keys: &SemaphoreKeys,
+    timeouts: Option<&str>,
+    permits: i64,
+) -> Result<Option<(i64, i64)>> {
+    if permits < 0 {
+        return Err(Error::InvalidArgument {
+            what: "permits",
+            reason: format!("{permits} is negative; a semaphore starts with 0 or more"),
+        });
+    }
+    let mut script_keys: Vec<&str> = vec![&keys.key, &keys.channel];
+    script_keys.extend(timeouts);
+    let mut call = ScriptCall::new(&SEMAPHORE_SET, &script_keys, 2);
+    call.arg(permits).arg(core.deployment().publish_command());
+    let (set, free, taken): (i64, Option<String>, i64) = core.write(&call, &keys.key, true).await?;
+    if set == 1 {
+        return Ok(None);
+    }
+    let free = parse_count(&keys.key, free.as_deref())?;
+    Ok(Some((free, taken)))
 }
 
 /// Permits taken from a [`Semaphore`]. Dropping the guard gives them back, in the
@@ -228,7 +300,7 @@ impl fmt::Debug for SemaphorePermits {
 
 impl SemaphorePermits {
     /// How many permits this guard holds.
-    pub fn permits(&self) -> u32 {
+    pub fn permits(&self) -> i64 {
         self.taken.permits()
     }
 
