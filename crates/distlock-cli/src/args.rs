@@ -63,12 +63,12 @@ pub struct Hold {
     /// A fixed lease (500ms, 10s, 2m, 1h): the lock is held at most this long, and the
     /// command is stopped before it ends. Without it the lease is renewed while the
     /// command runs (the watchdog).
-    #[arg(long, value_parser = positive_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = lease_duration, value_name = "DURATION")]
     pub lease: Option<Duration>,
     /// The lease the watchdog keeps renewing while the command runs (like etcdctl's
     /// --ttl): a holder that dies, or loses Redis, frees the lock within it. Renewed
     /// every third of it.
-    #[arg(long, value_parser = positive_duration, default_value = "30s", value_name = "DURATION", conflicts_with = "lease")]
+    #[arg(long, value_parser = lease_duration, default_value = "30s", value_name = "DURATION", conflicts_with = "lease")]
     pub ttl: Duration,
     /// Queue on the fair lock: holders take turns in the order they asked.
     #[arg(long, conflicts_with = "permits")]
@@ -77,6 +77,11 @@ pub struct Hold {
     /// once.
     #[arg(short = 'n', long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub permits: Option<u32>,
+    /// With -n: the number at NAME is a semaphore another program created (Redisson's
+    /// RPermitExpirableSemaphore); use it. Without this flag, -n uses only a semaphore
+    /// distlock created, never another application's number.
+    #[arg(long, requires = "permits")]
+    pub adopt_semaphore: bool,
     /// How long the command has to stop after SIGTERM before it gets SIGKILL, when the
     /// lock is lost. Shortened to what the lease allows when the loss is seen coming.
     #[arg(long, value_parser = positive_duration, default_value = "5s", value_name = "DURATION")]
@@ -141,6 +146,22 @@ fn non_empty_name(text: &str) -> Result<String, String> {
         return Err("a lock name cannot be empty".into());
     }
     Ok(text.to_owned())
+}
+
+/// The shortest lease a command can run under: distlock checks the lock every 500 ms,
+/// and needs time to start the command and to stop it before the lease ends.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// A lease (`--lease`, `--ttl`): at least [`MIN_LEASE`].
+fn lease_duration(text: &str) -> Result<Duration, String> {
+    let duration = positive_duration(text)?;
+    if duration < MIN_LEASE {
+        return Err(format!(
+            "{text:?} is too short: a lease must be at least 1s (distlock checks the lock \
+             every 500ms, and starts and stops the command within the lease)"
+        ));
+    }
+    Ok(duration)
 }
 
 /// A duration flag: distlock's one syntax, and more than zero.

@@ -93,12 +93,16 @@ impl Child {
         status
     }
 
-    /// Stops the command's whole process group: SIGTERM, then SIGKILL at `kill_at` to
-    /// whatever of the group is left, even when the command itself exited on SIGTERM (a
-    /// process it started may ignore it). Returns once the group is gone (or a second
-    /// after SIGKILL, for processes the kernel has not reaped yet).
-    pub async fn stop(&mut self, kill_at: Instant) -> Result<ExitStatus, Failure> {
+    /// Sends SIGTERM to the command's process group: a stop begins.
+    pub fn terminate(&self) {
         self.signal(Signal::SIGTERM);
+    }
+
+    /// Ends a stop begun with [`Child::terminate`]: SIGKILL at `kill_at` to whatever of
+    /// the group is left, even when the command itself exited on SIGTERM (a process it
+    /// started may ignore it). Returns once the group is gone (or a second after SIGKILL,
+    /// for processes the kernel has not reaped yet).
+    pub async fn stop(&mut self, kill_at: Instant) -> Result<ExitStatus, Failure> {
         let exited = tokio::select! {
             status = self.wait() => Some(status?),
             () = tokio::time::sleep_until(kill_at) => None,

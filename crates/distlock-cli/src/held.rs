@@ -40,6 +40,19 @@ pub async fn take(
             Some(lease) => semaphore.with_lease(lease),
             None => semaphore.with_watchdog(),
         };
+        // A count distlock did not create may be another application's number: never
+        // written unless the operator names it a semaphore.
+        if !hold.adopt_semaphore && !claim_semaphore(client, &hold.name, semaphore.key()).await? {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{} holds a number distlock did not create as a semaphore (another \
+                     application's counter?); not run. If it is a semaphore (Redisson's \
+                     RPermitExpirableSemaphore), pass --adopt-semaphore",
+                    crate::out::shown(&hold.name)
+                ),
+            ));
+        }
         // The first holder sets the count; later ones must ask for the same.
         if !semaphore.try_set_permits(u64::from(permits)).await? {
             let total = permits_in(client, &semaphore, &hold.name).await?;
@@ -48,10 +61,12 @@ pub async fn take(
                     exit::USAGE,
                     format!(
                         "{} has {total} permits, not {permits}: every run of one name must give \
-                         the same -n (to change it, delete {} and {} while nothing holds a permit)",
-                        hold.name,
+                         the same -n (to change it, delete {}, {} and {} while nothing holds a \
+                         permit)",
+                        crate::out::shown(&hold.name),
                         semaphore.key(),
-                        crate::mark::tagged(&hold.name, "timeout")
+                        crate::mark::tagged(&hold.name, "timeout"),
+                        semaphore_mark(&hold.name)
                     ),
                 ));
             }
@@ -83,6 +98,100 @@ pub async fn take(
         take_lock!(client.lock(hold.name.clone())?)
     };
     Ok(taken.map(Held::Lock))
+}
+
+/// The key that says distlock created the semaphore `name` (`run -n`): beside it, in
+/// its slot.
+pub fn semaphore_mark(name: &str) -> String {
+    crate::mark::tagged(name, "distlock_semaphore")
+}
+
+/// Whether the count at `key` is a semaphore distlock created, marking it as one when
+/// there is no count yet (see scripts/semaphore_claim.lua).
+async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<bool, Failure> {
+    static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("scripts/semaphore_claim.lua"))
+    });
+    let mut connection = client.connection();
+    let ours: i64 = CLAIM
+        .key(key)
+        .key(semaphore_mark(name))
+        .arg("distlock run -n")
+        .invoke_async(&mut connection)
+        .await?;
+    Ok(ours == 1)
+}
+
+/// Checks, before anything is taken, that what `hold` names can be held by this user:
+/// the name holds nothing, or what the command takes (a lock, a fair lock, a semaphore),
+/// never another application's key; and the ACL user may publish and subscribe on its
+/// channels (a release that cannot be published fails, and leaves the lock held until its
+/// lease ends).
+pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
+    let shown = crate::out::shown(&hold.name);
+    let kind = crate::inspect::kind_of(client, &hold.name).await?;
+    let fits = matches!(
+        (hold.permits.is_some(), kind.as_str()),
+        (_, "none") | (true, "number") | (false, "lock" | "fair lock")
+    );
+    if !fits {
+        let message = match (hold.permits.is_some(), kind.as_str()) {
+            (_, "not a lock") => format!(
+                "{shown} is not a lock or a semaphore (another application's key?); not run"
+            ),
+            (true, kind) => format!(
+                "{shown} is a {kind}, not a semaphore: a lock and a semaphore cannot share a \
+                 name; not run"
+            ),
+            (false, "number") => format!(
+                "{shown} is a semaphore (or another application's number), not a lock: give \
+                 -n to take one of its permits; not run"
+            ),
+            (false, kind) => format!("{shown} is a {kind}, not a lock; not run"),
+        };
+        return Err(Failure::new(exit::USAGE, message));
+    }
+    check_channels(client, hold).await
+}
+
+/// Refuses (77) an ACL user that may not publish or subscribe on the channels what
+/// `hold` names uses.
+async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
+    static CHECK: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("scripts/channels_check.lua")));
+    let before = |prefix: &str| {
+        if hold.name.contains('{') {
+            format!("{prefix}:{}", hold.name)
+        } else {
+            format!("{prefix}:{{{}}}", hold.name)
+        }
+    };
+    let channels = if hold.permits.is_some() {
+        vec![before("redisson_sc")]
+    } else if hold.fair {
+        // A fair waiter is told on a channel of its own, after the lock's.
+        let channel = before("redisson_lock__channel");
+        vec![format!("{channel}:0"), channel]
+    } else {
+        vec![before("redisson_lock__channel")]
+    };
+    let mut connection = client.connection();
+    let mut invocation = CHECK.key(&hold.name);
+    for channel in &channels {
+        invocation.arg(channel);
+    }
+    let refused: String = invocation.invoke_async(&mut connection).await?;
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        exit::REFUSED,
+        format!(
+            "the Redis user may not {refused} (its ACL lacks the channel): a release could \
+             not be published, and would leave the lock held until its lease ends; not run. \
+             Add &redisson_* to the user's ACL (docs/cli.md)"
+        ),
+    ))
 }
 
 /// How many permits the semaphore has in all: the free ones and the ones held now, read

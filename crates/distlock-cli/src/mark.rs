@@ -32,6 +32,9 @@ pub struct Mark {
     /// When the mark set last expires, by the local clock (counted from before the SET
     /// was sent, so never later than the server's).
     expires_at: Option<Instant>,
+    /// Whether the mark may be set: a claim succeeded, or its outcome is unknown (the
+    /// connection failed under it). A mark never set is not cleared.
+    may_exist: bool,
 }
 
 /// How long a stop may spend extending the mark over its grace before it gives up (a
@@ -65,6 +68,7 @@ impl Mark {
             connection: client.connection(),
             key: key(name),
             expires_at: None,
+            may_exist: false,
         }
     }
 
@@ -113,6 +117,11 @@ impl Mark {
         self.expires_at
     }
 
+    /// When the mark this holder set last expires, by the local clock.
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.expires_at
+    }
+
     /// Sets the mark to `owner` for `ttl` unless another holder's mark is there; `Some`
     /// of how long that one has left when it is.
     async fn claim_once(
@@ -125,22 +134,35 @@ impl Mark {
         });
         let sent_at = Instant::now();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let others_left: u64 = CLAIM
+        let others_left: u64 = match CLAIM
             .key(&self.key)
             .arg(owner)
             .arg(ttl_ms)
             .invoke_async(&mut self.connection)
             .await
-            .map_err(|err| self.failure(err))?;
+        {
+            Ok(left) => left,
+            Err(err) => {
+                // A refusal changed nothing; a broken connection may have set it.
+                if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+                    self.may_exist = true;
+                }
+                return Err(self.failure(err));
+            }
+        };
         if others_left > 0 {
             return Ok(Some(Duration::from_millis(others_left)));
         }
         self.expires_at = Some(sent_at + ttl);
+        self.may_exist = true;
         Ok(None)
     }
 
     /// Removes the mark, if it is still `owner`'s.
     pub async fn clear(&mut self, owner: &str) -> Result<(), Failure> {
+        if !self.may_exist {
+            return Ok(());
+        }
         static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/running_clear.lua"))
         });

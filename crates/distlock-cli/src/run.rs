@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::args::{Elect, Hold, Run};
 use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
-use crate::held::{take, Held, Patience};
+use crate::held::{preflight, take, Held, Patience};
 use crate::mark::Mark;
 use crate::out::say;
 
@@ -49,6 +49,9 @@ enum Why {
     /// The lease would end within the grace: a fixed `--lease` running out, or renewals
     /// that did not get through.
     LeaseEnding { fixed: bool },
+    /// The lease had ended by the time distlock looked: `late` after its end by the local
+    /// clock (distlock was stopped, or starved, or renewals failed to the last moment).
+    LeaseEnded { late: Duration },
 }
 
 impl Why {
@@ -59,11 +62,23 @@ impl Why {
                 format!("the --lease on {name} was running out; the command was stopped")
             }
             Why::LeaseEnding { fixed: false } => format!(
-                "could not renew {name} (Redis unreachable?); the command was stopped before the lease ran out"
+                "could not renew {name} in time (the renewals did not get through); the command \
+                 was stopped before the lease ran out"
             ),
+            Why::LeaseEnded { late } if late >= PAUSED => format!(
+                "the lease on {name} ended {:.1}s before distlock could act (was distlock \
+                 stopped, or its machine paused?); the command was stopped",
+                late.as_secs_f64()
+            ),
+            Why::LeaseEnded { .. } => {
+                format!("the lease on {name} ended before it was renewed; the command was stopped")
+            }
         }
     }
 }
+
+/// How late after the lease's end distlock must act to say it was paused.
+const PAUSED: Duration = Duration::from_millis(500);
 
 /// `distlock run`.
 pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
@@ -80,35 +95,38 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
         Patience::Forever => None,
     };
     let taken = tokio::select! {
-        taken = take(client, &args.hold, patience) => taken?,
+        taken = async {
+            preflight(client, &args.hold).await?;
+            take(client, &args.hold, patience).await
+        } => taken?,
         signal = signals.next() => return Ok(signal_code(signal)),
     };
     let Some(held) = taken else {
         say(&format!(
             "{} is held by someone else; not run",
-            args.hold.name
+            crate::out::shown(&args.hold.name)
         ));
         return Ok(args.conflict_exit_code);
     };
-    match hold_and_run(client, &args.hold, held, &mut signals, deadline).await? {
+    match hold_and_run(client, &args.hold, held, &mut signals, deadline, None).await? {
         Ended::Exited(status) => Ok(code_of(status)),
         Ended::Signalled(signal) => Ok(signal_code(signal)),
         Ended::Busy => {
             say(&format!(
                 "the previous holder's command on {} is still stopping; not run",
-                args.hold.name
+                crate::out::shown(&args.hold.name)
             ));
             Ok(args.conflict_exit_code)
         }
         Ended::LostBeforeStart => {
             say(&format!(
                 "lost {} before the command started; not run",
-                args.hold.name
+                crate::out::shown(&args.hold.name)
             ));
             Ok(exit::LOST)
         }
         Ended::Stopped(why) => {
-            say(&why.describe(&args.hold.name));
+            say(&why.describe(&crate::out::shown(&args.hold.name)));
             Ok(exit::LOST)
         }
     }
@@ -140,7 +158,10 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
     let mut signals = Forwarded::install()?;
     loop {
         let taken = tokio::select! {
-            taken = take(client, &args.hold, Patience::Forever) => taken,
+            taken = async {
+                preflight(client, &args.hold).await?;
+                take(client, &args.hold, Patience::Forever).await
+            } => taken,
             signal = signals.next() => return Ok(signal_code(signal)),
         };
         let held = match taken {
@@ -154,25 +175,35 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
             }
             Err(failure) => return Err(failure),
         };
-        say(&format!(
+        // Said once the command starts: after the previous holder's command is gone.
+        let announce = format!(
             "leading {}{}; starting the command",
-            args.hold.name,
+            crate::out::shown(&args.hold.name),
             held.token()
                 .map(|token| format!(" (fencing token {token})"))
                 .unwrap_or_default()
-        ));
-        match hold_and_run(client, &args.hold, held, &mut signals, None).await {
+        );
+        match hold_and_run(
+            client,
+            &args.hold,
+            held,
+            &mut signals,
+            None,
+            Some(&announce),
+        )
+        .await
+        {
             Ok(Ended::Exited(status)) => return Ok(code_of(status)),
             Ok(Ended::Signalled(signal)) => return Ok(signal_code(signal)),
             Ok(Ended::Busy | Ended::LostBeforeStart) => {
                 say(&format!(
                     "lost {} before the command started; taking it again",
-                    args.hold.name
+                    crate::out::shown(&args.hold.name)
                 ));
             }
             Ok(Ended::Stopped(why)) => say(&format!(
                 "{}; taking the lock again",
-                why.describe(&args.hold.name)
+                why.describe(&crate::out::shown(&args.hold.name))
             )),
             // The mark could not be read or written (Redis went away): try again.
             Err(failure) if failure.code == exit::UNAVAILABLE => {
@@ -202,10 +233,20 @@ async fn hold_and_run(
     held: Held,
     signals: &mut Forwarded,
     deadline: Option<Instant>,
+    announce: Option<&str>,
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
     let mut mark = held.is_exclusive().then(|| Mark::new(client, &hold.name));
-    let ended = run_marked(hold, &held, signals, mark.as_mut(), &owner, deadline).await;
+    let ended = run_marked(
+        hold,
+        &held,
+        signals,
+        mark.as_mut(),
+        &owner,
+        deadline,
+        announce,
+    )
+    .await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
@@ -219,7 +260,9 @@ async fn hold_and_run(
         }
         match &ended {
             // Not ours any more: nothing to give back.
-            Ok(Ended::Stopped(Why::Lost) | Ended::LostBeforeStart) => held.abandon(),
+            Ok(Ended::Stopped(Why::Lost | Why::LeaseEnded { .. }) | Ended::LostBeforeStart) => {
+                held.abandon()
+            }
             _ => match held.release().await {
                 Ok(outcome) if outcome.was_lost() && matches!(ended, Ok(Ended::Exited(_))) => {
                     say("the lock had been lost by the time the command exited");
@@ -247,6 +290,7 @@ async fn run_marked(
     mut mark: Option<&mut Mark>,
     owner: &str,
     deadline: Option<Instant>,
+    announce: Option<&str>,
 ) -> Result<Ended, Failure> {
     if let Some(mark) = mark.as_deref_mut() {
         tokio::select! {
@@ -271,21 +315,31 @@ async fn run_marked(
     if let Some(token) = held.token() {
         env.push(("DISTLOCK_FENCING_TOKEN", token.to_string()));
     }
+    if let Some(announce) = announce {
+        say(announce);
+    }
     let mut child = Child::spawn(&hold.command, &env)?;
     let (why, kill_by) =
         match supervise(&mut child, held, hold, signals, mark.as_deref_mut(), owner).await? {
             Supervised::Exited(status) => return Ok(Ended::Exited(status)),
             Supervised::Stop { why, kill_by } => (why, kill_by),
         };
-    // The mark must outlive the command: extended over the grace if Redis answers, and
-    // if not, the command is killed before the mark runs out.
+    // SIGTERM at once: the grace was counted back from the lease's end, and no network
+    // wait may come before it.
+    child.terminate();
+    // The mark must outlive the command: extended over the grace if Redis answers by
+    // then, and if not, the command is killed before the mark runs out.
     let kill_at = match mark {
-        Some(mark) => match mark.cover(owner, kill_by).await {
-            Some(expires_at) => {
-                kill_by.min(expires_at.checked_sub(MARK_MARGIN).unwrap_or(expires_at))
+        Some(mark) => {
+            let budget = kill_by.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(budget, mark.cover(owner, kill_by)).await;
+            match mark.expires_at() {
+                Some(expires_at) => {
+                    kill_by.min(expires_at.checked_sub(MARK_MARGIN).unwrap_or(expires_at))
+                }
+                None => kill_by,
             }
-            None => kill_by,
-        },
+        }
         None => kill_by,
     };
     child.stop(kill_at).await?;
@@ -332,7 +386,19 @@ async fn supervise(
     let mut exited = None;
     loop {
         // When the lease would end within the grace: renewals have not kept it up.
-        let coming = Instant::now() + held.lease_remaining().saturating_sub(grace);
+        let lease_end = Instant::now() + held.lease_remaining();
+        let coming = lease_end.checked_sub(grace).unwrap_or(lease_end);
+        // Why a loss found now happened: the lease ran out unseen (distlock was stopped),
+        // or the lock was taken away.
+        let lost_why = || {
+            if held.lease_remaining().is_zero() {
+                Why::LeaseEnded {
+                    late: Instant::now().saturating_duration_since(lease_end),
+                }
+            } else {
+                Why::Lost
+            }
+        };
         tokio::select! {
             status = child.wait(), if exited.is_none() => {
                 let status = status?;
@@ -349,11 +415,14 @@ async fn supervise(
             signal = signals.next() => child.signal(signal),
             () = &mut lost => {
                 // Gone already (taken away, or its deadline passed): the grace is all
-                // the command gets.
-                return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
+                // the command gets, and never past a lease still running.
+                return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
             }
             () = tokio::time::sleep_until(coming) => {
                 let left = held.lease_remaining();
+                if left.is_zero() {
+                    return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
+                }
                 if left <= grace {
                     // SIGTERM now, SIGKILL as the lease ends: never past it.
                     return Ok(Supervised::Stop {
@@ -364,12 +433,24 @@ async fn supervise(
             }
             still_held = &mut check => {
                 if !still_held {
-                    return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
+                    return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
                 }
                 drop(check);
                 check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
             }
         }
+    }
+}
+
+/// The grace of a command whose lock is lost: `--kill-grace`, cut to what is left of the
+/// lease by the local clock when some is (the server may still count it as held, and the
+/// next holder may come at its end).
+fn grace_within(held: &Held, hold: &Hold) -> Duration {
+    let left = held.lease_remaining();
+    if left.is_zero() {
+        hold.kill_grace
+    } else {
+        hold.kill_grace.min(left)
     }
 }
 
