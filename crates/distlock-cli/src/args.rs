@@ -45,6 +45,10 @@ pub enum Command {
     /// Run the command as a leader: while holding the lock. When the lock is lost, stop
     /// the command, take the lock again, and start it again.
     Elect(Elect),
+    /// Hold the lock with no command, as `etcdctl lock NAME` does, until SIGTERM, SIGINT
+    /// or SIGHUP (then release it and exit 0), or until it is lost (exit 79). Prints
+    /// DISTLOCK_NAME=…, DISTLOCK_OWNER=… and DISTLOCK_FENCING_TOKEN=… on stdout once held.
+    Hold(HoldOnly),
     /// Show a lock: held or not, holders, remaining lease, last fencing token.
     Status(Status),
     /// List the locks held now (SCAN, never KEYS).
@@ -86,16 +90,57 @@ pub struct Hold {
     /// lock is lost. Shortened to what the lease allows when the loss is seen coming.
     #[arg(long, value_parser = positive_duration, default_value = "5s", value_name = "DURATION")]
     pub kill_grace: Duration,
+}
+
+/// The command `run` and `elect` run: after `--`, or a shell string with -c.
+#[derive(Debug, Args)]
+pub struct Program {
+    /// Run this string with /bin/sh -c instead of a command after `--` (flock's -c,
+    /// consul lock's -shell).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
+    pub shell: Option<String>,
     /// The command and its arguments, after `--` (any bytes: file names need not be
     /// UTF-8).
-    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND", value_parser = clap::builder::OsStringValueParser::new())]
+    #[arg(last = true, required_unless_present = "shell", num_args = 1.., value_name = "COMMAND", value_parser = clap::builder::OsStringValueParser::new())]
     pub command: Vec<std::ffi::OsString>,
+}
+
+impl Program {
+    /// The program and its arguments.
+    pub fn argv(&self) -> Vec<std::ffi::OsString> {
+        match &self.shell {
+            Some(shell) => vec!["/bin/sh".into(), "-c".into(), shell.into()],
+            None => self.command.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
 pub struct Run {
     #[command(flatten)]
     pub hold: Hold,
+    #[command(flatten)]
+    pub program: Program,
+    #[command(flatten)]
+    pub waiting: Waiting,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldOnly {
+    #[command(flatten)]
+    pub hold: Hold,
+    #[command(flatten)]
+    pub waiting: Waiting,
+}
+
+/// How long `run` and `hold` wait for the lock.
+#[derive(Debug, Args)]
+pub struct Waiting {
     /// Do not wait: if the lock is held, exit at once with the conflict code (for cron).
     #[arg(long, conflicts_with = "wait")]
     pub no_wait: bool,
@@ -111,6 +156,8 @@ pub struct Run {
 pub struct Elect {
     #[command(flatten)]
     pub hold: Hold,
+    #[command(flatten)]
+    pub program: Program,
 }
 
 #[derive(Debug, Args)]

@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         let ttl = match &cli.command {
             Command::Run(args) => Some(args.hold.ttl),
             Command::Elect(args) => Some(args.hold.ttl),
+            Command::Hold(args) => Some(args.hold.ttl),
             _ => None,
         };
         // Looking at locks and deleting one must work on a server that may evict keys,
@@ -72,7 +73,16 @@ fn main() -> ExitCode {
             _ => connect().await?,
         };
         let code = match &cli.command {
-            Command::Run(args) => run::run(&client, args).await,
+            Command::Run(args) => {
+                run::run(
+                    &client,
+                    &args.hold,
+                    Some(args.program.argv()),
+                    &args.waiting,
+                )
+                .await
+            }
+            Command::Hold(args) => run::run(&client, &args.hold, None, &args.waiting).await,
             Command::Elect(args) => run::elect(&client, args).await,
             Command::Status(args) => inspect::status(&client, args).await,
             Command::List(args) => inspect::list(&client, args).await,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use crate::args::{Elect, Hold, Run};
+use crate::args::{Elect, Hold, Waiting};
 use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
 use crate::held::{preflight, take, Held, Patience};
@@ -80,8 +80,13 @@ impl Why {
 /// How late after the lease's end distlock must act to say it was paused.
 const PAUSED: Duration = Duration::from_millis(500);
 
-/// `distlock run`.
-pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
+/// `distlock run`, and `distlock hold` (no `command`: the lock is held until a signal).
+pub async fn run(
+    client: &distlock::Client,
+    hold: &Hold,
+    command: Option<Vec<std::ffi::OsString>>,
+    args: &Waiting,
+) -> Result<u8, Failure> {
     let mut signals = Forwarded::install()?;
     let patience = match (args.no_wait, args.wait) {
         (true, _) => Patience::None,
@@ -96,37 +101,42 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
     };
     let taken = tokio::select! {
         taken = async {
-            preflight(client, &args.hold).await?;
-            take(client, &args.hold, patience).await
+            preflight(client, hold).await?;
+            take(client, hold, patience).await
         } => taken?,
         signal = signals.next() => return Ok(signal_code(signal)),
     };
     let Some(held) = taken else {
         say(&format!(
             "{} is held by someone else; not run",
-            crate::out::shown(&args.hold.name)
+            crate::out::shown(&hold.name)
         ));
         return Ok(args.conflict_exit_code);
     };
-    match hold_and_run(client, &args.hold, held, &mut signals, deadline, None).await? {
+    let job = Job {
+        hold,
+        command: command.as_deref(),
+        announce: None,
+    };
+    match hold_and_run(client, job, held, &mut signals, deadline).await? {
         Ended::Exited(status) => Ok(code_of(status)),
         Ended::Signalled(signal) => Ok(signal_code(signal)),
         Ended::Busy => {
             say(&format!(
                 "the previous holder's command on {} is still stopping; not run",
-                crate::out::shown(&args.hold.name)
+                crate::out::shown(&hold.name)
             ));
             Ok(args.conflict_exit_code)
         }
         Ended::LostBeforeStart => {
             say(&format!(
                 "lost {} before the command started; not run",
-                crate::out::shown(&args.hold.name)
+                crate::out::shown(&hold.name)
             ));
             Ok(exit::LOST)
         }
         Ended::Stopped(why) => {
-            say(&why.describe(&crate::out::shown(&args.hold.name)));
+            say(&why.describe(&crate::out::shown(&hold.name)));
             Ok(exit::LOST)
         }
     }
@@ -155,12 +165,14 @@ pub async fn connect_for_elect(
 
 /// `distlock elect`.
 pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failure> {
+    let hold = &args.hold;
+    let command = args.program.argv();
     let mut signals = Forwarded::install()?;
     loop {
         let taken = tokio::select! {
             taken = async {
-                preflight(client, &args.hold).await?;
-                take(client, &args.hold, Patience::Forever).await
+                preflight(client, hold).await?;
+                take(client, hold, Patience::Forever).await
             } => taken,
             signal = signals.next() => return Ok(signal_code(signal)),
         };
@@ -178,32 +190,28 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
         // Said once the command starts: after the previous holder's command is gone.
         let announce = format!(
             "leading {}{}; starting the command",
-            crate::out::shown(&args.hold.name),
+            crate::out::shown(&hold.name),
             held.token()
                 .map(|token| format!(" (fencing token {token})"))
                 .unwrap_or_default()
         );
-        match hold_and_run(
-            client,
-            &args.hold,
-            held,
-            &mut signals,
-            None,
-            Some(&announce),
-        )
-        .await
-        {
+        let job = Job {
+            hold,
+            command: Some(&command),
+            announce: Some(&announce),
+        };
+        match hold_and_run(client, job, held, &mut signals, None).await {
             Ok(Ended::Exited(status)) => return Ok(code_of(status)),
             Ok(Ended::Signalled(signal)) => return Ok(signal_code(signal)),
             Ok(Ended::Busy | Ended::LostBeforeStart) => {
                 say(&format!(
                     "lost {} before the command started; taking it again",
-                    crate::out::shown(&args.hold.name)
+                    crate::out::shown(&hold.name)
                 ));
             }
             Ok(Ended::Stopped(why)) => say(&format!(
                 "{}; taking the lock again",
-                why.describe(&crate::out::shown(&args.hold.name))
+                why.describe(&crate::out::shown(&hold.name))
             )),
             // The mark could not be read or written (Redis went away): try again.
             Err(failure) if failure.code == exit::UNAVAILABLE => {
@@ -225,28 +233,30 @@ async fn unavailable(failure: &Failure, signals: &mut Forwarded) -> Option<Signa
     }
 }
 
+/// What runs under the lock.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    hold: &'a Hold,
+    /// `None`: no command (`distlock hold`), held until a signal.
+    command: Option<&'a [std::ffi::OsString]>,
+    /// Said on stderr as the command starts.
+    announce: Option<&'a str>,
+}
+
 /// Runs the command while `held` lasts, then gives it back: on every path, once the
 /// lock is taken, the mark and the lock are cleaned up.
 async fn hold_and_run(
     client: &distlock::Client,
-    hold: &Hold,
+    job: Job<'_>,
     held: Held,
     signals: &mut Forwarded,
     deadline: Option<Instant>,
-    announce: Option<&str>,
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
-    let mut mark = held.is_exclusive().then(|| Mark::new(client, &hold.name));
-    let ended = run_marked(
-        hold,
-        &held,
-        signals,
-        mark.as_mut(),
-        &owner,
-        deadline,
-        announce,
-    )
-    .await;
+    let mut mark = held
+        .is_exclusive()
+        .then(|| Mark::new(client, &job.hold.name));
+    let ended = run_marked(job, &held, signals, mark.as_mut(), &owner, deadline).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
@@ -284,14 +294,18 @@ async fn hold_and_run(
 /// Waits for the previous holder's command to be gone, marks the lock, and runs the
 /// command under it.
 async fn run_marked(
-    hold: &Hold,
+    job: Job<'_>,
     held: &Held,
     signals: &mut Forwarded,
     mut mark: Option<&mut Mark>,
     owner: &str,
     deadline: Option<Instant>,
-    announce: Option<&str>,
 ) -> Result<Ended, Failure> {
+    let Job {
+        hold,
+        command,
+        announce,
+    } = job;
     if let Some(mark) = mark.as_deref_mut() {
         tokio::select! {
             claimed = mark.claim(owner, held.lease_remaining(), deadline) => {
@@ -318,7 +332,17 @@ async fn run_marked(
     if let Some(announce) = announce {
         say(announce);
     }
-    let mut child = Child::spawn(&hold.command, &env)?;
+    let mut child = match command {
+        Some(command) => Child::spawn(command, &env)?,
+        // `distlock hold`: what a command would be told goes to stdout, and the lock is
+        // held until a signal.
+        None => {
+            for (key, value) in &env {
+                crate::out::print(&format!("{key}={}", crate::out::shown(value)));
+            }
+            Child::idle()
+        }
+    };
     let (why, kill_by) =
         match supervise(&mut child, held, hold, signals, mark.as_deref_mut(), owner).await? {
             Supervised::Exited(status) => return Ok(Ended::Exited(status)),

@@ -42,3 +42,89 @@ async fn decimal_and_compound_durations_are_read() {
     assert_eq!(fine.status.code(), Some(2), "{}", stderr(&fine));
     drop(holder);
 }
+
+/// `-c 'shell string'`, as flock -c and consul lock -shell run it.
+#[tokio::test]
+async fn a_shell_string_runs_under_the_lock() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let mut run = distlock(&server.url());
+    run.args(["run", "shell", "-c"]).arg(format!(
+        "echo \"$DISTLOCK_FENCING_TOKEN\" > {} && exit 3",
+        token.display()
+    ));
+    let run = run_to_end(run).await;
+    assert_eq!(run.status.code(), Some(3), "{}", stderr(&run));
+    assert_eq!(std::fs::read_to_string(&token).unwrap().trim(), "1");
+    let mut elect = distlock(&server.url());
+    elect.args(["elect", "shell", "-c", "exit 4"]);
+    assert_eq!(run_to_end(elect).await.status.code(), Some(4));
+    for args in [
+        vec!["run", "shell", "-c", "true", "--", "true"],
+        vec!["run", "shell", "-c"],
+    ] {
+        let mut both = distlock(&server.url());
+        both.args(&args);
+        let both = run_to_end(both).await;
+        assert_eq!(both.status.code(), Some(2), "{args:?}: {}", stderr(&both));
+    }
+}
+
+/// `distlock hold NAME`: the lock with no command, as `etcdctl lock NAME` holds it,
+/// until SIGTERM; what a command would be told is on stdout.
+#[tokio::test]
+async fn hold_keeps_the_lock_until_a_signal() {
+    use tokio::io::AsyncBufReadExt;
+    let server = RedisServer::start().await.unwrap();
+    let mut hold = distlock(&server.url());
+    hold.args(["hold", "held"]);
+    let mut hold = hold.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(hold.stdout.take().unwrap()).lines();
+    let mut told = Vec::new();
+    while told.len() < 3 {
+        let line = tokio::time::timeout(common::LIMIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("hold printed what it holds");
+        told.push(line);
+    }
+    assert_eq!(told[0], "DISTLOCK_NAME=held", "{told:?}");
+    assert!(told[1].starts_with("DISTLOCK_OWNER="), "{told:?}");
+    assert_eq!(told[2], "DISTLOCK_FENCING_TOKEN=1", "{told:?}");
+    let mut other = distlock(&server.url());
+    other.args(["run", "held", "--no-wait", "--", "true"]);
+    assert_eq!(run_to_end(other).await.status.code(), Some(75));
+    let pid = nix::unistd::Pid::from_raw(hold.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(common::LIMIT, hold.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut after = distlock(&server.url());
+    after.args(["run", "held", "--no-wait", "--", "true"]);
+    assert_eq!(run_to_end(after).await.status.code(), Some(0));
+    // Lost: exit 79.
+    let mut hold = distlock(&server.url());
+    hold.args(["hold", "held"]);
+    let mut hold = hold.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(hold.stdout.take().unwrap()).lines();
+    tokio::time::timeout(common::LIMIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "held", "--yes"]);
+    assert_eq!(run_to_end(unlock).await.status.code(), Some(0));
+    let status = tokio::time::timeout(common::LIMIT, hold.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(79));
+    // Without a command, run is still a usage error: a forgotten command never holds.
+    let mut forgot = distlock(&server.url());
+    forgot.args(["run", "held"]);
+    assert_eq!(run_to_end(forgot).await.status.code(), Some(2));
+}
