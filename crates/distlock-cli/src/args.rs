@@ -51,6 +51,10 @@ pub enum Command {
     Hold(HoldOnly),
     /// Show a lock: held or not, holders, remaining lease, last fencing token.
     Status(Status),
+    /// Show a lock's fencing counter, or raise it with --at-least (after Redis lost its
+    /// data, tokens start again from 1: raise the counter past the highest token your
+    /// store accepted). Never lowers it.
+    Fence(Fence),
     /// List the locks held now (SCAN, never KEYS).
     List(List),
     /// Delete a lock whoever holds it. Its holder's command is stopped when its
@@ -164,6 +168,18 @@ pub struct Elect {
 pub struct Status {
     #[arg(value_parser = non_empty_name)]
     pub name: String,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct Fence {
+    #[arg(value_parser = non_empty_name)]
+    pub name: String,
+    /// Raise the counter to at least N: every later holder gets a token above N.
+    #[arg(long, value_name = "N")]
+    pub at_least: Option<u64>,
     /// One JSON object instead of text.
     #[arg(long)]
     pub json: bool,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::args::{ForceUnlock, List, Status};
+use crate::args::{Fence, ForceUnlock, List, Status};
 use crate::exit::{self, Failure};
 use crate::out::{print, shown};
 
@@ -129,6 +129,56 @@ pub async fn status(client: &distlock::Client, args: &Status) -> Result<u8, Fail
             break;
         }
     }
+    Ok(0)
+}
+
+/// `distlock fence NAME [--at-least N]`: the lock's fencing counter, raised when asked.
+pub async fn fence(client: &distlock::Client, args: &Fence) -> Result<u8, Failure> {
+    let shown = shown(&args.name);
+    let kind = kind_of(client, &args.name).await?;
+    if !matches!(
+        kind.as_str(),
+        "none" | "lock" | "fair lock" | "read-write lock"
+    ) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!("{shown} is a {kind}, not a lock: it has no fencing tokens"),
+        ));
+    }
+    let lock = client.lock(args.name.clone())?;
+    let before = lock.last_fencing_token().await?;
+    let counter = match args.at_least {
+        Some(floor) => lock.advance_fencing_counter(floor).await?,
+        None => before,
+    };
+    if args.json {
+        #[derive(Serialize)]
+        struct Counter<'a> {
+            name: &'a str,
+            /// The highest token handed out, or the counter raised to: the next holder's
+            /// token is larger.
+            counter: u64,
+            raised: bool,
+        }
+        let json = serde_json::to_string(&Counter {
+            name: &args.name,
+            counter,
+            raised: counter > before,
+        })
+        .map_err(|err| Failure::new(exit::INTERNAL, err.to_string()))?;
+        print(&json);
+        return Ok(0);
+    }
+    let line = match args.at_least {
+        Some(_) if counter > before => format!(
+            "{shown}: fencing counter raised from {before} to {counter}; the next holder's token is above it"
+        ),
+        Some(floor) => format!(
+            "{shown}: fencing counter at {counter}, already at least {floor}; not changed"
+        ),
+        None => format!("{shown}: fencing counter at {counter}; the next holder's token is above it"),
+    };
+    print(&line);
     Ok(0)
 }
 

@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         // to clean up; taking one must not.
         let allow_eviction = matches!(
             &cli.command,
-            Command::Status(_) | Command::List(_) | Command::ForceUnlock(_)
+            Command::Status(_) | Command::List(_) | Command::ForceUnlock(_) | Command::Fence(_)
         );
         let connect =
             async || connect::connect(&cli.connection, url_source, ttl, allow_eviction).await;
@@ -85,6 +85,7 @@ fn main() -> ExitCode {
             Command::Hold(args) => run::run(&client, &args.hold, None, &args.waiting).await,
             Command::Elect(args) => run::elect(&client, args).await,
             Command::Status(args) => inspect::status(&client, args).await,
+            Command::Fence(args) => inspect::fence(&client, args).await,
             Command::List(args) => inspect::list(&client, args).await,
             Command::ForceUnlock(args) => inspect::force_unlock(&client, args).await,
         };

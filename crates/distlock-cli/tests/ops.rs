@@ -128,3 +128,64 @@ async fn hold_keeps_the_lock_until_a_signal() {
     forgot.args(["run", "held"]);
     assert_eq!(run_to_end(forgot).await.status.code(), Some(2));
 }
+
+/// `distlock fence NAME --at-least N`: after Redis lost its data, the counter is raised
+/// past the highest token a store accepted; it is never lowered.
+#[tokio::test]
+async fn fence_raises_the_counter_and_never_lowers_it() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    let token_of_a_run = |url: String, token: std::path::PathBuf| async move {
+        let mut run = distlock(&url);
+        run.args(["run", "fenced", "-c"]).arg(format!(
+            "echo $DISTLOCK_FENCING_TOKEN > {}",
+            token.display()
+        ));
+        assert_eq!(run_to_end(run).await.status.code(), Some(0));
+        std::fs::read_to_string(&token).unwrap().trim().to_owned()
+    };
+    assert_eq!(token_of_a_run(server.url(), token.clone()).await, "1");
+    let fence = |args: &[&str]| {
+        let mut fence = distlock(&server.url());
+        fence.arg("fence").args(args);
+        run_to_end(fence)
+    };
+    let raised = fence(&["fenced", "--at-least", "100", "--json"]).await;
+    assert_eq!(raised.status.code(), Some(0), "{}", stderr(&raised));
+    let json: serde_json::Value = serde_json::from_slice(&raised.stdout).unwrap();
+    assert_eq!(json["counter"], 100, "{json}");
+    assert_eq!(json["raised"], true, "{json}");
+    assert_eq!(token_of_a_run(server.url(), token.clone()).await, "101");
+    let lower = fence(&["fenced", "--at-least", "5"]).await;
+    assert_eq!(lower.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&lower.stdout).contains("not changed"),
+        "{}",
+        String::from_utf8_lossy(&lower.stdout)
+    );
+    let shown = fence(&["fenced"]).await;
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("at 101"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    let mut raw = server.connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&["stats", "views", "5"][..])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    for args in [
+        vec!["stats", "--at-least", "10"],
+        vec!["fenced", "--at-least", "9223372036854775807"],
+    ] {
+        let refused = fence(&args).await;
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&refused)
+        );
+    }
+}
