@@ -35,6 +35,10 @@ pub struct Connection {
     /// Read the Redis password from this file (its first line).
     #[arg(long, value_name = "FILE", global = true)]
     pub password_file: Option<PathBuf>,
+    /// Say on stderr what distlock does: the server, the wait, the lock taken and its
+    /// token, the command started and how it ended, signals sent, the release.
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -75,6 +75,11 @@ impl Child {
         })
     }
 
+    /// The command's process group, as `--verbose` names it.
+    pub fn describe(&self) -> String {
+        format!("process group {}", self.group)
+    }
+
     /// No command: held until SIGINT, SIGTERM, SIGHUP (or a stop), which end it with
     /// status 0.
     pub fn idle() -> Child {

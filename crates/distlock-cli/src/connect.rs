@@ -33,7 +33,21 @@ pub async fn connect(
     if let Some(ttl) = ttl {
         builder = builder.watchdog_timeout(ttl);
     }
-    builder.connect(&url).await.map_err(|err| match err {
+    crate::out::verbose(|| format!("connecting to {}", masked(&url)));
+    let connected = builder.connect(&url).await;
+    if let Ok(client) = &connected {
+        crate::out::verbose(|| {
+            format!(
+                "connected{}",
+                if client.is_cluster() {
+                    " to a Redis Cluster"
+                } else {
+                    ""
+                }
+            )
+        });
+    }
+    connected.map_err(|err| match err {
         // A URL that does not parse is not quoted: where its password ends is unknown.
         distlock::Error::InvalidUrl { reason, .. } => Failure::new(
             exit::USAGE,
@@ -125,6 +139,14 @@ fn with_password(url: &str, password: &str) -> Result<String, Failure> {
         &url[..start],
         &url[start + authority.len()..]
     ))
+}
+
+/// `url` with its password masked, to be shown.
+fn masked(url: &str) -> String {
+    match password_of(url) {
+        Some(password) => url.replacen(&format!(":{password}@"), ":***@", 1),
+        None => url.to_owned(),
+    }
 }
 
 /// A failure whose message may quote the URL: the URL is quoted with its password

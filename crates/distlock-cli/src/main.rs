@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         Err(err) => err.exit(),
     };
     let url_source = matches.value_source("url");
+    out::set_verbose(cli.connection.verbose);
     // One thread: the command is spawned from it, so its parent-death signal is tied to
     // this process. The library runs its own background work on a thread of its own.
     let runtime = match tokio::runtime::Builder::new_current_thread()

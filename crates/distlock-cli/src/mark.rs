@@ -117,6 +117,11 @@ impl Mark {
         self.expires_at
     }
 
+    /// The mark's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
     /// When the mark this holder set last expires, by the local clock.
     pub fn expires_at(&self) -> Option<Instant> {
         self.expires_at

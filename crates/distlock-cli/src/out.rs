@@ -15,6 +15,21 @@ pub fn say(message: &str) {
     let _ = writeln!(stderr, "distlock: {message}");
 }
 
+/// Whether `--verbose` was given.
+static VERBOSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_verbose(on: bool) {
+    VERBOSE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// With `--verbose`: writes `distlock: <message>` to stderr, as [`say`] does. The
+/// message is built only when it is written.
+pub fn verbose(message: impl FnOnce() -> String) {
+    if VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
+        say(&message());
+    }
+}
+
 /// A name (or any text from Redis) as a line of text shows it: control characters
 /// (a newline, a carriage return, an escape sequence) are written as escapes, so a name
 /// cannot add rows to `list` or `status`, or move the cursor. JSON carries the text as

@@ -11,7 +11,7 @@ use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
 use crate::held::{preflight, take, Held, Patience};
 use crate::mark::Mark;
-use crate::out::say;
+use crate::out::{say, verbose};
 
 /// How often a holder asks the server whether the lock is still its own (one round
 /// trip): a force-unlock or a restarted Redis is noticed this fast, not at the next
@@ -102,6 +102,16 @@ pub async fn run(
     let taken = tokio::select! {
         taken = async {
             preflight(client, hold).await?;
+            verbose(|| {
+                let wait = match patience {
+                    Patience::None => "without waiting".to_owned(),
+                    Patience::Within(wait) => {
+                        format!("waiting at most {}", distlock::format_duration(wait))
+                    }
+                    Patience::Forever => "waiting as long as it takes".to_owned(),
+                };
+                format!("taking {}, {wait}", crate::out::shown(&hold.name))
+            });
             take(client, hold, patience).await
         } => taken?,
         signal = signals.next() => return Ok(signal_code(signal)),
@@ -253,6 +263,17 @@ async fn hold_and_run(
     deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
+    verbose(|| {
+        format!(
+            "took {} as {}{}, lease {:.1}s left",
+            crate::out::shown(&job.hold.name),
+            crate::out::shown(&owner),
+            held.token()
+                .map(|token| format!(" with fencing token {token}"))
+                .unwrap_or_default(),
+            held.lease_remaining().as_secs_f64()
+        )
+    });
     let mut mark = held
         .is_exclusive()
         .then(|| Mark::new(client, &job.hold.name));
@@ -268,6 +289,7 @@ async fn hold_and_run(
                 ));
             }
         }
+        verbose(|| "the command's process group is gone; giving the lock back".into());
         match &ended {
             // Not ours any more: nothing to give back.
             Ok(Ended::Stopped(Why::Lost | Why::LeaseEnded { .. }) | Ended::LostBeforeStart) => {
@@ -277,7 +299,7 @@ async fn hold_and_run(
                 Ok(outcome) if outcome.was_lost() && matches!(ended, Ok(Ended::Exited(_))) => {
                     say("the lock had been lost by the time the command exited");
                 }
-                Ok(_) => {}
+                Ok(_) => verbose(|| "released".into()),
                 Err(failure) => say(&format!(
                     "could not release the lock ({}); it expires with its lease",
                     failure.message
@@ -312,6 +334,7 @@ async fn run_marked(
                 if !claimed? {
                     return Ok(Ended::Busy);
                 }
+                verbose(|| format!("marked the command as running ({})", mark.key()));
             }
             signal = signals.next() => return Ok(Ended::Signalled(signal)),
         }
@@ -333,7 +356,11 @@ async fn run_marked(
         say(announce);
     }
     let mut child = match command {
-        Some(command) => Child::spawn(command, &env)?,
+        Some(command) => {
+            let child = Child::spawn(command, &env)?;
+            verbose(|| format!("started the command {command:?} ({})", child.describe()));
+            child
+        }
         // `distlock hold`: what a command would be told goes to stdout, and the lock is
         // held until a signal.
         None => {
@@ -350,6 +377,14 @@ async fn run_marked(
         };
     // SIGTERM at once: the grace was counted back from the lease's end, and no network
     // wait may come before it.
+    verbose(|| {
+        format!(
+            "stopping the command ({why:?}): SIGTERM now, SIGKILL in {:.3}s at the latest",
+            kill_by
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        )
+    });
     child.terminate();
     // The mark must outlive the command: extended over the grace if Redis answers by
     // then, and if not, the command is killed before the mark runs out.
@@ -426,6 +461,7 @@ async fn supervise(
         tokio::select! {
             status = child.wait(), if exited.is_none() => {
                 let status = status?;
+                verbose(|| format!("the command exited: {status}"));
                 if !child.group_alive() {
                     return Ok(Supervised::Exited(status));
                 }
@@ -436,7 +472,10 @@ async fn supervise(
                     return Ok(Supervised::Exited(status));
                 }
             }
-            signal = signals.next() => child.signal(signal),
+            signal = signals.next() => {
+                verbose(|| format!("passing {signal} on to the command"));
+                child.signal(signal);
+            }
             () = &mut lost => {
                 // Gone already (taken away, or its deadline passed): the grace is all
                 // the command gets, and never past a lease still running.

@@ -189,3 +189,47 @@ async fn fence_raises_the_counter_and_never_lowers_it() {
         );
     }
 }
+
+/// `--verbose` says what distlock does, with the password masked; without it, a run
+/// that goes well says nothing.
+#[tokio::test]
+async fn verbose_says_what_distlock_does() {
+    let server = RedisServer::start().await.unwrap();
+    let mut quiet = distlock(&server.url());
+    quiet.args(["run", "talk", "--", "true"]);
+    let quiet = run_to_end(quiet).await;
+    assert_eq!(quiet.status.code(), Some(0));
+    assert_eq!(stderr(&quiet), "");
+    let mut admin = server.connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">hunter2", "~*", "&*", "+@all"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let mut loud = distlock(&format!("redis://app:hunter2@127.0.0.1:{}", server.port()));
+    loud.args([
+        "run",
+        "--verbose",
+        "talk",
+        "--wait",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]);
+    let loud = run_to_end(loud).await;
+    assert_eq!(loud.status.code(), Some(3));
+    let text = stderr(&loud);
+    for said in [
+        "connecting to redis://app:***@127.0.0.1",
+        "taking talk, waiting at most 2s",
+        "with fencing token 2",
+        "started the command",
+        "exit status: 3",
+        "released",
+    ] {
+        assert!(text.contains(said), "{said}: {text}");
+    }
+    assert!(!text.contains("hunter2"), "{text}");
+}
