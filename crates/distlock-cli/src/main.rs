@@ -36,11 +36,22 @@ const SHUTDOWN_LIMIT: Duration = Duration::from_millis(500);
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
-    let url_source = matches.value_source("url");
+    if let Err(conflict) = args::settle(&matches, &mut cli) {
+        return Failure::new(exit::USAGE, format!("error: {conflict}")).report();
+    }
+    let mut url_source = matches.value_source("url");
+    // DISTLOCK_URL, like every DISTLOCK_* variable, is below the command line; above
+    // REDIS_URL, which other tools read too.
+    if url_source != Some(clap::parser::ValueSource::CommandLine) {
+        if let Some(url) = std::env::var_os("DISTLOCK_URL").and_then(|url| url.into_string().ok()) {
+            cli.connection.url = url;
+            url_source = Some(clap::parser::ValueSource::EnvVariable);
+        }
+    }
     out::set_verbose(cli.connection.verbose);
     // One thread: the command is spawned from it, so its parent-death signal is tied to
     // this process. The library runs its own background work on a thread of its own.

@@ -233,3 +233,51 @@ async fn verbose_says_what_distlock_does() {
     }
     assert!(!text.contains("hunter2"), "{text}");
 }
+
+/// Every flag also reads a DISTLOCK_* variable; the command line wins over it.
+#[tokio::test]
+async fn distlock_variables_set_flags_and_the_command_line_wins() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    // DISTLOCK_URL comes before REDIS_URL; DISTLOCK_TTL sets --ttl.
+    let mut holder = distlock("redis://127.0.0.1:1");
+    holder
+        .env("DISTLOCK_URL", server.url())
+        .env("DISTLOCK_TTL", "1m30s")
+        .args(["run", "envy", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", started.display()));
+    let holder = holder.spawn().unwrap();
+    until_exists(&started).await;
+    let mut status = distlock(&server.url());
+    status.env("DISTLOCK_JSON", "1").args(["status", "envy"]);
+    let json: serde_json::Value = serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+    assert!(
+        json["lease_remaining_ms"].as_u64().unwrap() > 60_000,
+        "{json}"
+    );
+    let mut skipped = distlock(&server.url());
+    skipped
+        .env("DISTLOCK_NO_WAIT", "true")
+        .env("DISTLOCK_CONFLICT_EXIT_CODE", "9")
+        .args(["run", "envy", "--", "true"]);
+    assert_eq!(run_to_end(skipped).await.status.code(), Some(9));
+    // --wait on the command line wins over DISTLOCK_NO_WAIT.
+    let asked = Instant::now();
+    let mut waited = distlock(&server.url());
+    waited
+        .env("DISTLOCK_NO_WAIT", "1")
+        .args(["run", "envy", "--wait", "1s", "--", "true"]);
+    let waited = run_to_end(waited).await;
+    assert_eq!(waited.status.code(), Some(75), "{}", stderr(&waited));
+    assert!(asked.elapsed() >= Duration::from_secs(1));
+    let mut help = distlock(&server.url());
+    help.args(["run", "--help"]);
+    let help = String::from_utf8_lossy(&run_to_end(help).await.stdout).into_owned();
+    assert!(help.contains("[env: DISTLOCK_KILL_GRACE="), "{help}");
+    let mut bad = distlock(&server.url());
+    bad.env("DISTLOCK_VERBOSE", "maybe")
+        .args(["status", "envy"]);
+    assert_eq!(run_to_end(bad).await.status.code(), Some(2));
+    drop(holder);
+}
