@@ -42,6 +42,35 @@ pub struct Connection {
         env = "DISTLOCK_PASSWORD_FILE"
     )]
     pub password_file: Option<PathBuf>,
+    /// How long connecting (with the first PING) may take (2s).
+    #[arg(long, global = true, value_parser = positive_duration, value_name = "DURATION", env = "DISTLOCK_CONNECT_TIMEOUT")]
+    pub connect_timeout: Option<Duration>,
+    /// How long one command may wait for its reply (1s). Renewals must get through
+    /// within a third of --ttl, so keep it well below that.
+    #[arg(long, global = true, value_parser = positive_duration, value_name = "DURATION", env = "DISTLOCK_RESPONSE_TIMEOUT")]
+    pub response_timeout: Option<Duration>,
+    /// TLS (rediss://): trust this CA certificate (PEM) instead of the web's roots.
+    #[arg(long, global = true, value_name = "FILE", env = "DISTLOCK_CACERT")]
+    pub cacert: Option<PathBuf>,
+    /// TLS (rediss://): this client certificate (PEM), for a server with
+    /// tls-auth-clients; with --key.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "DISTLOCK_CERT",
+        requires = "key"
+    )]
+    pub cert: Option<PathBuf>,
+    /// TLS (rediss://): the client certificate's private key (PEM); with --cert.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "DISTLOCK_KEY",
+        requires = "cert"
+    )]
+    pub key: Option<PathBuf>,
     /// Say on stderr what distlock does: the server, the wait, the lock taken and its
     /// token, the command started and how it ended, signals sent, the release.
     #[arg(short = 'v', long, global = true, env = "DISTLOCK_VERBOSE", value_parser = clap::builder::BoolishValueParser::new())]

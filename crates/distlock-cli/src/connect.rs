@@ -30,6 +30,15 @@ pub async fn connect(
         Some(file) => with_password(&connection.url, &read_password(file)?)?,
     };
     let mut builder = distlock::Client::builder().allow_eviction(allow_eviction);
+    if let Some(timeout) = connection.connect_timeout {
+        builder = builder.connection_timeout(timeout);
+    }
+    if let Some(timeout) = connection.response_timeout {
+        builder = builder.response_timeout(timeout);
+    }
+    if let Some(certificates) = certificates(connection)? {
+        builder = builder.tls_certificates(certificates);
+    }
     if let Some(ttl) = ttl {
         builder = builder.watchdog_timeout(ttl);
     }
@@ -55,6 +64,43 @@ pub async fn connect(
         ),
         err => redact(Failure::from(err), &url),
     })
+}
+
+/// The TLS certificates `--cacert`, `--cert` and `--key` name, if any.
+fn certificates(connection: &Connection) -> Result<Option<redis::TlsCertificates>, Failure> {
+    let read = |flag: &str, file: &Path| {
+        std::fs::read(file).map_err(|err| {
+            Failure::new(
+                exit::USAGE,
+                format!("cannot read {flag} {}: {err}", file.display()),
+            )
+        })
+    };
+    let root_cert = match &connection.cacert {
+        Some(file) => Some(read("--cacert", file)?),
+        None => None,
+    };
+    let client_tls = match (&connection.cert, &connection.key) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("--cert", cert)?,
+            client_key: read("--key", key)?,
+        }),
+        _ => None,
+    };
+    if root_cert.is_none() && client_tls.is_none() {
+        return Ok(None);
+    }
+    if !connection.url.starts_with("rediss") {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--cacert, --cert and --key are for TLS: give a rediss:// URL \
+             (rediss+cluster://, rediss+sentinel://)",
+        ));
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 /// The first line of `file`, without its line ending.

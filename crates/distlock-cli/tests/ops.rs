@@ -281,3 +281,173 @@ async fn distlock_variables_set_flags_and_the_command_line_wins() {
     assert_eq!(run_to_end(bad).await.status.code(), Some(2));
     drop(holder);
 }
+
+/// A CA, and a certificate for 127.0.0.1 it signed (a server's, and a client's), made
+/// with the openssl command.
+fn make_certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl is installed");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=distlock test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "host.key",
+        "-out",
+        "host.csr",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "host.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "host.crt",
+    ]);
+}
+
+/// --cacert, --cert and --key: a rediss:// server with a private CA that asks for a
+/// client certificate.
+#[tokio::test]
+async fn tls_flags_reach_a_server_that_asks_for_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let path = |file: &str| dir.path().join(file).display().to_string();
+    let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
+    let (cert, key, ca) = (path("host.crt"), path("host.key"), path("ca.crt"));
+    let _server = RedisServer::start_with_args(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "yes",
+    ])
+    .await
+    .expect("redis-server with TLS");
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let mut run = distlock(&url);
+    run.args(["--cacert", &ca, "--cert", &cert, "--key", &key])
+        .args(["run", "secure", "--", "true"]);
+    let run = run_to_end(run).await;
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    // From the environment too.
+    let mut status = distlock(&url);
+    status
+        .env("DISTLOCK_CACERT", &ca)
+        .env("DISTLOCK_CERT", &cert)
+        .env("DISTLOCK_KEY", &key)
+        .args(["status", "secure"]);
+    let status = run_to_end(status).await;
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    // Without the client certificate the server refuses; without the CA the server's
+    // certificate is not trusted: neither is a success.
+    for flags in [vec!["--cacert", &ca], vec!["--cert", &cert, "--key", &key]] {
+        let mut refused = distlock(&url);
+        refused.args(&flags).args(["status", "secure"]);
+        let refused = run_to_end(refused).await;
+        assert_ne!(refused.status.code(), Some(0), "{flags:?}");
+        assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+    }
+    // Certificates for a URL without TLS, or a --cert without its --key: exit 2.
+    for args in [
+        vec![
+            "--url",
+            "redis://127.0.0.1:1",
+            "--cacert",
+            &ca,
+            "status",
+            "x",
+        ],
+        vec!["--cert", &cert, "status", "x"],
+    ] {
+        let mut wrong = distlock(&url);
+        wrong.args(&args);
+        let wrong = run_to_end(wrong).await;
+        assert_eq!(wrong.status.code(), Some(2), "{args:?}: {}", stderr(&wrong));
+    }
+}
+
+/// --connect-timeout and --response-timeout bound the waits on a slow or silent server.
+#[tokio::test]
+async fn connect_and_response_timeouts_are_kept() {
+    let server = RedisServer::start().await.unwrap();
+    let proxy = distlock_testkit::FaultProxy::in_front_of(&server)
+        .await
+        .unwrap();
+    proxy.blackhole();
+    let asked = Instant::now();
+    let mut silent = distlock(&proxy.url());
+    silent.args(["--connect-timeout", "300ms", "status", "x"]);
+    let silent = run_to_end(silent).await;
+    assert_eq!(silent.status.code(), Some(69), "{}", stderr(&silent));
+    assert!(
+        asked.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        asked.elapsed()
+    );
+    proxy.heal();
+    // 300 ms each way: a round trip takes 600 ms.
+    proxy.set_delay(Duration::from_millis(300));
+    let mut patient = distlock(&proxy.url());
+    patient.args([
+        "--connect-timeout",
+        "10s",
+        "--response-timeout",
+        "3s",
+        "status",
+        "x",
+    ]);
+    let patient = run_to_end(patient).await;
+    assert_eq!(patient.status.code(), Some(0), "{}", stderr(&patient));
+    let mut hasty = distlock(&proxy.url());
+    hasty.args([
+        "--connect-timeout",
+        "10s",
+        "--response-timeout",
+        "200ms",
+        "status",
+        "x",
+    ]);
+    let hasty = run_to_end(hasty).await;
+    assert_eq!(hasty.status.code(), Some(69), "{}", stderr(&hasty));
+}
