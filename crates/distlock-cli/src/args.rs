@@ -118,6 +118,14 @@ pub struct Hold {
     /// every third of it.
     #[arg(long, value_parser = lease_duration, default_value = "30s", value_name = "DURATION", env = "DISTLOCK_TTL")]
     pub ttl: Duration,
+    /// Take the read side of a read-write lock: shared holders run beside each other,
+    /// never beside an --exclusive one (flock -s).
+    #[arg(long, env = "DISTLOCK_SHARED", value_parser = clap::builder::BoolishValueParser::new())]
+    pub shared: bool,
+    /// Take the write side of a read-write lock: alone, and never beside a --shared
+    /// holder (flock -x). Writers are preferred: no new reader while one waits.
+    #[arg(long, env = "DISTLOCK_EXCLUSIVE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub exclusive: bool,
     /// Queue on the fair lock: holders take turns in the order they asked.
     #[arg(long, env = "DISTLOCK_FAIR", value_parser = clap::builder::BoolishValueParser::new())]
     pub fair: bool,
@@ -263,7 +271,12 @@ pub fn settle(matches: &ArgMatches, cli: &mut Cli) -> Result<(), String> {
     let (hold, waiting) = match &mut cli.command {
         Command::Run(run) => (&mut run.hold, Some(&mut run.waiting)),
         Command::Hold(held) => (&mut held.hold, Some(&mut held.waiting)),
-        Command::Elect(elect) => (&mut elect.hold, None),
+        Command::Elect(elect) => {
+            if elect.hold.shared {
+                return Err("elect leads alone: --shared would let every candidate lead".into());
+            }
+            (&mut elect.hold, None)
+        }
         _ => return Ok(()),
     };
     // Whether a flag was given, and where: Some(true) on the command line, Some(false)
@@ -295,17 +308,46 @@ pub fn settle(matches: &ArgMatches, cli: &mut Cli) -> Result<(), String> {
         Keep::Second => hold.lease = None,
         Keep::Both => {}
     }
-    match keep(
-        given("fair", hold.fair),
-        given("permits", hold.permits.is_some()),
-        "--fair",
-        "-n",
-    )? {
-        Keep::First => {
+    // One kind of holding: the fair lock, a semaphore's permit, or a side of a
+    // read-write lock.
+    let kinds = [
+        ("fair", "--fair", hold.fair),
+        ("permits", "-n", hold.permits.is_some()),
+        ("shared", "--shared", hold.shared),
+        ("exclusive", "--exclusive", hold.exclusive),
+    ];
+    let present: Vec<(&str, &str, bool)> = kinds
+        .iter()
+        .filter_map(|&(id, flag, on)| given(id, on).map(|typed| (id, flag, typed)))
+        .collect();
+    if present.len() > 1 {
+        let typed: Vec<&(&str, &str, bool)> =
+            present.iter().filter(|(_, _, typed)| *typed).collect();
+        if typed.len() != 1 {
+            let flags: Vec<&str> = present.iter().map(|(_, flag, _)| *flag).collect();
+            return Err(format!(
+                "{} cannot be used together{}",
+                flags.join(", "),
+                if typed.is_empty() {
+                    " (all are set in DISTLOCK_* variables)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let kept = typed[0].0;
+        if kept != "fair" {
+            hold.fair = false;
+        }
+        if kept != "permits" {
             hold.permits = None;
         }
-        Keep::Second => hold.fair = false,
-        Keep::Both => {}
+        if kept != "shared" {
+            hold.shared = false;
+        }
+        if kept != "exclusive" {
+            hold.exclusive = false;
+        }
     }
     if hold.adopt_semaphore && hold.permits.is_none() {
         match given("adopt_semaphore", true) {

@@ -5,14 +5,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome};
+use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome, RwReadGuard};
 
 use crate::args::Hold;
 use crate::exit::{self, Failure};
 
-/// A lock guard or a permit.
+/// A lock guard (a lock's, a fair lock's, or a read-write lock's write side), a read
+/// hold of a read-write lock (`--shared`), or a permit.
 pub enum Held {
     Lock(LockGuard),
+    Read(RwReadGuard),
     Permit(LeasedPermits),
 }
 
@@ -92,6 +94,27 @@ pub async fn take(
             }
         }};
     }
+    if hold.shared || hold.exclusive {
+        let rw = client.rw_lock(hold.name.clone())?;
+        let rw = match hold.lease {
+            Some(lease) => rw.with_lease(lease),
+            None => rw.with_watchdog(),
+        };
+        if hold.shared {
+            let taken = match patience {
+                Patience::None => rw.try_read().await?,
+                Patience::Within(wait) => rw.try_read_for(wait).await?,
+                Patience::Forever => Some(rw.read().await?),
+            };
+            return Ok(taken.map(Held::Read));
+        }
+        let taken = match patience {
+            Patience::None => rw.try_write().await?,
+            Patience::Within(wait) => rw.try_write_for(wait).await?,
+            Patience::Forever => Some(rw.write().await?),
+        };
+        return Ok(taken.map(Held::Lock));
+    }
     let taken = if hold.fair {
         take_lock!(client.fair_lock(hold.name.clone())?)
     } else {
@@ -130,10 +153,14 @@ async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<bool,
 pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
     let shown = crate::out::shown(&hold.name);
     let kind = crate::inspect::kind_of(client, &hold.name).await?;
-    let fits = matches!(
-        (hold.permits.is_some(), kind.as_str()),
-        (_, "none") | (true, "number") | (false, "lock" | "fair lock")
-    );
+    let read_write = hold.shared || hold.exclusive;
+    let fits = match kind.as_str() {
+        "none" => true,
+        "number" => hold.permits.is_some(),
+        "lock" | "fair lock" => hold.permits.is_none() && !read_write,
+        "read-write lock" => read_write,
+        _ => false,
+    };
     if !fits {
         let message = match (hold.permits.is_some(), kind.as_str()) {
             (_, "not a lock") => format!(
@@ -146,6 +173,14 @@ pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
             (false, "number") => format!(
                 "{shown} is a semaphore (or another application's number), not a lock: give \
                  -n to take one of its permits; not run"
+            ),
+            (false, "read-write lock") => format!(
+                "{shown} is a read-write lock: take it with --shared (its read side) or \
+                 --exclusive (its write side); not run"
+            ),
+            (false, kind) if read_write => format!(
+                "{shown} is a {kind}, not a read-write lock: take it without --shared or \
+                 --exclusive; not run"
             ),
             (false, kind) => format!("{shown} is a {kind}, not a lock; not run"),
         };
@@ -168,6 +203,8 @@ async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
     };
     let channels = if hold.permits.is_some() {
         vec![before("redisson_sc")]
+    } else if hold.shared || hold.exclusive {
+        vec![before("redisson_rwlock")]
     } else if hold.fair {
         // A fair waiter is told on a channel of its own, after the lock's.
         let channel = before("redisson_lock__channel");
@@ -230,7 +267,7 @@ impl Held {
     pub fn token(&self) -> Option<u64> {
         match self {
             Held::Lock(guard) => Some(guard.fencing_token()),
-            Held::Permit(_) => None,
+            Held::Read(_) | Held::Permit(_) => None,
         }
     }
 
@@ -238,18 +275,15 @@ impl Held {
     pub fn owner(&self) -> String {
         match self {
             Held::Lock(guard) => guard.owner().to_owned(),
+            Held::Read(guard) => guard.owner().to_owned(),
             Held::Permit(permit) => permit.ids().next().unwrap_or_default().to_owned(),
         }
-    }
-
-    /// Whether only one may hold it (a lock, not a permit).
-    pub fn is_exclusive(&self) -> bool {
-        matches!(self, Held::Lock(_))
     }
 
     pub fn lease_remaining(&self) -> Duration {
         match self {
             Held::Lock(guard) => guard.lease_remaining(),
+            Held::Read(guard) => guard.lease_remaining(),
             Held::Permit(permit) => permit.lease_remaining(),
         }
     }
@@ -258,6 +292,7 @@ impl Held {
     pub fn lost(&self) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         match self {
             Held::Lock(guard) => Box::pin(guard.lost()),
+            Held::Read(guard) => Box::pin(guard.lost()),
             Held::Permit(permit) => Box::pin(permit.lost()),
         }
     }
@@ -266,6 +301,7 @@ impl Held {
     pub async fn verify(&self) -> Result<bool, Failure> {
         match self {
             Held::Lock(guard) => Ok(guard.verify().await?),
+            Held::Read(guard) => Ok(guard.verify().await?),
             Held::Permit(permit) => Ok(permit.verify().await?),
         }
     }
@@ -277,6 +313,8 @@ impl Held {
             Held::Lock(guard) => {
                 guard.leave_to_expire();
             }
+            // Its give-back goes in the background, as a permit's.
+            Held::Read(guard) => drop(guard),
             Held::Permit(permit) => drop(permit),
         }
     }
@@ -284,6 +322,7 @@ impl Held {
     pub async fn release(self) -> Result<ReleaseOutcome, Failure> {
         Ok(match self {
             Held::Lock(guard) => guard.release().await?,
+            Held::Read(guard) => guard.release().await?,
             Held::Permit(permit) => permit.release().await?,
         })
     }

@@ -35,6 +35,9 @@ pub struct Mark {
     /// Whether the mark may be set: a claim succeeded, or its outcome is unknown (the
     /// connection failed under it). A mark never set is not cleared.
     may_exist: bool,
+    /// A shared (read) holder's: it waits for a writer's mark to go, and never sets one
+    /// (readers run beside each other; see docs/cli.md for what that leaves open).
+    shared: bool,
 }
 
 /// How long a stop may spend extending the mark over its grace before it gives up (a
@@ -69,6 +72,16 @@ impl Mark {
             key: key(name),
             expires_at: None,
             may_exist: false,
+            shared: false,
+        }
+    }
+
+    /// The mark of a shared holder of lock `name` (`--shared`): it waits for another
+    /// holder's mark, and sets none.
+    pub fn shared(client: &distlock::Client, name: &str) -> Mark {
+        Mark {
+            shared: true,
+            ..Mark::new(client, name)
         }
     }
 
@@ -134,6 +147,17 @@ impl Mark {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Duration>, Failure> {
+        if self.shared {
+            let left: i64 = redis::cmd("PTTL")
+                .arg(&self.key)
+                .query_async(&mut self.connection)
+                .await
+                .map_err(|err| self.failure(err))?;
+            return Ok(u64::try_from(left)
+                .ok()
+                .filter(|left| *left > 0)
+                .map(Duration::from_millis));
+        }
         static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/running_claim.lua"))
         });

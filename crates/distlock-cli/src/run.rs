@@ -274,9 +274,11 @@ async fn hold_and_run(
             held.lease_remaining().as_secs_f64()
         )
     });
-    let mut mark = held
-        .is_exclusive()
-        .then(|| Mark::new(client, &job.hold.name));
+    let mut mark = match &held {
+        Held::Lock(_) => Some(Mark::new(client, &job.hold.name)),
+        Held::Read(_) => Some(Mark::shared(client, &job.hold.name)),
+        Held::Permit(_) => None,
+    };
     let ended = run_marked(job, &held, signals, mark.as_mut(), &owner, deadline).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.

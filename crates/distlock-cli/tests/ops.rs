@@ -451,3 +451,62 @@ async fn connect_and_response_timeouts_are_kept() {
     let hasty = run_to_end(hasty).await;
     assert_eq!(hasty.status.code(), Some(69), "{}", stderr(&hasty));
 }
+
+/// --shared (flock -s) takes the read side of a read-write lock: shared holders run
+/// together, an --exclusive one (flock -x) waits for them, and a plain run of the name
+/// is told what it is.
+#[tokio::test]
+async fn shared_holders_run_together_and_exclude_an_exclusive_one() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let readers: Vec<_> = (0..2)
+        .map(|index| {
+            let started = dir.path().join(format!("reader{index}"));
+            let mut reader = distlock(&server.url());
+            reader
+                .args(["run", "books", "--shared", "--", "sh", "-c"])
+                .arg(format!("touch {}; sleep 30", started.display()));
+            (reader.spawn().unwrap(), started)
+        })
+        .collect();
+    for (_, started) in &readers {
+        until_exists(started).await;
+    }
+    let attempt = |args: &[&str]| {
+        let mut run = distlock(&server.url());
+        run.args(["run", "books"]).args(args).args(["--", "true"]);
+        run_to_end(run)
+    };
+    let writer = attempt(&["--exclusive", "--no-wait"]).await;
+    assert_eq!(writer.status.code(), Some(75), "{}", stderr(&writer));
+    let plain = attempt(&["--no-wait"]).await;
+    assert_eq!(plain.status.code(), Some(2), "{}", stderr(&plain));
+    assert!(stderr(&plain).contains("--shared"), "{}", stderr(&plain));
+    let mut status = distlock(&server.url());
+    status.args(["status", "books", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+    assert_eq!(json["kind"], "read-write lock", "{json}");
+    assert_eq!(json["mode"], "read", "{json}");
+    assert_eq!(json["holders"].as_array().unwrap().len(), 2, "{json}");
+    for (reader, _) in readers {
+        let pid = nix::unistd::Pid::from_raw(reader.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        common::finish(reader).await;
+    }
+    let writer = attempt(&["--exclusive", "--no-wait"]).await;
+    assert_eq!(writer.status.code(), Some(0), "{}", stderr(&writer));
+    // A writer excludes readers.
+    let started = dir.path().join("writer");
+    let mut writer = distlock(&server.url());
+    writer
+        .args(["run", "books", "--exclusive", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", started.display()));
+    let writer = writer.spawn().unwrap();
+    until_exists(&started).await;
+    let reader = attempt(&["--shared", "--no-wait"]).await;
+    assert_eq!(reader.status.code(), Some(75), "{}", stderr(&reader));
+    let mut elect = distlock(&server.url());
+    elect.args(["elect", "books", "--shared", "--", "true"]);
+    assert_eq!(run_to_end(elect).await.status.code(), Some(2));
+    drop(writer);
+}
