@@ -75,6 +75,11 @@ impl Child {
         })
     }
 
+    /// The command's pid (its process group's id); `None` for no command.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(tokio::process::Child::id)
+    }
+
     /// The command's process group, as `--verbose` names it.
     pub fn describe(&self) -> String {
         format!("process group {}", self.group)

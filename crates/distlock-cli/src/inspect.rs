@@ -51,6 +51,13 @@ struct Holder {
     /// A permit's own lease, milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     lease_remaining_ms: Option<u64>,
+    /// Who it is: host, pid, command, start (`host`, `pid`, `command_pid`, `command`,
+    /// `started_at_ms`), when its distlock recorded it (src/holder.rs).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    info: Option<crate::holder::Info>,
+    /// `started_at_ms` as a UTC time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<String>,
 }
 
 impl Snapshot {
@@ -111,6 +118,24 @@ pub async fn status(client: &distlock::Client, args: &Status) -> Result<u8, Fail
                 holder.holds
             ),
         });
+        if let Some(info) = &holder.info {
+            lines.push(format!(
+                "  host:      {}, pid {}{}",
+                shown(&info.host),
+                info.pid,
+                info.command_pid
+                    .map(|pid| format!(" (command pid {pid})"))
+                    .unwrap_or_default()
+            ));
+            if !info.command.is_empty() {
+                lines.push(format!("  command:   {}", shown(&info.command)));
+            }
+            lines.push(format!(
+                "  since:     {} ({} ago)",
+                crate::holder::utc(info.started_at_ms),
+                seconds(crate::holder::unix_ms().saturating_sub(info.started_at_ms))
+            ));
+        }
     }
     if let Some(lease) = snapshot.lease_remaining_ms {
         lines.push(format!("lease left:  {}", seconds(lease)));
@@ -231,8 +256,8 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
         return Ok(0);
     }
     if !print(&format!(
-        "{:<32} {:<16} {:>10} {:>6}  HOLDER",
-        "NAME", "KIND", "LEASE LEFT", "HOLDS"
+        "{:<32} {:<16} {:>10} {:>6}  {:<16} {:>8}  {:<23}  {:<38}  COMMAND",
+        "NAME", "KIND", "LEASE LEFT", "HOLDS", "HOST", "PID", "STARTED", "HOLDER"
     )) {
         return Ok(0);
     }
@@ -247,13 +272,26 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
                 .or(snapshot.lease_remaining_ms)
                 .map(seconds)
                 .unwrap_or_else(|| "-".into());
+            let (host, pid, started, command) = match &holder.info {
+                Some(info) => (
+                    shown(&info.host),
+                    info.pid.to_string(),
+                    crate::holder::utc(info.started_at_ms),
+                    shown(&info.command),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), String::new()),
+            };
             let line = format!(
-                "{:<32} {:<16} {:>10} {:>6}  {}",
+                "{:<32} {:<16} {:>10} {:>6}  {:<16} {:>8}  {:<23}  {:<38}  {}",
                 shown(&snapshot.name),
                 kind,
                 lease,
                 holder.holds,
-                shown(&holder.owner)
+                host,
+                pid,
+                started,
+                shown(&holder.owner),
+                command
             );
             if !print(&line) {
                 return Ok(0);
@@ -416,8 +454,24 @@ pub async fn kind_of(client: &distlock::Client, name: &str) -> Result<String, Fa
     })
 }
 
-/// Reads what `name` holds.
+/// Reads what `name` holds, with each holder's record of who it is.
 async fn snapshot(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
+    let mut snapshot = holding(client, name).await?;
+    if snapshot.held {
+        let mut records = crate::holder::read(client, name).await;
+        for holder in &mut snapshot.holders {
+            holder.info = records.remove(&holder.owner);
+            holder.started_at = holder
+                .info
+                .as_ref()
+                .map(|info| crate::holder::utc(info.started_at_ms));
+        }
+    }
+    Ok(snapshot)
+}
+
+/// Reads what `name` holds.
+async fn holding(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
     let lock = client.lock(name.to_owned())?;
     let mut connection = client.connection();
     let key = lock.key().to_owned();
@@ -498,6 +552,8 @@ async fn hash_shape(
                 owner: field,
                 holds,
                 lease_remaining_ms: None,
+                info: None,
+                started_at: None,
             }),
             _ => return Ok(Snapshot::free(name, "not a lock")),
         }
@@ -564,6 +620,8 @@ async fn permit_snapshot(
                 owner: id,
                 holds: 1,
                 lease_remaining_ms: Some(deadline - now_ms),
+                info: None,
+                started_at: None,
             });
         }
     }

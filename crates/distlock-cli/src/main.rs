@@ -7,6 +7,7 @@
 //! - [`held`]: what is held (a lock, a fair lock, a permit) behind one face;
 //! - [`child`]: the command's process group, signals, and stopping it;
 //! - [`mark`]: the mark that keeps the next holder's command from starting early;
+//! - [`holder`]: who holds a lock (host, pid, command, start), kept beside it;
 //! - [`run`]: `run` and `elect`;
 //! - [`inspect`]: `status`, `list`, `force-unlock`;
 //! - [`exit`]: the exit codes;
@@ -17,6 +18,7 @@ mod child;
 mod connect;
 mod exit;
 mod held;
+mod holder;
 mod inspect;
 mod mark;
 mod out;

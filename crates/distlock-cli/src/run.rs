@@ -10,6 +10,7 @@ use crate::args::{Elect, Hold, Waiting};
 use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
 use crate::held::{preflight, take, Held, Patience};
+use crate::holder::{Info, Record};
 use crate::mark::Mark;
 use crate::out::{say, verbose};
 
@@ -274,16 +275,21 @@ async fn hold_and_run(
             held.lease_remaining().as_secs_f64()
         )
     });
-    let mut mark = match &held {
+    let mark = match &held {
         Held::Lock(_) => Some(Mark::new(client, &job.hold.name)),
         Held::Read(_) => Some(Mark::shared(client, &job.hold.name)),
         Held::Permit(_) => None,
     };
-    let ended = run_marked(job, &held, signals, mark.as_mut(), &owner, deadline).await;
+    let mut beside = Beside {
+        mark,
+        record: Record::new(client, &job.hold.name, &owner),
+    };
+    let ended = run_marked(job, &held, signals, &mut beside, &owner, deadline).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
-        if let Some(mark) = &mut mark {
+        beside.record.clear().await;
+        if let Some(mark) = &mut beside.mark {
             if let Err(failure) = mark.clear(&owner).await {
                 say(&format!(
                     "could not clear the running mark ({}); it expires with the lease",
@@ -321,7 +327,7 @@ async fn run_marked(
     job: Job<'_>,
     held: &Held,
     signals: &mut Forwarded,
-    mut mark: Option<&mut Mark>,
+    beside: &mut Beside,
     owner: &str,
     deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
@@ -330,7 +336,7 @@ async fn run_marked(
         command,
         announce,
     } = job;
-    if let Some(mark) = mark.as_deref_mut() {
+    if let Some(mark) = beside.mark.as_mut() {
         tokio::select! {
             claimed = mark.claim(owner, held.lease_remaining(), deadline) => {
                 if !claimed? {
@@ -372,11 +378,17 @@ async fn run_marked(
             Child::idle()
         }
     };
-    let (why, kill_by) =
-        match supervise(&mut child, held, hold, signals, mark.as_deref_mut(), owner).await? {
-            Supervised::Exited(status) => return Ok(Ended::Exited(status)),
-            Supervised::Stop { why, kill_by } => (why, kill_by),
-        };
+    // Who holds it, for status and list: bounded, as the command runs already.
+    let info = Info::now(command, child.pid());
+    let _ = tokio::time::timeout(
+        RECORD_LIMIT,
+        beside.record.write(&info, held.lease_remaining()),
+    )
+    .await;
+    let (why, kill_by) = match supervise(&mut child, held, hold, signals, beside, owner).await? {
+        Supervised::Exited(status) => return Ok(Ended::Exited(status)),
+        Supervised::Stop { why, kill_by } => (why, kill_by),
+    };
     // SIGTERM at once: the grace was counted back from the lease's end, and no network
     // wait may come before it.
     verbose(|| {
@@ -390,7 +402,7 @@ async fn run_marked(
     child.terminate();
     // The mark must outlive the command: extended over the grace if Redis answers by
     // then, and if not, the command is killed before the mark runs out.
-    let kill_at = match mark {
+    let kill_at = match beside.mark.as_mut() {
         Some(mark) => {
             let budget = kill_by.saturating_duration_since(Instant::now());
             let _ = tokio::time::timeout(budget, mark.cover(owner, kill_by)).await;
@@ -406,6 +418,17 @@ async fn run_marked(
     child.stop(kill_at).await?;
     Ok(Ended::Stopped(why))
 }
+
+/// What a holder keeps beside the lock while its command runs: the running mark (of a
+/// lock; a shared holder's only waits), and the record of who holds it.
+struct Beside {
+    mark: Option<Mark>,
+    record: Record,
+}
+
+/// How long writing the holder's record may hold up the supervision of a command that
+/// has started.
+const RECORD_LIMIT: Duration = Duration::from_millis(300);
 
 /// How often the group of a command that has exited is looked at, while jobs it left in
 /// the background still run.
@@ -431,7 +454,7 @@ async fn supervise(
     held: &Held,
     hold: &Hold,
     signals: &mut Forwarded,
-    mark: Option<&mut Mark>,
+    beside: &mut Beside,
     owner: &str,
 ) -> Result<Supervised, Failure> {
     // A lease too short for the whole grace gets half of it: SIGTERM at half the lease.
@@ -440,8 +463,7 @@ async fn supervise(
     let mut lost = held.lost();
     // The check runs beside the other branches, so a slow or stopped Redis never holds
     // up the stop at the lease's end.
-    let mut mark = mark;
-    let mut check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
+    let mut check = Box::pin(check_after(held, &mut *beside, owner));
     // The command's own exit status, once it has exited: the lock is kept until the rest
     // of its process group (jobs it left in the background) is gone too.
     let mut exited = None;
@@ -501,7 +523,7 @@ async fn supervise(
                     return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
                 }
                 drop(check);
-                check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
+                check = Box::pin(check_after(held, &mut *beside, owner));
             }
         }
     }
@@ -522,14 +544,15 @@ fn grace_within(held: &Held, hold: &Hold) -> Duration {
 /// After [`VERIFY_EVERY`], asks whether the lock is still held, and keeps the running
 /// mark as long as the lease just confirmed. False only when the server says it is not
 /// held: an unreachable Redis leaves the decision to the lease's own deadline.
-async fn check_after(held: &Held, mark: Option<&mut Mark>, owner: &str) -> bool {
+async fn check_after(held: &Held, beside: &mut Beside, owner: &str) -> bool {
     tokio::time::sleep(VERIFY_EVERY).await;
     match held.verify().await {
         Ok(false) => false,
         Ok(true) => {
-            if let Some(mark) = mark {
+            if let Some(mark) = &mut beside.mark {
                 let _ = mark.set(owner, held.lease_remaining()).await;
             }
+            beside.record.keep(held.lease_remaining()).await;
             true
         }
         Err(_) => true,

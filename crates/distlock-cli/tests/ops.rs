@@ -510,3 +510,93 @@ async fn shared_holders_run_together_and_exclude_an_exclusive_one() {
     assert_eq!(run_to_end(elect).await.status.code(), Some(2));
     drop(writer);
 }
+
+/// status and list say who holds a lock (host, pid, command, start), from a record
+/// beside the lock, never in the lock's own (Redisson's) hash; --json carries it.
+#[tokio::test]
+async fn status_and_list_say_who_holds_it() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut holders = Vec::new();
+    for (name, flags) in [("who", vec![]), ("pool", vec!["-n", "2"])] {
+        let started = dir.path().join(name);
+        let mut run = distlock(&server.url());
+        run.args(["run", name])
+            .args(&flags)
+            .args(["--", "sh", "-c"])
+            .arg(format!("touch {}; sleep 30", started.display()));
+        let run = run.spawn().unwrap();
+        until_exists(&started).await;
+        holders.push((name, run, started));
+    }
+    // The record is written just after the command starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (name, run, started) in &holders {
+        let mut status = distlock(&server.url());
+        status.args(["status", name, "--json"]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&run_to_end(status).await.stdout).unwrap();
+        let holder = &json["holders"][0];
+        assert_eq!(holder["host"], host.as_str(), "{json}");
+        assert_eq!(holder["pid"], run.id().unwrap(), "{json}");
+        assert!(holder["command_pid"].as_u64().unwrap() > 0, "{json}");
+        assert_eq!(
+            holder["command"],
+            format!("sh -c 'touch {}; sleep 30'", started.display()),
+            "{json}"
+        );
+        let at = holder["started_at_ms"].as_u64().unwrap();
+        assert!(at >= before && at < before + 60_000, "{json}");
+        assert!(
+            holder["started_at"].as_str().unwrap().ends_with("UTC"),
+            "{json}"
+        );
+        let mut text = distlock(&server.url());
+        text.args(["status", name]);
+        let text = String::from_utf8_lossy(&run_to_end(text).await.stdout).into_owned();
+        assert!(text.contains(&format!("host:      {host}, pid")), "{text}");
+        assert!(text.contains("command:   sh -c"), "{text}");
+        assert!(text.contains("since:"), "{text}");
+    }
+    // Redisson's hash holds the owner and nothing else.
+    let fields: i64 = redis::cmd("HLEN")
+        .arg("who")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(fields, 1);
+    let mut list = distlock(&server.url());
+    list.arg("list");
+    let listed = String::from_utf8_lossy(&run_to_end(list).await.stdout).into_owned();
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(listed.lines().next().unwrap().contains("HOST"), "{listed}");
+    assert!(
+        listed
+            .lines()
+            .skip(1)
+            .all(|line| line.contains(&host) && line.contains("sleep 30")),
+        "{listed}"
+    );
+    let mut json = distlock(&server.url());
+    json.args(["list", "--json"]);
+    let json = String::from_utf8_lossy(&run_to_end(json).await.stdout).into_owned();
+    assert_eq!(json.matches("\"host\"").count(), 2, "{json}");
+    // A holder that lets go removes its record.
+    for (name, run, _) in holders {
+        let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        common::finish(run).await;
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(format!("distlock_holders:{{{name}}}"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "{name}");
+    }
+}
