@@ -26,13 +26,14 @@ pub const TABLE: &str = "\
 Exit codes:
   <the command's own>  run, elect: the command's exit status, passed through
   128+N                the command was killed by signal N
-  2                    bad arguments
+  2                    bad arguments; a name that holds another kind of key (another
+                       application's, or a lock where a semaphore was asked)
   69                   Redis could not be reached, or did not answer in time
   70                   an internal error
   75                   the lock is held by someone else (--no-wait, or --wait ran out);
                        change it with --conflict-exit-code
-  77                   Redis refused: the ACL user may not do this, or the server may
-                       evict keys (maxmemory-policy)
+  77                   Redis refused: a missing or wrong password, an ACL user that may
+                       not do this, or a server that may evict keys (maxmemory-policy)
   79                   the lock was lost while the command ran; the command was stopped
   126, 127             the command could not be run, or was not found";
 
@@ -150,7 +151,8 @@ fn first_line(text: &str) -> &str {
 }
 
 /// A server error as an operator reads it: one line, without the SHA and the line of the
-/// script that raised it (`script: 0f3a…, on @user_script:122.`).
+/// script that raised it (`script: 0f3a…, on @user_script:122.`, `(call to f_0f3a…)`,
+/// `@user_script:12:`).
 fn plain(text: &str) -> String {
     let mut text = first_line(text).to_owned();
     if let Some(at) = text.find(" script: ") {
@@ -159,7 +161,25 @@ fn plain(text: &str) -> String {
             text.truncate(at);
         }
     }
-    text
+    if let Some(at) = text.find(" (call to f_") {
+        if let Some(end) = text[at..].find(')') {
+            text.replace_range(at..at + end + 1, "");
+        }
+    }
+    while let Some(at) = text.find("@user_script:") {
+        let digits = text[at + "@user_script:".len()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let mut end = at + "@user_script:".len() + digits;
+        if text[end..].starts_with(": ") {
+            end += 2;
+        } else if text[end..].starts_with(':') {
+            end += 1;
+        }
+        text.replace_range(at..end, "");
+    }
+    text.trim_end().to_owned()
 }
 
 /// What an authentication refusal means, in the words an operator acts on; `None` when
@@ -196,4 +216,27 @@ fn is_refused_auth(text: &str) -> bool {
         || text.contains("NOAUTH")
         || text.contains("PASSWORD AUTHENTICATION FAILED")
         || text.contains("AUTHENTICATIONFAILED")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain;
+
+    #[test]
+    fn script_internals_are_left_out_of_a_message() {
+        let sha = "cd3132e1d70e96c82e977024374a8f4250ffcaf0";
+        assert_eq!(
+            plain(&format!(
+                "Redis command failed: \"ERR\": boom script: {sha}, on @user_script:122."
+            )),
+            "Redis command failed: \"ERR\": boom"
+        );
+        assert_eq!(
+            plain(&format!(
+                "ERR Error running script (call to f_{sha}): @user_script:12: bad thing"
+            )),
+            "ERR Error running script: bad thing"
+        );
+        assert_eq!(plain("first\nsecond"), "first");
+    }
 }
