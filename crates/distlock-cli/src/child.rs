@@ -15,10 +15,14 @@ use crate::exit::{self, Failure};
 /// How often a stop looks whether the command's process group is empty yet.
 const GROUP_POLL: Duration = Duration::from_millis(10);
 
-/// A running command, leader of its own process group.
+/// A running command, leader of its own process group; or no command at all (`distlock
+/// hold`), which "runs" until it is sent a signal that would end a command.
 pub struct Child {
-    process: tokio::process::Child,
+    /// `None` for no command.
+    process: Option<tokio::process::Child>,
     group: Pid,
+    /// No command: whether a signal has ended it.
+    ended: std::cell::Cell<bool>,
     /// The terminal was handed to the command's group (stdin is the terminal and
     /// distlock had it): it is taken back when the command ends.
     has_terminal: bool,
@@ -64,16 +68,47 @@ impl Child {
         let group = Pid::from_raw(id);
         let has_terminal = hand_terminal_to(group);
         Ok(Child {
-            process,
+            process: Some(process),
             group,
+            ended: std::cell::Cell::new(false),
             has_terminal,
         })
+    }
+
+    /// The command's pid (its process group's id); `None` for no command.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(tokio::process::Child::id)
+    }
+
+    /// The command's process group, as `--verbose` names it.
+    pub fn describe(&self) -> String {
+        format!("process group {}", self.group)
+    }
+
+    /// No command: held until SIGINT, SIGTERM, SIGHUP (or a stop), which end it with
+    /// status 0.
+    pub fn idle() -> Child {
+        Child {
+            process: None,
+            group: Pid::from_raw(0),
+            ended: std::cell::Cell::new(false),
+            has_terminal: false,
+        }
     }
 
     /// Sends `signal` to the command's process group, then SIGCONT, so that a command
     /// stopped (Ctrl-Z, or reading a terminal it does not own) handles it, as a shell's
     /// `kill` does.
     pub fn signal(&self, signal: Signal) {
+        if self.process.is_none() {
+            if matches!(
+                signal,
+                Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGKILL
+            ) {
+                self.ended.set(true);
+            }
+            return;
+        }
         // ESRCH: the group is gone already, which is what a stop wants.
         let _ = killpg(self.group, signal);
         if signal != Signal::SIGKILL && signal != Signal::SIGCONT {
@@ -83,7 +118,13 @@ impl Child {
 
     /// Waits for the command to exit.
     pub async fn wait(&mut self) -> Result<ExitStatus, Failure> {
-        let status = self.process.wait().await.map_err(|err| {
+        let Some(process) = &mut self.process else {
+            if !self.ended.get() {
+                std::future::pending::<()>().await;
+            }
+            return Ok(std::os::unix::process::ExitStatusExt::from_raw(0));
+        };
+        let status = process.wait().await.map_err(|err| {
             Failure::new(
                 exit::INTERNAL,
                 format!("cannot wait for the command: {err}"),
@@ -93,12 +134,16 @@ impl Child {
         status
     }
 
-    /// Stops the command's whole process group: SIGTERM, then SIGKILL at `kill_at` to
-    /// whatever of the group is left, even when the command itself exited on SIGTERM (a
-    /// process it started may ignore it). Returns once the group is gone (or a second
-    /// after SIGKILL, for processes the kernel has not reaped yet).
-    pub async fn stop(&mut self, kill_at: Instant) -> Result<ExitStatus, Failure> {
+    /// Sends SIGTERM to the command's process group: a stop begins.
+    pub fn terminate(&self) {
         self.signal(Signal::SIGTERM);
+    }
+
+    /// Ends a stop begun with [`Child::terminate`]: SIGKILL at `kill_at` to whatever of
+    /// the group is left, even when the command itself exited on SIGTERM (a process it
+    /// started may ignore it). Returns once the group is gone (or a second after SIGKILL,
+    /// for processes the kernel has not reaped yet).
+    pub async fn stop(&mut self, kill_at: Instant) -> Result<ExitStatus, Failure> {
         let exited = tokio::select! {
             status = self.wait() => Some(status?),
             () = tokio::time::sleep_until(kill_at) => None,
@@ -122,6 +167,9 @@ impl Child {
     /// process that died after its parent is reaped by init, and in a container init may
     /// never do it.
     pub fn group_alive(&self) -> bool {
+        if self.process.is_none() {
+            return !self.ended.get();
+        }
         if killpg(self.group, None).is_err() {
             return false;
         }

@@ -30,10 +30,33 @@ pub async fn connect(
         Some(file) => with_password(&connection.url, &read_password(file)?)?,
     };
     let mut builder = distlock::Client::builder().allow_eviction(allow_eviction);
+    if let Some(timeout) = connection.connect_timeout {
+        builder = builder.connection_timeout(timeout);
+    }
+    if let Some(timeout) = connection.response_timeout {
+        builder = builder.response_timeout(timeout);
+    }
+    if let Some(certificates) = certificates(connection)? {
+        builder = builder.tls_certificates(certificates);
+    }
     if let Some(ttl) = ttl {
         builder = builder.watchdog_timeout(ttl);
     }
-    builder.connect(&url).await.map_err(|err| match err {
+    crate::out::verbose(|| format!("connecting to {}", masked(&url)));
+    let connected = builder.connect(&url).await;
+    if let Ok(client) = &connected {
+        crate::out::verbose(|| {
+            format!(
+                "connected{}",
+                if client.is_cluster() {
+                    " to a Redis Cluster"
+                } else {
+                    ""
+                }
+            )
+        });
+    }
+    connected.map_err(|err| match err {
         // A URL that does not parse is not quoted: where its password ends is unknown.
         distlock::Error::InvalidUrl { reason, .. } => Failure::new(
             exit::USAGE,
@@ -41,6 +64,43 @@ pub async fn connect(
         ),
         err => redact(Failure::from(err), &url),
     })
+}
+
+/// The TLS certificates `--cacert`, `--cert` and `--key` name, if any.
+fn certificates(connection: &Connection) -> Result<Option<redis::TlsCertificates>, Failure> {
+    let read = |flag: &str, file: &Path| {
+        std::fs::read(file).map_err(|err| {
+            Failure::new(
+                exit::USAGE,
+                format!("cannot read {flag} {}: {err}", file.display()),
+            )
+        })
+    };
+    let root_cert = match &connection.cacert {
+        Some(file) => Some(read("--cacert", file)?),
+        None => None,
+    };
+    let client_tls = match (&connection.cert, &connection.key) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("--cert", cert)?,
+            client_key: read("--key", key)?,
+        }),
+        _ => None,
+    };
+    if root_cert.is_none() && client_tls.is_none() {
+        return Ok(None);
+    }
+    if !connection.url.starts_with("rediss") {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--cacert, --cert and --key are for TLS: give a rediss:// URL \
+             (rediss+cluster://, rediss+sentinel://)",
+        ));
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 /// The first line of `file`, without its line ending.
@@ -125,6 +185,14 @@ fn with_password(url: &str, password: &str) -> Result<String, Failure> {
         &url[..start],
         &url[start + authority.len()..]
     ))
+}
+
+/// `url` with its password masked, to be shown.
+fn masked(url: &str) -> String {
+    match password_of(url) {
+        Some(password) => url.replacen(&format!(":{password}@"), ":***@", 1),
+        None => url.to_owned(),
+    }
 }
 
 /// A failure whose message may quote the URL: the URL is quoted with its password

@@ -26,13 +26,14 @@ pub const TABLE: &str = "\
 Exit codes:
   <the command's own>  run, elect: the command's exit status, passed through
   128+N                the command was killed by signal N
-  2                    bad arguments
+  2                    bad arguments; a name that holds another kind of key (another
+                       application's, or a lock where a semaphore was asked)
   69                   Redis could not be reached, or did not answer in time
   70                   an internal error
   75                   the lock is held by someone else (--no-wait, or --wait ran out);
                        change it with --conflict-exit-code
-  77                   Redis refused: the ACL user may not do this, or the server may
-                       evict keys (maxmemory-policy)
+  77                   Redis refused: a missing or wrong password, an ACL user that may
+                       not do this, or a server that may evict keys (maxmemory-policy)
   79                   the lock was lost while the command ran; the command was stopped
   126, 127             the command could not be run, or was not found";
 
@@ -73,7 +74,16 @@ impl From<distlock::Error> for Failure {
             {
                 REFUSED
             }
-            Error::Connect { source, .. } if is_refused_auth(source) => REFUSED,
+            Error::Connect { source, .. }
+                if matches!(
+                    source.kind(),
+                    redis::ErrorKind::AuthenticationFailed
+                        | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+                ) || is_refused_auth(&source.to_string()) =>
+            {
+                REFUSED
+            }
+            Error::NotRedis { detail, .. } if is_refused_auth(detail) => REFUSED,
             Error::Connect { .. }
             | Error::ConnectTimeout { .. }
             | Error::NotRedis { .. }
@@ -87,19 +97,107 @@ impl From<distlock::Error> for Failure {
                 "the Redis at {target} has maxmemory-policy {policy}: it may evict lock keys, \
                  which hands a held lock to another; set maxmemory-policy noeviction"
             ),
-            _ => err.to_string(),
+            Error::Connect { source, .. } | Error::Redis(source)
+                if source.to_string().contains("cluster support disabled") =>
+            {
+                let at = match &err {
+                    Error::Connect { target, .. } => format!(" at {target}"),
+                    _ => String::new(),
+                };
+                return Failure::new(
+                    USAGE,
+                    format!(
+                        "the server{at} is not a Redis Cluster node (cluster support disabled): \
+                         give redis+cluster:// only for a cluster, redis:// for one server"
+                    ),
+                );
+            }
+            _ => {
+                let text = err.to_string();
+                if let Some(refusal) = auth_refusal(&text) {
+                    let target = match &err {
+                        Error::Connect { target, .. } | Error::NotRedis { target, .. } => {
+                            format!(" at {target}")
+                        }
+                        _ => String::new(),
+                    };
+                    format!("the Redis{target} {refusal}")
+                } else if let Error::NotRedis { target, detail } = &err {
+                    format!(
+                        "the server at {target} does not answer like Redis (is it a Redis port?): {}",
+                        first_line(detail)
+                    )
+                } else {
+                    plain(&text)
+                }
+            }
         };
         // A lock, a semaphore and another application's key cannot share a name.
         if message.contains("WRONGTYPE") {
             return Failure::new(
                 USAGE,
-                format!(
-                    "the name is taken by a key of another kind (a lock and a semaphore, or \
-                     another application's key, cannot share a name): {message}"
-                ),
+                "a key distlock needs holds another kind of value (WRONGTYPE): a lock and a \
+                 semaphore, or another application's key, cannot share a name",
             );
         }
         Failure::new(code, message)
+    }
+}
+
+/// The first line of a message (a parser's error can run over several), without
+/// trailing blanks.
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("").trim_end()
+}
+
+/// A server error as an operator reads it: one line, without the SHA and the line of the
+/// script that raised it (`script: 0f3a…, on @user_script:122.`, `(call to f_0f3a…)`,
+/// `@user_script:12:`).
+fn plain(text: &str) -> String {
+    let mut text = first_line(text).to_owned();
+    if let Some(at) = text.find(" script: ") {
+        let rest = &text[at + " script: ".len()..];
+        if rest.len() >= 40 && rest[..40].bytes().all(|byte| byte.is_ascii_hexdigit()) {
+            text.truncate(at);
+        }
+    }
+    if let Some(at) = text.find(" (call to f_") {
+        if let Some(end) = text[at..].find(')') {
+            text.replace_range(at..at + end + 1, "");
+        }
+    }
+    while let Some(at) = text.find("@user_script:") {
+        let digits = text[at + "@user_script:".len()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let mut end = at + "@user_script:".len() + digits;
+        if text[end..].starts_with(": ") {
+            end += 2;
+        } else if text[end..].starts_with(':') {
+            end += 1;
+        }
+        text.replace_range(at..end, "");
+    }
+    text.trim_end().to_owned()
+}
+
+/// What an authentication refusal means, in the words an operator acts on; `None` when
+/// `text` is not one.
+fn auth_refusal(text: &str) -> Option<&'static str> {
+    let upper = text.to_ascii_uppercase();
+    if upper.contains("NOAUTH") {
+        Some(
+            "requires a password (NOAUTH): give it in REDIS_URL (redis://user:password@host) \
+             or in --password-file",
+        )
+    } else if upper.contains("WRONGPASS") || text.contains("Password authentication failed") {
+        Some(
+            "refused the user or password (WRONGPASS): check the password in REDIS_URL or \
+             --password-file, and the user",
+        )
+    } else {
+        None
     }
 }
 
@@ -109,15 +207,36 @@ impl From<redis::RedisError> for Failure {
     }
 }
 
-/// A handshake the server answered with a refusal of the user (a wrong password, an
-/// unknown user, no permission for the first commands).
-fn is_refused_auth(err: &redis::RedisError) -> bool {
-    matches!(
-        err.kind(),
-        redis::ErrorKind::AuthenticationFailed
-            | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-    ) || {
-        let text = err.to_string().to_ascii_uppercase();
-        text.contains("WRONGPASS") || text.contains("NOPERM") || text.contains("NOAUTH")
+/// A handshake the server answered with a refusal of the user (a wrong password, a
+/// missing one, an unknown user, no permission for the first commands).
+fn is_refused_auth(text: &str) -> bool {
+    let text = text.to_ascii_uppercase();
+    text.contains("WRONGPASS")
+        || text.contains("NOPERM")
+        || text.contains("NOAUTH")
+        || text.contains("PASSWORD AUTHENTICATION FAILED")
+        || text.contains("AUTHENTICATIONFAILED")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain;
+
+    #[test]
+    fn script_internals_are_left_out_of_a_message() {
+        let sha = "cd3132e1d70e96c82e977024374a8f4250ffcaf0";
+        assert_eq!(
+            plain(&format!(
+                "Redis command failed: \"ERR\": boom script: {sha}, on @user_script:122."
+            )),
+            "Redis command failed: \"ERR\": boom"
+        );
+        assert_eq!(
+            plain(&format!(
+                "ERR Error running script (call to f_{sha}): @user_script:12: bad thing"
+            )),
+            "ERR Error running script: bad thing"
+        );
+        assert_eq!(plain("first\nsecond"), "first");
     }
 }

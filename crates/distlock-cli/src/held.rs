@@ -5,14 +5,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome};
+use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome, RwReadGuard};
 
 use crate::args::Hold;
 use crate::exit::{self, Failure};
 
-/// A lock guard or a permit.
+/// A lock guard (a lock's, a fair lock's, or a read-write lock's write side), a read
+/// hold of a read-write lock (`--shared`), or a permit.
 pub enum Held {
     Lock(LockGuard),
+    Read(RwReadGuard),
     Permit(LeasedPermits),
 }
 
@@ -40,6 +42,19 @@ pub async fn take(
             Some(lease) => semaphore.with_lease(lease),
             None => semaphore.with_watchdog(),
         };
+        // A count distlock did not create may be another application's number: never
+        // written unless the operator names it a semaphore.
+        if !hold.adopt_semaphore && !claim_semaphore(client, &hold.name, semaphore.key()).await? {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{} holds a number distlock did not create as a semaphore (another \
+                     application's counter?); not run. If it is a semaphore (Redisson's \
+                     RPermitExpirableSemaphore), pass --adopt-semaphore",
+                    crate::out::shown(&hold.name)
+                ),
+            ));
+        }
         // The first holder sets the count; later ones must ask for the same.
         if !semaphore
             .try_set_permits(i64::from(permits))
@@ -52,10 +67,12 @@ pub async fn take(
                     exit::USAGE,
                     format!(
                         "{} has {total} permits, not {permits}: every run of one name must give \
-                         the same -n (to change it, delete {} and {} while nothing holds a permit)",
-                        hold.name,
+                         the same -n (to change it, delete {}, {} and {} while nothing holds a \
+                         permit)",
+                        crate::out::shown(&hold.name),
                         semaphore.key(),
-                        crate::mark::tagged(&hold.name, "timeout")
+                        crate::mark::tagged(&hold.name, "timeout"),
+                        semaphore_mark(&hold.name)
                     ),
                 ));
             }
@@ -81,12 +98,141 @@ pub async fn take(
             }
         }};
     }
+    if hold.shared || hold.exclusive {
+        let rw = client.rw_lock(hold.name.clone())?;
+        let rw = match hold.lease {
+            Some(lease) => rw.with_lease(lease),
+            None => rw.with_watchdog(),
+        };
+        if hold.shared {
+            let taken = match patience {
+                Patience::None => rw.try_read().await?,
+                Patience::Within(wait) => rw.try_read_for(wait).await?,
+                Patience::Forever => Some(rw.read().await?),
+            };
+            return Ok(taken.map(Held::Read));
+        }
+        let taken = match patience {
+            Patience::None => rw.try_write().await?,
+            Patience::Within(wait) => rw.try_write_for(wait).await?,
+            Patience::Forever => Some(rw.write().await?),
+        };
+        return Ok(taken.map(Held::Lock));
+    }
     let taken = if hold.fair {
         take_lock!(client.fair_lock(hold.name.clone())?)
     } else {
         take_lock!(client.lock(hold.name.clone())?)
     };
     Ok(taken.map(Held::Lock))
+}
+
+/// The key that says distlock created the semaphore `name` (`run -n`): beside it, in
+/// its slot.
+pub fn semaphore_mark(name: &str) -> String {
+    crate::mark::tagged(name, "distlock_semaphore")
+}
+
+/// Whether the count at `key` is a semaphore distlock created, marking it as one when
+/// there is no count yet (see scripts/semaphore_claim.lua).
+async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<bool, Failure> {
+    static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("scripts/semaphore_claim.lua"))
+    });
+    let mut connection = client.connection();
+    let ours: i64 = CLAIM
+        .key(key)
+        .key(semaphore_mark(name))
+        .arg("distlock run -n")
+        .invoke_async(&mut connection)
+        .await?;
+    Ok(ours == 1)
+}
+
+/// Checks, before anything is taken, that what `hold` names can be held by this user:
+/// the name holds nothing, or what the command takes (a lock, a fair lock, a semaphore),
+/// never another application's key; and the ACL user may publish and subscribe on its
+/// channels (a release that cannot be published fails, and leaves the lock held until its
+/// lease ends).
+pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
+    let shown = crate::out::shown(&hold.name);
+    let kind = crate::inspect::kind_of(client, &hold.name).await?;
+    let read_write = hold.shared || hold.exclusive;
+    let fits = match kind.as_str() {
+        "none" => true,
+        "number" => hold.permits.is_some(),
+        "lock" | "fair lock" => hold.permits.is_none() && !read_write,
+        "read-write lock" => read_write,
+        _ => false,
+    };
+    if !fits {
+        let message = match (hold.permits.is_some(), kind.as_str()) {
+            (_, "not a lock") => format!(
+                "{shown} is not a lock or a semaphore (another application's key?); not run"
+            ),
+            (true, kind) => format!(
+                "{shown} is a {kind}, not a semaphore: a lock and a semaphore cannot share a \
+                 name; not run"
+            ),
+            (false, "number") => format!(
+                "{shown} is a semaphore (or another application's number), not a lock: give \
+                 -n to take one of its permits; not run"
+            ),
+            (false, "read-write lock") => format!(
+                "{shown} is a read-write lock: take it with --shared (its read side) or \
+                 --exclusive (its write side); not run"
+            ),
+            (false, kind) if read_write => format!(
+                "{shown} is a {kind}, not a read-write lock: take it without --shared or \
+                 --exclusive; not run"
+            ),
+            (false, kind) => format!("{shown} is a {kind}, not a lock; not run"),
+        };
+        return Err(Failure::new(exit::USAGE, message));
+    }
+    check_channels(client, hold).await
+}
+
+/// Refuses (77) an ACL user that may not publish or subscribe on the channels what
+/// `hold` names uses.
+async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
+    static CHECK: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("scripts/channels_check.lua")));
+    let before = |prefix: &str| {
+        if hold.name.contains('{') {
+            format!("{prefix}:{}", hold.name)
+        } else {
+            format!("{prefix}:{{{}}}", hold.name)
+        }
+    };
+    let channels = if hold.permits.is_some() {
+        vec![before("redisson_sc")]
+    } else if hold.shared || hold.exclusive {
+        vec![before("redisson_rwlock")]
+    } else if hold.fair {
+        // A fair waiter is told on a channel of its own, after the lock's.
+        let channel = before("redisson_lock__channel");
+        vec![format!("{channel}:0"), channel]
+    } else {
+        vec![before("redisson_lock__channel")]
+    };
+    let mut connection = client.connection();
+    let mut invocation = CHECK.key(&hold.name);
+    for channel in &channels {
+        invocation.arg(channel);
+    }
+    let refused: String = invocation.invoke_async(&mut connection).await?;
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        exit::REFUSED,
+        format!(
+            "the Redis user may not {refused} (its ACL lacks the channel): a release could \
+             not be published, and would leave the lock held until its lease ends; not run. \
+             Add &redisson_* to the user's ACL (docs/cli.md)"
+        ),
+    ))
 }
 
 /// How many permits the semaphore has in all: the free ones and the ones held now, read
@@ -125,7 +271,7 @@ impl Held {
     pub fn token(&self) -> Option<u64> {
         match self {
             Held::Lock(guard) => Some(guard.fencing_token()),
-            Held::Permit(_) => None,
+            Held::Read(_) | Held::Permit(_) => None,
         }
     }
 
@@ -133,18 +279,15 @@ impl Held {
     pub fn owner(&self) -> String {
         match self {
             Held::Lock(guard) => guard.owner().to_owned(),
+            Held::Read(guard) => guard.owner().to_owned(),
             Held::Permit(permit) => permit.ids().next().unwrap_or_default().to_owned(),
         }
-    }
-
-    /// Whether only one may hold it (a lock, not a permit).
-    pub fn is_exclusive(&self) -> bool {
-        matches!(self, Held::Lock(_))
     }
 
     pub fn lease_remaining(&self) -> Duration {
         match self {
             Held::Lock(guard) => guard.lease_remaining(),
+            Held::Read(guard) => guard.lease_remaining(),
             Held::Permit(permit) => permit.lease_remaining(),
         }
     }
@@ -153,6 +296,7 @@ impl Held {
     pub fn lost(&self) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         match self {
             Held::Lock(guard) => Box::pin(guard.lost()),
+            Held::Read(guard) => Box::pin(guard.lost()),
             Held::Permit(permit) => Box::pin(permit.lost()),
         }
     }
@@ -161,6 +305,7 @@ impl Held {
     pub async fn verify(&self) -> Result<bool, Failure> {
         match self {
             Held::Lock(guard) => Ok(guard.verify().await?),
+            Held::Read(guard) => Ok(guard.verify().await?),
             Held::Permit(permit) => Ok(permit.verify().await?),
         }
     }
@@ -172,6 +317,8 @@ impl Held {
             Held::Lock(guard) => {
                 guard.leave_to_expire();
             }
+            // Its give-back goes in the background, as a permit's.
+            Held::Read(guard) => drop(guard),
             Held::Permit(permit) => drop(permit),
         }
     }
@@ -179,6 +326,7 @@ impl Held {
     pub async fn release(self) -> Result<ReleaseOutcome, Failure> {
         Ok(match self {
             Held::Lock(guard) => guard.release().await?,
+            Held::Read(guard) => guard.release().await?,
             Held::Permit(permit) => permit.release().await?,
         })
     }

@@ -10,17 +10,22 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::args::{ForceUnlock, List, Status};
+use crate::args::{Fence, ForceUnlock, List, Status};
 use crate::exit::{self, Failure};
-use crate::out::print;
+use crate::out::{print, shown};
 
 /// A lock, or a permit semaphore, as the server has it now.
 #[derive(Debug, Serialize)]
 struct Snapshot {
     name: String,
     held: bool,
-    /// `lock`, `fair lock`, `read-write lock`, `semaphore`, `none`, or `not a lock`.
+    /// `lock`, `fair lock`, `read-write lock`, `semaphore`, `number` (a count that may be
+    /// a semaphore, which distlock did not create), `none`, or `not a lock`.
     kind: String,
+    /// For a semaphore or a number: whether `distlock run -n` created it (its mark
+    /// `{NAME}:distlock_semaphore` is beside it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_by_distlock: Option<bool>,
     /// `read` or `write`, for a read-write lock.
     #[serde(skip_serializing_if = "Option::is_none")]
     mode: Option<String>,
@@ -46,6 +51,13 @@ struct Holder {
     /// A permit's own lease, milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     lease_remaining_ms: Option<u64>,
+    /// Who it is: host, pid, command, start (`host`, `pid`, `command_pid`, `command`,
+    /// `started_at_ms`), when its distlock recorded it (src/holder.rs).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    info: Option<crate::holder::Info>,
+    /// `started_at_ms` as a UTC time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<String>,
 }
 
 impl Snapshot {
@@ -54,6 +66,7 @@ impl Snapshot {
             name: name.to_owned(),
             held: false,
             kind: kind.into(),
+            created_by_distlock: None,
             mode: None,
             holders: Vec::new(),
             lease_remaining_ms: None,
@@ -72,23 +85,57 @@ pub async fn status(client: &distlock::Client, args: &Status) -> Result<u8, Fail
         return Ok(0);
     }
     let mut lines = vec![
-        format!("name:        {}", snapshot.name),
+        format!("name:        {}", shown(&snapshot.name)),
         format!("held:        {}", if snapshot.held { "yes" } else { "no" }),
         format!(
-            "kind:        {}{}",
+            "kind:        {}{}{}",
             snapshot.kind,
             snapshot
                 .mode
                 .as_deref()
-                .map(|mode| format!(" ({mode})"))
-                .unwrap_or_default()
+                .map(|mode| format!(" ({})", shown(mode)))
+                .unwrap_or_default(),
+            match snapshot.created_by_distlock {
+                Some(true) => " (created by distlock run -n)",
+                Some(false) if snapshot.kind == "number" => {
+                    " (not created by distlock: run -n takes it only with --adopt-semaphore)"
+                }
+                Some(false) => " (not created by distlock)",
+                None => "",
+            }
         ),
     ];
     for holder in &snapshot.holders {
         lines.push(match holder.lease_remaining_ms {
-            Some(lease) => format!("holder:      {} ({} left)", holder.owner, seconds(lease)),
-            None => format!("holder:      {} (holds {})", holder.owner, holder.holds),
+            Some(lease) => format!(
+                "holder:      {} ({} left)",
+                shown(&holder.owner),
+                seconds(lease)
+            ),
+            None => format!(
+                "holder:      {} (holds {})",
+                shown(&holder.owner),
+                holder.holds
+            ),
         });
+        if let Some(info) = &holder.info {
+            lines.push(format!(
+                "  host:      {}, pid {}{}",
+                shown(&info.host),
+                info.pid,
+                info.command_pid
+                    .map(|pid| format!(" (command pid {pid})"))
+                    .unwrap_or_default()
+            ));
+            if !info.command.is_empty() {
+                lines.push(format!("  command:   {}", shown(&info.command)));
+            }
+            lines.push(format!(
+                "  since:     {} ({} ago)",
+                crate::holder::utc(info.started_at_ms),
+                seconds(crate::holder::unix_ms().saturating_sub(info.started_at_ms))
+            ));
+        }
     }
     if let Some(lease) = snapshot.lease_remaining_ms {
         lines.push(format!("lease left:  {}", seconds(lease)));
@@ -107,6 +154,56 @@ pub async fn status(client: &distlock::Client, args: &Status) -> Result<u8, Fail
             break;
         }
     }
+    Ok(0)
+}
+
+/// `distlock fence NAME [--at-least N]`: the lock's fencing counter, raised when asked.
+pub async fn fence(client: &distlock::Client, args: &Fence) -> Result<u8, Failure> {
+    let shown = shown(&args.name);
+    let kind = kind_of(client, &args.name).await?;
+    if !matches!(
+        kind.as_str(),
+        "none" | "lock" | "fair lock" | "read-write lock"
+    ) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!("{shown} is a {kind}, not a lock: it has no fencing tokens"),
+        ));
+    }
+    let lock = client.lock(args.name.clone())?;
+    let before = lock.last_fencing_token().await?;
+    let counter = match args.at_least {
+        Some(floor) => lock.advance_fencing_counter(floor).await?,
+        None => before,
+    };
+    if args.json {
+        #[derive(Serialize)]
+        struct Counter<'a> {
+            name: &'a str,
+            /// The highest token handed out, or the counter raised to: the next holder's
+            /// token is larger.
+            counter: u64,
+            raised: bool,
+        }
+        let json = serde_json::to_string(&Counter {
+            name: &args.name,
+            counter,
+            raised: counter > before,
+        })
+        .map_err(|err| Failure::new(exit::INTERNAL, err.to_string()))?;
+        print(&json);
+        return Ok(0);
+    }
+    let line = match args.at_least {
+        Some(_) if counter > before => format!(
+            "{shown}: fencing counter raised from {before} to {counter}; the next holder's token is above it"
+        ),
+        Some(floor) => format!(
+            "{shown}: fencing counter at {counter}, already at least {floor}; not changed"
+        ),
+        None => format!("{shown}: fencing counter at {counter}; the next holder's token is above it"),
+    };
+    print(&line);
     Ok(0)
 }
 
@@ -159,14 +256,14 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
         return Ok(0);
     }
     if !print(&format!(
-        "{:<32} {:<16} {:>10} {:>6}  HOLDER",
-        "NAME", "KIND", "LEASE LEFT", "HOLDS"
+        "{:<32} {:<16} {:>10} {:>6}  {:<16} {:>8}  {:<23}  {:<38}  COMMAND",
+        "NAME", "KIND", "LEASE LEFT", "HOLDS", "HOST", "PID", "STARTED", "HOLDER"
     )) {
         return Ok(0);
     }
     for snapshot in &found {
         let kind = match &snapshot.mode {
-            Some(mode) => format!("{} ({mode})", snapshot.kind),
+            Some(mode) => format!("{} ({})", snapshot.kind, shown(mode)),
             None => snapshot.kind.clone(),
         };
         for holder in &snapshot.holders {
@@ -175,9 +272,26 @@ pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure>
                 .or(snapshot.lease_remaining_ms)
                 .map(seconds)
                 .unwrap_or_else(|| "-".into());
+            let (host, pid, started, command) = match &holder.info {
+                Some(info) => (
+                    shown(&info.host),
+                    info.pid.to_string(),
+                    crate::holder::utc(info.started_at_ms),
+                    shown(&info.command),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), String::new()),
+            };
             let line = format!(
-                "{:<32} {:<16} {:>10} {:>6}  {}",
-                snapshot.name, kind, lease, holder.holds, holder.owner
+                "{:<32} {:<16} {:>10} {:>6}  {:<16} {:>8}  {:<23}  {:<38}  {}",
+                shown(&snapshot.name),
+                kind,
+                lease,
+                holder.holds,
+                host,
+                pid,
+                started,
+                shown(&holder.owner),
+                command
             );
             if !print(&line) {
                 return Ok(0);
@@ -306,8 +420,58 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
     }
 }
 
-/// Reads what `name` holds.
+/// What `name` is now, as `status` says it: `none`, `lock`, `fair lock`, `read-write
+/// lock`, `semaphore`, `number`, or `not a lock`.
+///
+/// Reads the name's key only (TYPE, and a hash's fields or a string's value), so that
+/// `run` can ask it with the ACL `run` needs.
+pub async fn kind_of(client: &distlock::Client, name: &str) -> Result<String, Failure> {
+    let lock = client.lock(name.to_owned())?;
+    let mut connection = client.connection();
+    let (kind, pttl): (String, i64) = redis::pipe()
+        .cmd("TYPE")
+        .arg(lock.key())
+        .pttl(lock.key())
+        .query_async(&mut connection)
+        .await?;
+    Ok(match kind.as_str() {
+        "none" => "none".into(),
+        "hash" => hash_shape(client, &lock, name, pttl).await?.kind,
+        "string" => {
+            let value: Vec<u8> = redis::cmd("GET")
+                .arg(lock.key())
+                .query_async(&mut connection)
+                .await?;
+            let number = std::str::from_utf8(&value)
+                .ok()
+                .and_then(|text| text.parse::<i64>().ok());
+            match number {
+                Some(_) => "number".into(),
+                None => "not a lock".into(),
+            }
+        }
+        _ => "not a lock".into(),
+    })
+}
+
+/// Reads what `name` holds, with each holder's record of who it is.
 async fn snapshot(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
+    let mut snapshot = holding(client, name).await?;
+    if snapshot.held {
+        let mut records = crate::holder::read(client, name).await;
+        for holder in &mut snapshot.holders {
+            holder.info = records.remove(&holder.owner);
+            holder.started_at = holder
+                .info
+                .as_ref()
+                .map(|info| crate::holder::utc(info.started_at_ms));
+        }
+    }
+    Ok(snapshot)
+}
+
+/// Reads what `name` holds.
+async fn holding(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
     let lock = client.lock(name.to_owned())?;
     let mut connection = client.connection();
     let key = lock.key().to_owned();
@@ -341,6 +505,27 @@ async fn lock_snapshot(
     name: &str,
     pttl: i64,
 ) -> Result<Snapshot, Failure> {
+    let mut snapshot = hash_shape(client, lock, name, pttl).await?;
+    if snapshot.kind == "not a lock" {
+        return Ok(snapshot);
+    }
+    let queued = client.fair_lock(name.to_owned())?.queued().await?;
+    if snapshot.kind == "lock" && queued > 0 {
+        snapshot.kind = "fair lock".into();
+    }
+    snapshot.queued = (queued > 0).then(|| u64::try_from(queued).unwrap_or(u64::MAX));
+    snapshot.last_fencing_token = Some(lock.last_fencing_token().await?);
+    Ok(snapshot)
+}
+
+/// A hash at the lock's name: a lock (`lock`, or `read-write lock`) with its holders,
+/// mode and lease when it has a lock's shape, else `not a lock`.
+async fn hash_shape(
+    client: &distlock::Client,
+    lock: &distlock::Lock,
+    name: &str,
+    pttl: i64,
+) -> Result<Snapshot, Failure> {
     let mut connection = client.connection();
     let fields: i64 = redis::cmd("HLEN")
         .arg(lock.key())
@@ -367,6 +552,8 @@ async fn lock_snapshot(
                 owner: field,
                 holds,
                 lease_remaining_ms: None,
+                info: None,
+                started_at: None,
             }),
             _ => return Ok(Snapshot::free(name, "not a lock")),
         }
@@ -377,16 +564,9 @@ async fn lock_snapshot(
     }
     snapshot.held = !snapshot.holders.is_empty();
     snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
-    let queued = client.fair_lock(name.to_owned())?.queued().await?;
-    snapshot.kind = if snapshot.mode.is_some() {
-        "read-write lock".into()
-    } else if queued > 0 {
-        "fair lock".into()
-    } else {
-        "lock".into()
-    };
-    snapshot.queued = (queued > 0).then(|| u64::try_from(queued).unwrap_or(u64::MAX));
-    snapshot.last_fencing_token = Some(lock.last_fencing_token().await?);
+    if snapshot.mode.is_some() {
+        snapshot.kind = "read-write lock".into();
+    }
     Ok(snapshot)
 }
 
@@ -400,15 +580,17 @@ async fn permit_snapshot(
     let semaphore = client.permit_semaphore(name.to_owned())?;
     let mut connection = client.connection();
     let permits_key = crate::mark::tagged(name, "timeout");
-    let ((seconds, micros), permits): ((u64, u64), Vec<(String, f64)>) = redis::pipe()
-        .cmd("TIME")
-        .cmd("ZRANGE")
-        .arg(&permits_key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut connection)
-        .await?;
+    let ((seconds, micros), permits, created): ((u64, u64), Vec<(String, f64)>, bool) =
+        redis::pipe()
+            .cmd("TIME")
+            .cmd("ZRANGE")
+            .arg(&permits_key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .exists(crate::held::semaphore_mark(name))
+            .query_async(&mut connection)
+            .await?;
     if kind == "none" && permits.is_empty() {
         return Ok(Snapshot::free(name, "none"));
     }
@@ -421,7 +603,15 @@ async fn permit_snapshot(
         _ => None,
     };
     let now_ms = seconds * 1000 + micros / 1000;
-    let mut snapshot = Snapshot::free(name, "semaphore");
+    // A count with no permits taken and no mark of distlock's may be any application's
+    // number: it is a semaphore only if the operator says so.
+    let kind = if created || !permits.is_empty() {
+        "semaphore"
+    } else {
+        "number"
+    };
+    let mut snapshot = Snapshot::free(name, kind);
+    snapshot.created_by_distlock = Some(created);
     for (id, deadline) in permits {
         // Deadlines are whole milliseconds on the server's clock.
         let deadline = deadline as u64;
@@ -430,6 +620,8 @@ async fn permit_snapshot(
                 owner: id,
                 holds: 1,
                 lease_remaining_ms: Some(deadline - now_ms),
+                info: None,
+                started_at: None,
             });
         }
     }

@@ -7,6 +7,7 @@
 //! - [`held`]: what is held (a lock, a fair lock, a permit) behind one face;
 //! - [`child`]: the command's process group, signals, and stopping it;
 //! - [`mark`]: the mark that keeps the next holder's command from starting early;
+//! - [`holder`]: who holds a lock (host, pid, command, start), kept beside it;
 //! - [`run`]: `run` and `elect`;
 //! - [`inspect`]: `status`, `list`, `force-unlock`;
 //! - [`exit`]: the exit codes;
@@ -17,6 +18,7 @@ mod child;
 mod connect;
 mod exit;
 mod held;
+mod holder;
 mod inspect;
 mod mark;
 mod out;
@@ -36,11 +38,23 @@ const SHUTDOWN_LIMIT: Duration = Duration::from_millis(500);
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
-    let url_source = matches.value_source("url");
+    if let Err(conflict) = args::settle(&matches, &mut cli) {
+        return Failure::new(exit::USAGE, format!("error: {conflict}")).report();
+    }
+    let mut url_source = matches.value_source("url");
+    // DISTLOCK_URL, like every DISTLOCK_* variable, is below the command line; above
+    // REDIS_URL, which other tools read too.
+    if url_source != Some(clap::parser::ValueSource::CommandLine) {
+        if let Some(url) = std::env::var_os("DISTLOCK_URL").and_then(|url| url.into_string().ok()) {
+            cli.connection.url = url;
+            url_source = Some(clap::parser::ValueSource::EnvVariable);
+        }
+    }
+    out::set_verbose(cli.connection.verbose);
     // One thread: the command is spawned from it, so its parent-death signal is tied to
     // this process. The library runs its own background work on a thread of its own.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -54,13 +68,14 @@ fn main() -> ExitCode {
         let ttl = match &cli.command {
             Command::Run(args) => Some(args.hold.ttl),
             Command::Elect(args) => Some(args.hold.ttl),
+            Command::Hold(args) => Some(args.hold.ttl),
             _ => None,
         };
         // Looking at locks and deleting one must work on a server that may evict keys,
         // to clean up; taking one must not.
         let allow_eviction = matches!(
             &cli.command,
-            Command::Status(_) | Command::List(_) | Command::ForceUnlock(_)
+            Command::Status(_) | Command::List(_) | Command::ForceUnlock(_) | Command::Fence(_)
         );
         let connect =
             async || connect::connect(&cli.connection, url_source, ttl, allow_eviction).await;
@@ -72,9 +87,19 @@ fn main() -> ExitCode {
             _ => connect().await?,
         };
         let code = match &cli.command {
-            Command::Run(args) => run::run(&client, args).await,
+            Command::Run(args) => {
+                run::run(
+                    &client,
+                    &args.hold,
+                    Some(args.program.argv()),
+                    &args.waiting,
+                )
+                .await
+            }
+            Command::Hold(args) => run::run(&client, &args.hold, None, &args.waiting).await,
             Command::Elect(args) => run::elect(&client, args).await,
             Command::Status(args) => inspect::status(&client, args).await,
+            Command::Fence(args) => inspect::fence(&client, args).await,
             Command::List(args) => inspect::list(&client, args).await,
             Command::ForceUnlock(args) => inspect::force_unlock(&client, args).await,
         };

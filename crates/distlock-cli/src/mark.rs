@@ -32,6 +32,12 @@ pub struct Mark {
     /// When the mark set last expires, by the local clock (counted from before the SET
     /// was sent, so never later than the server's).
     expires_at: Option<Instant>,
+    /// Whether the mark may be set: a claim succeeded, or its outcome is unknown (the
+    /// connection failed under it). A mark never set is not cleared.
+    may_exist: bool,
+    /// A shared (read) holder's: it waits for a writer's mark to go, and never sets one
+    /// (readers run beside each other; see docs/cli.md for what that leaves open).
+    shared: bool,
 }
 
 /// How long a stop may spend extending the mark over its grace before it gives up (a
@@ -65,6 +71,17 @@ impl Mark {
             connection: client.connection(),
             key: key(name),
             expires_at: None,
+            may_exist: false,
+            shared: false,
+        }
+    }
+
+    /// The mark of a shared holder of lock `name` (`--shared`): it waits for another
+    /// holder's mark, and sets none.
+    pub fn shared(client: &distlock::Client, name: &str) -> Mark {
+        Mark {
+            shared: true,
+            ..Mark::new(client, name)
         }
     }
 
@@ -113,6 +130,16 @@ impl Mark {
         self.expires_at
     }
 
+    /// The mark's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// When the mark this holder set last expires, by the local clock.
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.expires_at
+    }
+
     /// Sets the mark to `owner` for `ttl` unless another holder's mark is there; `Some`
     /// of how long that one has left when it is.
     async fn claim_once(
@@ -120,27 +147,51 @@ impl Mark {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Duration>, Failure> {
+        if self.shared {
+            let left: i64 = redis::cmd("PTTL")
+                .arg(&self.key)
+                .query_async(&mut self.connection)
+                .await
+                .map_err(|err| self.failure(err))?;
+            return Ok(u64::try_from(left)
+                .ok()
+                .filter(|left| *left > 0)
+                .map(Duration::from_millis));
+        }
         static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/running_claim.lua"))
         });
         let sent_at = Instant::now();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let others_left: u64 = CLAIM
+        let others_left: u64 = match CLAIM
             .key(&self.key)
             .arg(owner)
             .arg(ttl_ms)
             .invoke_async(&mut self.connection)
             .await
-            .map_err(|err| self.failure(err))?;
+        {
+            Ok(left) => left,
+            Err(err) => {
+                // A refusal changed nothing; a broken connection may have set it.
+                if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+                    self.may_exist = true;
+                }
+                return Err(self.failure(err));
+            }
+        };
         if others_left > 0 {
             return Ok(Some(Duration::from_millis(others_left)));
         }
         self.expires_at = Some(sent_at + ttl);
+        self.may_exist = true;
         Ok(None)
     }
 
     /// Removes the mark, if it is still `owner`'s.
     pub async fn clear(&mut self, owner: &str) -> Result<(), Failure> {
+        if !self.may_exist {
+            return Ok(());
+        }
         static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/running_clear.lua"))
         });

@@ -6,12 +6,13 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use crate::args::{Elect, Hold, Run};
+use crate::args::{Elect, Hold, Waiting};
 use crate::child::{code_of, signal_code, Child, Forwarded};
 use crate::exit::{self, Failure};
-use crate::held::{take, Held, Patience};
+use crate::held::{preflight, take, Held, Patience};
+use crate::holder::{Info, Record};
 use crate::mark::Mark;
-use crate::out::say;
+use crate::out::{say, verbose};
 
 /// How often a holder asks the server whether the lock is still its own (one round
 /// trip): a force-unlock or a restarted Redis is noticed this fast, not at the next
@@ -49,6 +50,9 @@ enum Why {
     /// The lease would end within the grace: a fixed `--lease` running out, or renewals
     /// that did not get through.
     LeaseEnding { fixed: bool },
+    /// The lease had ended by the time distlock looked: `late` after its end by the local
+    /// clock (distlock was stopped, or starved, or renewals failed to the last moment).
+    LeaseEnded { late: Duration },
 }
 
 impl Why {
@@ -59,14 +63,31 @@ impl Why {
                 format!("the --lease on {name} was running out; the command was stopped")
             }
             Why::LeaseEnding { fixed: false } => format!(
-                "could not renew {name} (Redis unreachable?); the command was stopped before the lease ran out"
+                "could not renew {name} in time (the renewals did not get through); the command \
+                 was stopped before the lease ran out"
             ),
+            Why::LeaseEnded { late } if late >= PAUSED => format!(
+                "the lease on {name} ended {:.1}s before distlock could act (was distlock \
+                 stopped, or its machine paused?); the command was stopped",
+                late.as_secs_f64()
+            ),
+            Why::LeaseEnded { .. } => {
+                format!("the lease on {name} ended before it was renewed; the command was stopped")
+            }
         }
     }
 }
 
-/// `distlock run`.
-pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
+/// How late after the lease's end distlock must act to say it was paused.
+const PAUSED: Duration = Duration::from_millis(500);
+
+/// `distlock run`, and `distlock hold` (no `command`: the lock is held until a signal).
+pub async fn run(
+    client: &distlock::Client,
+    hold: &Hold,
+    command: Option<Vec<std::ffi::OsString>>,
+    args: &Waiting,
+) -> Result<u8, Failure> {
     let mut signals = Forwarded::install()?;
     let patience = match (args.no_wait, args.wait) {
         (true, _) => Patience::None,
@@ -80,35 +101,53 @@ pub async fn run(client: &distlock::Client, args: &Run) -> Result<u8, Failure> {
         Patience::Forever => None,
     };
     let taken = tokio::select! {
-        taken = take(client, &args.hold, patience) => taken?,
+        taken = async {
+            preflight(client, hold).await?;
+            verbose(|| {
+                let wait = match patience {
+                    Patience::None => "without waiting".to_owned(),
+                    Patience::Within(wait) => {
+                        format!("waiting at most {}", distlock::format_duration(wait))
+                    }
+                    Patience::Forever => "waiting as long as it takes".to_owned(),
+                };
+                format!("taking {}, {wait}", crate::out::shown(&hold.name))
+            });
+            take(client, hold, patience).await
+        } => taken?,
         signal = signals.next() => return Ok(signal_code(signal)),
     };
     let Some(held) = taken else {
         say(&format!(
             "{} is held by someone else; not run",
-            args.hold.name
+            crate::out::shown(&hold.name)
         ));
         return Ok(args.conflict_exit_code);
     };
-    match hold_and_run(client, &args.hold, held, &mut signals, deadline).await? {
+    let job = Job {
+        hold,
+        command: command.as_deref(),
+        announce: None,
+    };
+    match hold_and_run(client, job, held, &mut signals, deadline).await? {
         Ended::Exited(status) => Ok(code_of(status)),
         Ended::Signalled(signal) => Ok(signal_code(signal)),
         Ended::Busy => {
             say(&format!(
                 "the previous holder's command on {} is still stopping; not run",
-                args.hold.name
+                crate::out::shown(&hold.name)
             ));
             Ok(args.conflict_exit_code)
         }
         Ended::LostBeforeStart => {
             say(&format!(
                 "lost {} before the command started; not run",
-                args.hold.name
+                crate::out::shown(&hold.name)
             ));
             Ok(exit::LOST)
         }
         Ended::Stopped(why) => {
-            say(&why.describe(&args.hold.name));
+            say(&why.describe(&crate::out::shown(&hold.name)));
             Ok(exit::LOST)
         }
     }
@@ -137,10 +176,15 @@ pub async fn connect_for_elect(
 
 /// `distlock elect`.
 pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failure> {
+    let hold = &args.hold;
+    let command = args.program.argv();
     let mut signals = Forwarded::install()?;
     loop {
         let taken = tokio::select! {
-            taken = take(client, &args.hold, Patience::Forever) => taken,
+            taken = async {
+                preflight(client, hold).await?;
+                take(client, hold, Patience::Forever).await
+            } => taken,
             signal = signals.next() => return Ok(signal_code(signal)),
         };
         let held = match taken {
@@ -154,25 +198,31 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
             }
             Err(failure) => return Err(failure),
         };
-        say(&format!(
+        // Said once the command starts: after the previous holder's command is gone.
+        let announce = format!(
             "leading {}{}; starting the command",
-            args.hold.name,
+            crate::out::shown(&hold.name),
             held.token()
                 .map(|token| format!(" (fencing token {token})"))
                 .unwrap_or_default()
-        ));
-        match hold_and_run(client, &args.hold, held, &mut signals, None).await {
+        );
+        let job = Job {
+            hold,
+            command: Some(&command),
+            announce: Some(&announce),
+        };
+        match hold_and_run(client, job, held, &mut signals, None).await {
             Ok(Ended::Exited(status)) => return Ok(code_of(status)),
             Ok(Ended::Signalled(signal)) => return Ok(signal_code(signal)),
             Ok(Ended::Busy | Ended::LostBeforeStart) => {
                 say(&format!(
                     "lost {} before the command started; taking it again",
-                    args.hold.name
+                    crate::out::shown(&hold.name)
                 ));
             }
             Ok(Ended::Stopped(why)) => say(&format!(
                 "{}; taking the lock again",
-                why.describe(&args.hold.name)
+                why.describe(&crate::out::shown(&hold.name))
             )),
             // The mark could not be read or written (Redis went away): try again.
             Err(failure) if failure.code == exit::UNAVAILABLE => {
@@ -194,22 +244,52 @@ async fn unavailable(failure: &Failure, signals: &mut Forwarded) -> Option<Signa
     }
 }
 
+/// What runs under the lock.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    hold: &'a Hold,
+    /// `None`: no command (`distlock hold`), held until a signal.
+    command: Option<&'a [std::ffi::OsString]>,
+    /// Said on stderr as the command starts.
+    announce: Option<&'a str>,
+}
+
 /// Runs the command while `held` lasts, then gives it back: on every path, once the
 /// lock is taken, the mark and the lock are cleaned up.
 async fn hold_and_run(
     client: &distlock::Client,
-    hold: &Hold,
+    job: Job<'_>,
     held: Held,
     signals: &mut Forwarded,
     deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
     let owner = held.owner();
-    let mut mark = held.is_exclusive().then(|| Mark::new(client, &hold.name));
-    let ended = run_marked(hold, &held, signals, mark.as_mut(), &owner, deadline).await;
+    verbose(|| {
+        format!(
+            "took {} as {}{}, lease {:.1}s left",
+            crate::out::shown(&job.hold.name),
+            crate::out::shown(&owner),
+            held.token()
+                .map(|token| format!(" with fencing token {token}"))
+                .unwrap_or_default(),
+            held.lease_remaining().as_secs_f64()
+        )
+    });
+    let mark = match &held {
+        Held::Lock(_) => Some(Mark::new(client, &job.hold.name)),
+        Held::Read(_) => Some(Mark::shared(client, &job.hold.name)),
+        Held::Permit(_) => None,
+    };
+    let mut beside = Beside {
+        mark,
+        record: Record::new(client, &job.hold.name, &owner),
+    };
+    let ended = run_marked(job, &held, signals, &mut beside, &owner, deadline).await;
     // The command has exited, whatever happened: its mark can go, then the lock. Bounded:
     // after a loss Redis may be unreachable, and nothing is left to protect.
     let cleanup = async {
-        if let Some(mark) = &mut mark {
+        beside.record.clear().await;
+        if let Some(mark) = &mut beside.mark {
             if let Err(failure) = mark.clear(&owner).await {
                 say(&format!(
                     "could not clear the running mark ({}); it expires with the lease",
@@ -217,14 +297,17 @@ async fn hold_and_run(
                 ));
             }
         }
+        verbose(|| "the command's process group is gone; giving the lock back".into());
         match &ended {
             // Not ours any more: nothing to give back.
-            Ok(Ended::Stopped(Why::Lost) | Ended::LostBeforeStart) => held.abandon(),
+            Ok(Ended::Stopped(Why::Lost | Why::LeaseEnded { .. }) | Ended::LostBeforeStart) => {
+                held.abandon()
+            }
             _ => match held.release().await {
                 Ok(outcome) if outcome.was_lost() && matches!(ended, Ok(Ended::Exited(_))) => {
                     say("the lock had been lost by the time the command exited");
                 }
-                Ok(_) => {}
+                Ok(_) => verbose(|| "released".into()),
                 Err(failure) => say(&format!(
                     "could not release the lock ({}); it expires with its lease",
                     failure.message
@@ -241,19 +324,25 @@ async fn hold_and_run(
 /// Waits for the previous holder's command to be gone, marks the lock, and runs the
 /// command under it.
 async fn run_marked(
-    hold: &Hold,
+    job: Job<'_>,
     held: &Held,
     signals: &mut Forwarded,
-    mut mark: Option<&mut Mark>,
+    beside: &mut Beside,
     owner: &str,
     deadline: Option<Instant>,
 ) -> Result<Ended, Failure> {
-    if let Some(mark) = mark.as_deref_mut() {
+    let Job {
+        hold,
+        command,
+        announce,
+    } = job;
+    if let Some(mark) = beside.mark.as_mut() {
         tokio::select! {
             claimed = mark.claim(owner, held.lease_remaining(), deadline) => {
                 if !claimed? {
                     return Ok(Ended::Busy);
                 }
+                verbose(|| format!("marked the command as running ({})", mark.key()));
             }
             signal = signals.next() => return Ok(Ended::Signalled(signal)),
         }
@@ -271,26 +360,75 @@ async fn run_marked(
     if let Some(token) = held.token() {
         env.push(("DISTLOCK_FENCING_TOKEN", token.to_string()));
     }
-    let mut child = Child::spawn(&hold.command, &env)?;
-    let (why, kill_by) =
-        match supervise(&mut child, held, hold, signals, mark.as_deref_mut(), owner).await? {
-            Supervised::Exited(status) => return Ok(Ended::Exited(status)),
-            Supervised::Stop { why, kill_by } => (why, kill_by),
-        };
-    // The mark must outlive the command: extended over the grace if Redis answers, and
-    // if not, the command is killed before the mark runs out.
-    let kill_at = match mark {
-        Some(mark) => match mark.cover(owner, kill_by).await {
-            Some(expires_at) => {
-                kill_by.min(expires_at.checked_sub(MARK_MARGIN).unwrap_or(expires_at))
+    if let Some(announce) = announce {
+        say(announce);
+    }
+    let mut child = match command {
+        Some(command) => {
+            let child = Child::spawn(command, &env)?;
+            verbose(|| format!("started the command {command:?} ({})", child.describe()));
+            child
+        }
+        // `distlock hold`: what a command would be told goes to stdout, and the lock is
+        // held until a signal.
+        None => {
+            for (key, value) in &env {
+                crate::out::print(&format!("{key}={}", crate::out::shown(value)));
             }
-            None => kill_by,
-        },
+            Child::idle()
+        }
+    };
+    // Who holds it, for status and list: bounded, as the command runs already.
+    let info = Info::now(command, child.pid());
+    let _ = tokio::time::timeout(
+        RECORD_LIMIT,
+        beside.record.write(&info, held.lease_remaining()),
+    )
+    .await;
+    let (why, kill_by) = match supervise(&mut child, held, hold, signals, beside, owner).await? {
+        Supervised::Exited(status) => return Ok(Ended::Exited(status)),
+        Supervised::Stop { why, kill_by } => (why, kill_by),
+    };
+    // SIGTERM at once: the grace was counted back from the lease's end, and no network
+    // wait may come before it.
+    verbose(|| {
+        format!(
+            "stopping the command ({why:?}): SIGTERM now, SIGKILL in {:.3}s at the latest",
+            kill_by
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        )
+    });
+    child.terminate();
+    // The mark must outlive the command: extended over the grace if Redis answers by
+    // then, and if not, the command is killed before the mark runs out.
+    let kill_at = match beside.mark.as_mut() {
+        Some(mark) => {
+            let budget = kill_by.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(budget, mark.cover(owner, kill_by)).await;
+            match mark.expires_at() {
+                Some(expires_at) => {
+                    kill_by.min(expires_at.checked_sub(MARK_MARGIN).unwrap_or(expires_at))
+                }
+                None => kill_by,
+            }
+        }
         None => kill_by,
     };
     child.stop(kill_at).await?;
     Ok(Ended::Stopped(why))
 }
+
+/// What a holder keeps beside the lock while its command runs: the running mark (of a
+/// lock; a shared holder's only waits), and the record of who holds it.
+struct Beside {
+    mark: Option<Mark>,
+    record: Record,
+}
+
+/// How long writing the holder's record may hold up the supervision of a command that
+/// has started.
+const RECORD_LIMIT: Duration = Duration::from_millis(300);
 
 /// How often the group of a command that has exited is looked at, while jobs it left in
 /// the background still run.
@@ -316,7 +454,7 @@ async fn supervise(
     held: &Held,
     hold: &Hold,
     signals: &mut Forwarded,
-    mark: Option<&mut Mark>,
+    beside: &mut Beside,
     owner: &str,
 ) -> Result<Supervised, Failure> {
     // A lease too short for the whole grace gets half of it: SIGTERM at half the lease.
@@ -325,17 +463,29 @@ async fn supervise(
     let mut lost = held.lost();
     // The check runs beside the other branches, so a slow or stopped Redis never holds
     // up the stop at the lease's end.
-    let mut mark = mark;
-    let mut check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
+    let mut check = Box::pin(check_after(held, &mut *beside, owner));
     // The command's own exit status, once it has exited: the lock is kept until the rest
     // of its process group (jobs it left in the background) is gone too.
     let mut exited = None;
     loop {
         // When the lease would end within the grace: renewals have not kept it up.
-        let coming = Instant::now() + held.lease_remaining().saturating_sub(grace);
+        let lease_end = Instant::now() + held.lease_remaining();
+        let coming = lease_end.checked_sub(grace).unwrap_or(lease_end);
+        // Why a loss found now happened: the lease ran out unseen (distlock was stopped),
+        // or the lock was taken away.
+        let lost_why = || {
+            if held.lease_remaining().is_zero() {
+                Why::LeaseEnded {
+                    late: Instant::now().saturating_duration_since(lease_end),
+                }
+            } else {
+                Why::Lost
+            }
+        };
         tokio::select! {
             status = child.wait(), if exited.is_none() => {
                 let status = status?;
+                verbose(|| format!("the command exited: {status}"));
                 if !child.group_alive() {
                     return Ok(Supervised::Exited(status));
                 }
@@ -346,14 +496,20 @@ async fn supervise(
                     return Ok(Supervised::Exited(status));
                 }
             }
-            signal = signals.next() => child.signal(signal),
+            signal = signals.next() => {
+                verbose(|| format!("passing {signal} on to the command"));
+                child.signal(signal);
+            }
             () = &mut lost => {
                 // Gone already (taken away, or its deadline passed): the grace is all
-                // the command gets.
-                return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
+                // the command gets, and never past a lease still running.
+                return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
             }
             () = tokio::time::sleep_until(coming) => {
                 let left = held.lease_remaining();
+                if left.is_zero() {
+                    return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
+                }
                 if left <= grace {
                     // SIGTERM now, SIGKILL as the lease ends: never past it.
                     return Ok(Supervised::Stop {
@@ -364,26 +520,39 @@ async fn supervise(
             }
             still_held = &mut check => {
                 if !still_held {
-                    return Ok(Supervised::Stop { why: Why::Lost, kill_by: Instant::now() + hold.kill_grace });
+                    return Ok(Supervised::Stop { why: lost_why(), kill_by: Instant::now() + grace_within(held, hold) });
                 }
                 drop(check);
-                check = Box::pin(check_after(held, mark.as_deref_mut(), owner));
+                check = Box::pin(check_after(held, &mut *beside, owner));
             }
         }
+    }
+}
+
+/// The grace of a command whose lock is lost: `--kill-grace`, cut to what is left of the
+/// lease by the local clock when some is (the server may still count it as held, and the
+/// next holder may come at its end).
+fn grace_within(held: &Held, hold: &Hold) -> Duration {
+    let left = held.lease_remaining();
+    if left.is_zero() {
+        hold.kill_grace
+    } else {
+        hold.kill_grace.min(left)
     }
 }
 
 /// After [`VERIFY_EVERY`], asks whether the lock is still held, and keeps the running
 /// mark as long as the lease just confirmed. False only when the server says it is not
 /// held: an unreachable Redis leaves the decision to the lease's own deadline.
-async fn check_after(held: &Held, mark: Option<&mut Mark>, owner: &str) -> bool {
+async fn check_after(held: &Held, beside: &mut Beside, owner: &str) -> bool {
     tokio::time::sleep(VERIFY_EVERY).await;
     match held.verify().await {
         Ok(false) => false,
         Ok(true) => {
-            if let Some(mark) = mark {
+            if let Some(mark) = &mut beside.mark {
                 let _ = mark.set(owner, held.lease_remaining()).await;
             }
+            beside.record.keep(held.lease_remaining()).await;
             true
         }
         Err(_) => true,
