@@ -764,7 +764,10 @@ async fn a_redisson_waiter_that_gives_up_moves_the_distlock_waiter_behind_it_up(
             .invoke_async(&mut conn)
             .await
             .unwrap();
-        assert_eq!(queued(&mut conn, "quit").await, std::slice::from_ref(&distlock_waiter));
+        assert_eq!(
+            queued(&mut conn, "quit").await,
+            std::slice::from_ref(&distlock_waiter)
+        );
         let after = score_left_ms(&mut conn, "quit", &distlock_waiter).await;
         assert!(
             (before - after - 300_000).abs() < 2_000,
