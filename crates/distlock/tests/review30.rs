@@ -191,3 +191,74 @@ async fn a_stale_distlock_hash_entry_hides_a_redisson_waiter_and_its_entry_expir
     })
     .await;
 }
+
+/// Change 4 ("all permit counts are i64"), at the top of the range (the drain itself is
+/// older: try_set_permits took a u64 up to i64::MAX before too): `semaphore_drain.lua`
+/// returns the free count as a Lua number (a double), so a count above 2^53 comes back
+/// rounded, and i64::MAX does not survive the trip: the caller is told it took a number
+/// of permits other than the ones it took (which are all gone from the semaphore).
+#[tokio::test]
+async fn drain_permits_reports_a_count_other_than_it_took_above_two_to_the_53() {
+    let server = server().await;
+    let client = client(&server).await;
+    bounded(LIMIT, async {
+        let mut wrong = Vec::new();
+        for (name, free) in [("drain-53", (1i64 << 53) + 1), ("drain-max", i64::MAX)] {
+            let semaphore = client.semaphore(name).unwrap();
+            assert!(semaphore.try_set_permits(free).await.unwrap().is_set());
+            let drained = semaphore.drain_permits().await;
+            let left = semaphore.available_permits().await.unwrap();
+            if !matches!(drained, Ok(n) if n == free) {
+                wrong.push(format!("{free} free: drain_permits answered {drained:?}, {left} left"));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    })
+    .await;
+}
+
+/// The same in watchdog mode: the timer task panics, its slot is freed, and lost()'s loop
+/// starts another at each renewal, so a holder that waits on lost() in such a body panics
+/// a task every third of the watchdog timeout for as long as it holds the lock.
+#[test]
+fn lost_awaited_in_a_block_on_without_a_timer_panics_at_every_renewal() {
+    let panics = timer_panics();
+    let setup = common::runtime_with(true, 2);
+    let (server, client, guard) = setup.block_on(async {
+        let server = server().await;
+        let client = client_with_watchdog(&server, Duration::from_millis(900)).await;
+        let guard = client.lock("no-timer-watchdog").unwrap().lock().await.unwrap();
+        (server, client, guard)
+    });
+    let before = panics.load(Ordering::SeqCst);
+    let lost = guard.lost();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let plain = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        let fired = plain.block_on(async move {
+            tokio::select! {
+                _ = lost => true,
+                _ = stop_rx => false,
+            }
+        });
+        let _ = done_tx.send(fired);
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = stop_tx.send(());
+    let fired = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the block_on ended");
+    let during = panics.load(Ordering::SeqCst) - before;
+    eprintln!("3 s of lost() in a block_on without a timer, 900 ms watchdog: fired {fired}, {during} task panic(s)");
+    assert!(!fired, "lost() fired while the lock was renewed");
+    assert_eq!(during, 0, "{during} task panics (\"timers are disabled\") in 3 s of awaiting lost()");
+    drop(guard);
+    setup.block_on(async move {
+        client.shutdown().await;
+        drop(server);
+    });
+}
