@@ -262,3 +262,58 @@ fn lost_awaited_in_a_block_on_without_a_timer_panics_at_every_renewal() {
         drop(server);
     });
 }
+
+/// Change 2, in a test with paused time (`#[tokio::test(start_paused = true)]`, or any
+/// runtime built with `start_paused(true)`): lost() awaited in the body now starts the
+/// signal's deadline timer as a task on that runtime, whose clock auto-advances to the
+/// timer as soon as the runtime is idle. The timer then reads that runtime's (paused,
+/// advanced) clock, finds the deadline passed and marks a renewed, live holding lost:
+/// lost() fires at once, and the guard says is_lost() while the server still has the
+/// lock. Before the change, lost() in a block_on body kept time on the client's clock.
+#[test]
+fn lost_awaited_in_a_paused_block_on_body_fires_while_the_lock_is_held() {
+    let setup = common::runtime_with(true, 2);
+    let (server, client, guard) = setup.block_on(async {
+        let server = server().await;
+        let client = client(&server).await;
+        let guard = client.lock("paused").unwrap().lock().await.unwrap();
+        (server, client, guard)
+    });
+    let lost = guard.lost();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let paused = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let fired = paused.block_on(async move {
+            tokio::select! {
+                _ = lost => true,
+                _ = stop_rx => false,
+            }
+        });
+        let _ = done_tx.send((fired, started.elapsed()));
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = stop_tx.send(());
+    let (fired, after) = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the block_on ended");
+    let (held, lost_now) = setup.block_on(async {
+        let mut conn = raw(&server).await;
+        (common::holds(&mut conn, &guard).await, guard.is_lost())
+    });
+    eprintln!("paused block_on: lost() fired {fired} after {after:?}; server holds: {held}; is_lost: {lost_now}");
+    assert!(
+        !fired && !lost_now,
+        "lost() fired after {after:?} (real time) of a 30 s watchdog lease while the server still holds the lock ({held}); is_lost() = {lost_now}"
+    );
+    drop(guard);
+    setup.block_on(async move {
+        client.shutdown().await;
+        drop(server);
+    });
+}
