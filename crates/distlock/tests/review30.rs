@@ -317,3 +317,52 @@ fn lost_awaited_in_a_paused_block_on_body_fires_while_the_lock_is_held() {
         drop(server);
     });
 }
+
+/// Change 3: the listener asks the server once per message, and if that one question
+/// fails (here: the server stalls for 700 ms, longer than the client's 200 ms response
+/// timeout, right after the force-unlock's message) it drops the message and goes back to
+/// waiting for another (holding.rs, still_held_after_message: `Err(_) => true`). No
+/// other message comes for a deleted lock, so the force-unlock is noticed only at the
+/// next watchdog renewal (10 s here), not "about a round trip after the message".
+#[tokio::test]
+async fn a_force_unlock_whose_question_times_out_is_noticed_only_at_the_next_renewal() {
+    let server = server().await;
+    let holder = distlock::Client::builder()
+        .response_timeout(Duration::from_millis(200))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let guard = holder.lock("stalled-ask").unwrap().lock().await.unwrap();
+        let token = guard.lost_token();
+        common::until_subscribers(&conn, "redisson_lock__channel:{stalled-ask}", 1).await;
+        let started = Instant::now();
+        // Redisson's force-unlock (DEL, then the release message), and a server stall of
+        // 700 ms right after it, in one pipeline.
+        let _: () = redis::pipe()
+            .cmd("DEL")
+            .arg("stalled-ask")
+            .ignore()
+            .cmd("PUBLISH")
+            .arg("redisson_lock__channel:{stalled-ask}")
+            .arg("0")
+            .ignore()
+            .cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(700)
+            .arg("ALL")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let noticed = tokio::time::timeout(Duration::from_secs(12), token.cancelled()).await;
+        let gap = started.elapsed();
+        eprintln!("force-unlock followed by a 700 ms stall: lost after {gap:?} (noticed: {})", noticed.is_ok());
+        assert!(
+            gap < Duration::from_secs(2),
+            "a force-unlock followed by a 700 ms server stall was noticed only after {gap:?}"
+        );
+    })
+    .await;
+}
