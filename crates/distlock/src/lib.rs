@@ -54,6 +54,7 @@ mod client;
 mod config;
 /// CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with (shared with build.rs).
 mod crc16;
+mod deadline_clock;
 mod duration;
 mod engine;
 mod error;

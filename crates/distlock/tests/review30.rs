@@ -1,6 +1,7 @@
 //! Review 30: attacks on issue 30's changes (fair-lock queue keys kept for Redisson
 //! waiters, lost() timing in a block_on body, the holder's listener on the lock's channel,
-//! i64 permit counts). Each test here failed against the reviewed code.
+//! i64 permit counts). Each test here failed against the reviewed code (each comment tells
+//! the break it found) and passes since its fix.
 
 mod common;
 
@@ -20,7 +21,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// DECRBY takes more than was free: the count goes to -1 and the caller holds permits that
 /// did not exist.
 #[tokio::test]
-async fn an_ask_above_two_to_the_53_takes_more_permits_than_are_free() {
+async fn an_ask_above_two_to_the_53_never_takes_more_permits_than_are_free() {
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
@@ -62,7 +63,7 @@ fn timer_panics() -> &'static AtomicUsize {
 /// ("timers are disabled"); in a binary built with `panic = "abort"` that ends the
 /// process. Before the change lost() in a block_on body started nothing there.
 #[test]
-fn lost_awaited_in_a_block_on_without_a_timer_panics_a_task() {
+fn lost_awaited_in_a_block_on_without_a_timer_panics_no_task() {
     let panics = timer_panics();
     let setup = common::runtime_with(true, 2);
     let (server, client, guard) = setup.block_on(async {
@@ -94,7 +95,9 @@ fn lost_awaited_in_a_block_on_without_a_timer_panics_a_task() {
         .recv_timeout(Duration::from_secs(10))
         .expect("lost() completed within 10 s of a 1.5 s lease");
     let during = panics.load(Ordering::SeqCst) - before;
-    eprintln!("lost() in a block_on without a timer: fired after {fired:?}, {during} task panic(s)");
+    eprintln!(
+        "lost() in a block_on without a timer: fired after {fired:?}, {during} task panic(s)"
+    );
     assert_eq!(
         during, 0,
         "awaiting lost() in a block_on of a runtime without a timer panicked {during} task(s) (\"timers are disabled\"); it fired after {fired:?}"
@@ -134,7 +137,7 @@ async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec
 /// score out; with a real one, the same happens whenever no distlock script runs between
 /// its alive time passing and its score passing (only Redisson clients active meanwhile).
 #[tokio::test]
-async fn a_stale_distlock_hash_entry_hides_a_redisson_waiter_and_its_entry_expires() {
+async fn a_stale_distlock_hash_entry_does_not_hide_a_redisson_waiter() {
     let server = server().await;
     let b = client_with_watchdog(&server, Duration::from_secs(2)).await;
     let mut conn = raw(&server).await;
@@ -198,7 +201,7 @@ async fn a_stale_distlock_hash_entry_hides_a_redisson_waiter_and_its_entry_expir
 /// rounded, and i64::MAX does not survive the trip: the caller is told it took a number
 /// of permits other than the ones it took (which are all gone from the semaphore).
 #[tokio::test]
-async fn drain_permits_reports_a_count_other_than_it_took_above_two_to_the_53() {
+async fn drain_permits_reports_the_count_it_took_above_two_to_the_53() {
     let server = server().await;
     let client = client(&server).await;
     bounded(LIMIT, async {
@@ -209,7 +212,9 @@ async fn drain_permits_reports_a_count_other_than_it_took_above_two_to_the_53() 
             let drained = semaphore.drain_permits().await;
             let left = semaphore.available_permits().await.unwrap();
             if !matches!(drained, Ok(n) if n == free) {
-                wrong.push(format!("{free} free: drain_permits answered {drained:?}, {left} left"));
+                wrong.push(format!(
+                    "{free} free: drain_permits answered {drained:?}, {left} left"
+                ));
             }
         }
         assert!(wrong.is_empty(), "{wrong:#?}");
@@ -221,13 +226,18 @@ async fn drain_permits_reports_a_count_other_than_it_took_above_two_to_the_53() 
 /// starts another at each renewal, so a holder that waits on lost() in such a body panics
 /// a task every third of the watchdog timeout for as long as it holds the lock.
 #[test]
-fn lost_awaited_in_a_block_on_without_a_timer_panics_at_every_renewal() {
+fn lost_awaited_in_a_block_on_without_a_timer_panics_at_no_renewal() {
     let panics = timer_panics();
     let setup = common::runtime_with(true, 2);
     let (server, client, guard) = setup.block_on(async {
         let server = server().await;
         let client = client_with_watchdog(&server, Duration::from_millis(900)).await;
-        let guard = client.lock("no-timer-watchdog").unwrap().lock().await.unwrap();
+        let guard = client
+            .lock("no-timer-watchdog")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
         (server, client, guard)
     });
     let before = panics.load(Ordering::SeqCst);
@@ -255,7 +265,10 @@ fn lost_awaited_in_a_block_on_without_a_timer_panics_at_every_renewal() {
     let during = panics.load(Ordering::SeqCst) - before;
     eprintln!("3 s of lost() in a block_on without a timer, 900 ms watchdog: fired {fired}, {during} task panic(s)");
     assert!(!fired, "lost() fired while the lock was renewed");
-    assert_eq!(during, 0, "{during} task panics (\"timers are disabled\") in 3 s of awaiting lost()");
+    assert_eq!(
+        during, 0,
+        "{during} task panics (\"timers are disabled\") in 3 s of awaiting lost()"
+    );
     drop(guard);
     setup.block_on(async move {
         client.shutdown().await;
@@ -271,7 +284,7 @@ fn lost_awaited_in_a_block_on_without_a_timer_panics_at_every_renewal() {
 /// lost() fires at once, and the guard says is_lost() while the server still has the
 /// lock. Before the change, lost() in a block_on body kept time on the client's clock.
 #[test]
-fn lost_awaited_in_a_paused_block_on_body_fires_while_the_lock_is_held() {
+fn lost_awaited_in_a_paused_block_on_body_does_not_fire_while_the_lock_is_held() {
     let setup = common::runtime_with(true, 2);
     let (server, client, guard) = setup.block_on(async {
         let server = server().await;
@@ -325,7 +338,7 @@ fn lost_awaited_in_a_paused_block_on_body_fires_while_the_lock_is_held() {
 /// other message comes for a deleted lock, so the force-unlock is noticed only at the
 /// next watchdog renewal (10 s here), not "about a round trip after the message".
 #[tokio::test]
-async fn a_force_unlock_whose_question_times_out_is_noticed_only_at_the_next_renewal() {
+async fn a_force_unlock_whose_question_times_out_is_noticed_when_asked_again() {
     let server = server().await;
     let holder = distlock::Client::builder()
         .response_timeout(Duration::from_millis(200))
@@ -358,7 +371,10 @@ async fn a_force_unlock_whose_question_times_out_is_noticed_only_at_the_next_ren
             .unwrap();
         let noticed = tokio::time::timeout(Duration::from_secs(12), token.cancelled()).await;
         let gap = started.elapsed();
-        eprintln!("force-unlock followed by a 700 ms stall: lost after {gap:?} (noticed: {})", noticed.is_ok());
+        eprintln!(
+            "force-unlock followed by a 700 ms stall: lost after {gap:?} (noticed: {})",
+            noticed.is_ok()
+        );
         assert!(
             gap < Duration::from_secs(2),
             "a force-unlock followed by a 700 ms server stall was noticed only after {gap:?}"

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::registry::{lock_registry, Entry, Registry, Shared};
-use crate::runtime::sleep_until_on;
+use crate::deadline_clock;
 
 /// A holding's entry in the watchdog. Dropping it ends the entry without a lost signal:
 /// the holding is over.
@@ -77,10 +77,9 @@ impl Lease {
 
     /// Completes with `true` when the lease is lost (the watchdog said so, or the local
     /// deadline came), or with `false` when the holding ended without being lost. It
-    /// watches a clock itself, so a watchdog that cannot run delays nothing. In a task it
-    /// spawns nothing; polled by a `block_on` it starts the signal's deadline timer on
-    /// that runtime (once per runtime), so that neither a starved clients' thread nor a
-    /// runtime whose workers are all busy delays it alone.
+    /// watches the deadline clock itself (a thread that does nothing else), so neither a
+    /// watchdog that cannot run nor the awaiting runtime's timer (missing, paused or
+    /// busy) delays it, and it spawns nothing.
     pub(crate) fn watch(&self) -> impl Future<Output = bool> + Send + 'static {
         let registry = Arc::clone(&self.shared.registry);
         let id = self.id;
@@ -90,36 +89,39 @@ impl Lease {
                 if signal.is_cancelled() {
                     return true;
                 }
-                let (fire, runtime) = {
-                    let registry = lock_registry(&registry);
-                    match (registry.entries.get(&id), &registry.runtime) {
-                        (Some(entry), _) if entry.lost => return true,
-                        (Some(entry), Some(runtime)) => (entry.fire_at(), runtime.clone()),
-                        // The holding is over (or the client with it).
-                        _ => return false,
+                let fire = {
+                    let mut registry = lock_registry(&registry);
+                    if registry.runtime.is_none() {
+                        // The client is gone (its shutdown marked every holding lost).
+                        return registry.entries.get(&id).is_some_and(|entry| entry.lost);
                     }
+                    let Some(entry) = registry.entries.get_mut(&id) else {
+                        // The holding is over.
+                        return false;
+                    };
+                    if entry.lost {
+                        return true;
+                    }
+                    let fire = entry.fire_at().into_std();
+                    // The standard clock: a paused test clock must not fire the signal.
+                    if fire <= std::time::Instant::now() {
+                        // Marked here, not only by the watchdog a moment later, so that
+                        // is_lost() and every token agree with this future at once.
+                        tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
+                        entry.mark_lost();
+                        return true;
+                    }
+                    fire
                 };
-                if fire <= Instant::now() {
-                    return true;
-                }
-                // Polled by a `block_on` (the body of `#[tokio::main]`), not in a task: the
-                // sleep below is on the client's clock, and the clients' thread may be
-                // starved. This runtime's clock is driven too (by its workers, or by this
-                // `block_on`), so the signal's deadline timer runs here as well, once per
-                // runtime: whichever clock runs first fires the signal.
-                if let Ok(here) = tokio::runtime::Handle::try_current() {
-                    if tokio::task::try_id().is_none() && here.id() != runtime.id() {
-                        let _ = signal_of(&registry, id, Some(&here));
-                    }
-                }
                 // A renewal moves the deadline; look again when the old one comes. The
                 // holding ending drops the parent signal, which does not cancel this
                 // child: the look at the deadline then finds the entry gone.
-                // Timed on a clock that is driven wherever this is polled (another
-                // executor, a `block_on` of a busy runtime): see `sleep_until_on`.
+                // Timed by the deadline clock, which no runtime can hold up: not this
+                // one's timer (it may have none, or a paused one), not the clients'
+                // thread (it may be starved).
                 tokio::select! {
                     _ = signal.cancelled() => return true,
-                    _ = sleep_until_on(&runtime, fire) => {}
+                    _ = deadline_clock::sleep_until(fire) => {}
                 }
             }
         }
@@ -269,30 +271,32 @@ fn start_signal_timer(
     let timer = async move {
         let _gone = gone;
         loop {
-            let (fire, runtime) = {
+            let fire = {
                 let mut registry = lock_registry(&registry);
-                let runtime = registry.runtime.clone();
+                if registry.runtime.is_none() {
+                    // The client is gone; its shutdown marked every holding lost.
+                    return;
+                }
                 let Some(entry) = registry.entries.get_mut(&id) else {
                     return;
                 };
                 if entry.lost {
                     return;
                 }
-                let fire = entry.fire_at();
-                if fire <= Instant::now() {
+                let fire = entry.fire_at().into_std();
+                // The standard clock: a paused test clock must not fire the signal.
+                if fire <= std::time::Instant::now() {
                     tracing::warn!(lock = %entry.key, owner = %entry.owner, "{}", entry.expiry());
                     entry.mark_lost();
                     return;
                 }
-                match runtime {
-                    Some(runtime) => (fire, runtime),
-                    // The client is gone; its shutdown marked every holding lost.
-                    None => return,
-                }
+                fire
             };
+            // The deadline clock needs no timer on `on` (it may have none, or a paused
+            // one) and no free clients' thread.
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = sleep_until_on(&runtime, fire) => {}
+                _ = deadline_clock::sleep_until(fire) => {}
             }
         }
     };

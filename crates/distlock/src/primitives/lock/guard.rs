@@ -192,17 +192,13 @@ impl LockGuard {
     /// trip), or shorten the watchdog timeout
     /// ([`ClientBuilder::watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)).
     ///
-    /// It keeps time wherever it is awaited, on two clocks, and completes at the deadline
-    /// by whichever runs first: the clients' own background thread (whose watchdog fires
-    /// the signal), and the awaiting runtime's timer. In a task, the future watches that
-    /// runtime's clock itself; awaited directly in a `block_on` body (the body of
-    /// `#[tokio::main]`, as in the README), it starts one small timer task on that
-    /// runtime (once per holding and runtime, ended with the holding). So it is on time
-    /// when the clients' thread is starved (`starved.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_the_clients_thread_is_starved`),
-    /// and when every worker of the awaiting runtime is busy
-    /// (`runtimes.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_every_worker_is_blocked`);
-    /// only both at once make it late. Outside any runtime it keeps time on the clients'
-    /// thread.
+    /// It keeps time wherever it is awaited: in a task, directly in a `block_on` body (the
+    /// body of `#[tokio::main]`, as in the README), or outside any runtime. The deadline
+    /// is kept by a thread of distlock's that does nothing else, on the standard clock,
+    /// not by the awaiting runtime's timer (which may be missing, paused or busy) nor by
+    /// the clients' background thread (which may be starved)
+    /// (`starved.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_the_clients_thread_is_starved`,
+    /// `runtimes.rs::lost_awaited_in_a_tokio_main_body_fires_at_the_deadline_while_every_worker_is_blocked`).
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.hold.holding_arc().watch_for_unlock();
         let watch = self.hold.holding().lease_entry.watch();
@@ -222,8 +218,9 @@ impl LockGuard {
     /// force-unlock cancels it about a round trip after its message.
     ///
     /// It is cancelled by the lease deadline itself, not only by the client's watchdog: the
-    /// first call starts one small timer task on the caller's runtime (the client's own
-    /// when called outside one), which ends with the holding.
+    /// first call starts one small task on the caller's runtime (the client's own when
+    /// called outside one), woken at the deadline by distlock's deadline clock (so that
+    /// runtime needs no timer), which ends with the holding.
     pub fn lost_token(&self) -> CancellationToken {
         self.hold.holding_arc().watch_for_unlock();
         self.hold.holding().lease_entry.lost_token()

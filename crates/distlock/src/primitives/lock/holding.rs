@@ -259,27 +259,32 @@ impl Holding {
     /// holds the lock, and marks the holding lost if not. Returns whether to keep
     /// listening.
     async fn still_held_after_message(&self) -> bool {
-        if !self.lease_entry.is_held_and_open() {
-            return false;
-        }
-        match self.ask_server().await {
-            Ok(true) => true,
-            Ok(false) => {
-                if self.lease_entry.mark_lost_unless_closing() {
-                    tracing::warn!(
-                        lock = %self.name,
-                        owner = %self.owner,
-                        "the lock's channel announced a release, and the server says this \
-                         holding no longer owns the lock (force-unlocked or deleted); the lock is lost"
-                    );
-                }
-                false
+        // A question that fails (a timeout, a dropped connection) is asked again until it
+        // is answered: the message that prompted it comes once, and a deleted lock sends
+        // no other, so dropping it would leave the loss to the next renewal.
+        let mut pause = Duration::from_millis(20);
+        loop {
+            if !self.lease_entry.is_held_and_open() {
+                return false;
             }
-            Err(err) => {
-                // The watchdog and the deadline still watch; the next message, or the
-                // hub's reconnect, asks again.
-                tracing::debug!(lock = %self.name, error = %err, "could not ask whether a lock announced on its channel is still held");
-                true
+            match self.ask_server().await {
+                Ok(true) => return true,
+                Ok(false) => {
+                    if self.lease_entry.mark_lost_unless_closing() {
+                        tracing::warn!(
+                            lock = %self.name,
+                            owner = %self.owner,
+                            "the lock's channel announced a release, and the server says this \
+                             holding no longer owns the lock (force-unlocked or deleted); the lock is lost"
+                        );
+                    }
+                    return false;
+                }
+                Err(err) => {
+                    tracing::debug!(lock = %self.name, error = %err, "could not ask whether a lock announced on its channel is still held; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
             }
         }
     }

@@ -111,39 +111,60 @@ local function join_queue(lock, queue, timeouts, owner, wait, now)
 end
 
 -- Whether a Redisson waiter is queued: an entry scored in the sorted set with none in
--- distlock's hash (a dead distlock waiter whose hash entry went counts too, harmlessly).
+-- distlock's hash. Redisson's scripts drop a gone distlock waiter from the list and the
+-- set but never from distlock's hash, and each such leftover would hide one Redisson
+-- waiter from a count of the two: when the counts alone do not show one, the leftovers
+-- are cleared (one ZSCORE per distlock waiter) before counting again.
 local function redissons_queued(timeouts, waiters)
-    return redis.call('zcard', timeouts) > redis.call('hlen', waiters)
-end
-
--- With a Redisson waiter queued, the queue's keys must not expire: Redisson's scripts never
--- set an expiry and keep a waiter until its score passes, so an expiry a distlock waiter
--- set earlier would take the Redisson waiter's entry with it, and later arrivals would be
--- served first. Run after every change that takes a distlock waiter out of a queue others
--- are still in (it may have been the one whose refreshes set the expiry). A user whose ACL
--- predates PERSIST in the documented minimal ACL gets the next best thing: the keys last
--- one wait past the last score, which covers every waiter queued so far and one more
--- Redisson waiter behind them. Returns whether a Redisson waiter is queued.
-local function keep_for_redissons(queue, timeouts, waiters, now, wait)
-    if not redissons_queued(timeouts, waiters) then
+    local scored = redis.call('zcard', timeouts)
+    local listed = redis.call('hlen', waiters)
+    if scored > listed then
+        return true
+    end
+    if scored == 0 then
         return false
     end
+    local entries = redis.call('hgetall', waiters)
+    for i = 1, #entries, 2 do
+        if not redis.call('zscore', timeouts, entries[i]) then
+            redis.call('hdel', waiters, entries[i])
+            listed = listed - 1
+        end
+    end
+    return scored > listed
+end
+
+-- Keeps the queue's keys from expiring, as Redisson keeps them: PERSIST, or, for a user
+-- whose ACL predates PERSIST in the documented minimal ACL, the next best thing: the keys
+-- last one wait past the last score, which covers every waiter queued so far and one
+-- more Redisson waiter behind them.
+local function persist_queue(queue, timeouts, waiters, now, wait)
     if redis.call('pttl', queue) == -1 then
-        return true
+        return
     end
     local keys = { queue, timeouts, waiters }
     if not redis.acl_check_cmd or redis.acl_check_cmd('persist', queue) then
         for _, key in ipairs(keys) do
             redis.call('persist', key)
         end
-        return true
+        return
     end
     local last = redis.call('zrange', timeouts, -1, -1, 'withscores')
     local until_ms = math.floor((tonumber(last[2]) or now) - now + wait) + 1000
     for _, key in ipairs(keys) do
         redis.call('pexpire', key, until_ms)
     end
-    return true
+end
+
+-- With a Redisson waiter queued, the queue's keys must not expire: Redisson's scripts never
+-- set an expiry and keep a waiter until its score passes, so an expiry a distlock waiter
+-- set earlier would take the Redisson waiter's entry with it, and later arrivals would be
+-- served first. Run after every change that takes a distlock waiter out of a queue others
+-- are still in (it may have been the one whose refreshes set the expiry).
+local function keep_for_redissons(queue, timeouts, waiters, now, wait)
+    if redis.call('pttl', queue) ~= -1 and redissons_queued(timeouts, waiters) then
+        persist_queue(queue, timeouts, waiters, now, wait)
+    end
 end
 
 -- Lets the queue's keys expire once every distlock waiter in them would be gone, so a
@@ -151,12 +172,18 @@ end
 -- themselves when emptied). Keys with more than half an alive time left are left as they
 -- are: each waiter refreshes its place three times per alive time, and setting the
 -- expiries was most of what a refresh cost. With a Redisson waiter queued the keys are
--- kept instead, as Redisson keeps them (keep_for_redissons).
+-- kept instead, as Redisson keeps them; the full count (redissons_queued) runs only when
+-- an expiry is about to be set, so a refresh of a queue of distlock's waiters stays cheap.
 local function expire_queue(queue, timeouts, waiters, now, alive_ms, wait)
-    if keep_for_redissons(queue, timeouts, waiters, now, wait) then
+    if redis.call('zcard', timeouts) > redis.call('hlen', waiters) then
+        persist_queue(queue, timeouts, waiters, now, wait)
         return
     end
     if redis.call('pttl', waiters) > alive_ms / 2 + 1000 then
+        return
+    end
+    if redissons_queued(timeouts, waiters) then
+        persist_queue(queue, timeouts, waiters, now, wait)
         return
     end
     local until_ms = math.floor(alive_ms) + 1000
@@ -220,7 +247,7 @@ local function refused_queue_access(lock, queue, timeouts, waiters, channel, pub
         and check('zcard', timeouts) and check('zadd', timeouts, '1', 'o')
         and check('zincrby', timeouts, '1', 'o') and check('zrem', timeouts, 'o')
         and check('pexpire', timeouts, '1')
-        and check('hget', waiters, 'o') and check('hlen', waiters)
+        and check('hget', waiters, 'o') and check('hlen', waiters) and check('hgetall', waiters)
         and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
         and check('pexpire', waiters, '1')
         and check('pttl', queue)

@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  the semaphore
 --
--- Returns how many permits it took (0 when there were none, or no semaphore), or fails
+-- Returns how many permits it took, as the decimal text of the count it found (0, a
+-- number, when there were none, or no semaphore), or fails
 -- when the key holds something else than a count.
 local free = redis.call('get', KEYS[1])
 if free == false then
@@ -16,4 +17,5 @@ if count <= 0 then
     return 0
 end
 redis.call('set', KEYS[1], 0)
-return count
+-- The count as Redis kept it: a Lua number (a double) is not exact above 2^53.
+return free
