@@ -116,6 +116,51 @@ async fn after_a_restart_the_fencing_counter_is_advanced_past_what_a_resource_sa
     .await;
 }
 
+/// Review of issue 30: a counter someone wrote above 2^63 - 1 (INCR fails on it, so every
+/// acquisition is refused) is not a counter to keep: advancing it replaces it with the
+/// floor, and tokens start above that. One at exactly 2^63 - 1 handed out the last token
+/// and is kept (lowering it would repeat tokens).
+#[tokio::test]
+async fn advancing_replaces_a_counter_too_large_for_a_token() {
+    let server = server().await;
+    let client = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = client.lock("oversized").unwrap();
+        lock.lock().await.unwrap().release().await.unwrap();
+        let counters: Vec<String> = redis::cmd("KEYS")
+            .arg("distlock_fence:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(&counters[0])
+            .arg("99999999999999999999")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            lock.try_lock().await.is_err(),
+            "INCR cannot take this counter"
+        );
+        assert_eq!(lock.advance_fencing_counter(5).await.unwrap(), 5);
+        let guard = lock.lock().await.unwrap();
+        assert_eq!(guard.fencing_token(), 6);
+        guard.release().await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(&counters[0])
+            .arg(i64::MAX)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            lock.advance_fencing_counter(5).await.unwrap(),
+            i64::MAX.unsigned_abs()
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_call_to_a_paused_server_fails_within_the_response_timeout() {
     let server = server().await;
