@@ -282,74 +282,15 @@ async fn distlock_variables_set_flags_and_the_command_line_wins() {
     drop(holder);
 }
 
-/// A CA, and a certificate for 127.0.0.1 it signed (a server's, and a client's), made
-/// with the openssl command.
-fn make_certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let status = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl is installed");
-        assert!(status.success(), "openssl {args:?} failed");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=distlock test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "host.key",
-        "-out",
-        "host.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "host.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "host.crt",
-    ]);
-}
-
 /// --cacert, --cert and --key: a rediss:// server with a private CA that asks for a
 /// client certificate.
 #[tokio::test]
 async fn tls_flags_reach_a_server_that_asks_for_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path());
+    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
     let path = |file: &str| dir.path().join(file).display().to_string();
     let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
-    let (cert, key, ca) = (path("host.crt"), path("host.key"), path("ca.crt"));
+    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
     let _server = RedisServer::start_with_args(&[
         "--tls-port",
         &tls_port,

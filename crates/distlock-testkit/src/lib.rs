@@ -44,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+pub mod certificates;
 pub mod clock;
 pub mod cluster;
 pub mod error;
@@ -55,6 +56,7 @@ mod probe;
 pub mod redis_server;
 pub mod sentinel;
 
+pub use certificates::{write_test_certificates, TestCertificates};
 pub use clock::monotonic_ns;
 pub use cluster::{ClusterNodeInfo, ClusterRole, RedisCluster, SlotMigration};
 pub use error::TestkitError;

@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::bounded;
@@ -14,68 +13,10 @@ use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
-fn make_certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl is installed (./dev test installs it)");
-        assert!(status.success(), "openssl {args:?} failed");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=distlock test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write san.ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-}
-
 #[tokio::test]
 async fn locks_work_over_tls_with_a_trusted_ca_and_fail_without_it() {
     let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path());
+    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
     let path = |file: &str| dir.path().join(file).display().to_string();
     let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
     let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
@@ -210,7 +151,7 @@ async fn handoff(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_ca_reaches_the_sentinels_and_the_master_they_name() {
     let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path());
+    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
     let master_tls = distlock_testkit::pick_free_port().unwrap();
     let master_args = as_args(&tls_settings(dir.path(), master_tls));
     let master_args: Vec<&str> = master_args.iter().map(String::as_str).collect();
@@ -260,7 +201,7 @@ async fn a_private_ca_reaches_the_sentinels_and_the_master_they_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_ca_reaches_every_node_of_a_tls_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path());
+    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
     let tls_port = distlock_testkit::pick_free_port().unwrap();
     let bus_port = distlock_testkit::pick_free_port().unwrap().to_string();
     let mut args = as_args(&tls_settings(dir.path(), tls_port));
@@ -327,7 +268,7 @@ async fn a_private_ca_reaches_every_node_of_a_tls_cluster() {
 #[tokio::test]
 async fn certificates_without_tls_or_without_a_certificate_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path());
+    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
     for url in [
         "redis://127.0.0.1:1/",
         "redis+cluster://127.0.0.1:1,127.0.0.1:2",
