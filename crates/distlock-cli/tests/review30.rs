@@ -295,3 +295,51 @@ async fn a_force_unlock_is_told_as_a_lost_lock() {
         }
     }
 }
+
+/// "`status` shows a record only for an owner that holds now": a `--shared` holder killed
+/// with `kill -9` keeps its field in the read-write lock's hash after its own lease (its
+/// `{NAME}:<owner>:rwlock_timeout:1`) has run out, while another reader keeps the hash
+/// alive; status lists the dead reader as a holder, with the dead pid from its record
+/// (which the living reader's renewals keep too).
+#[tokio::test]
+async fn status_does_not_show_a_dead_reader_as_a_holder() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let spawn = || {
+        let mut hold = distlock(&server.url());
+        hold.args(["hold", "books", "--shared", "--ttl", "2s"]);
+        hold.spawn().unwrap()
+    };
+    let dead = spawn();
+    let living = spawn();
+    let started = std::time::Instant::now();
+    loop {
+        let records: i64 = query(&mut raw, &["HLEN", "distlock_holders:{books}"]).await;
+        if records == 2 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead_pid = dead.id().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dead_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Twice its lease.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let timeouts: Vec<String> = query(&mut raw, &["KEYS", "{books}:*:rwlock_timeout:*"]).await;
+    assert_eq!(timeouts.len(), 1, "{timeouts:?}");
+    let mut status = distlock(&server.url());
+    status.args(["status", "books", "--json"]);
+    let status = within(Duration::from_secs(10), status).await;
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let holders = json["holders"].as_array().unwrap();
+    assert!(
+        holders.iter().all(|holder| holder["pid"] != dead_pid),
+        "a reader killed 4 s ago, with a 2 s lease, shown as a holder: {json}"
+    );
+    assert_eq!(holders.len(), 1, "{json}");
+    drop((dead, living));
+}
