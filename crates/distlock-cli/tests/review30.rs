@@ -343,3 +343,40 @@ async fn status_does_not_show_a_dead_reader_as_a_holder() {
     assert_eq!(holders.len(), 1, "{json}");
     drop((dead, living));
 }
+
+/// A permit whose holder died (kill -9, a lost host) is free once its lease runs out:
+/// "the next acquisition reclaims" it. But the -n check before the acquisition counts
+/// free permits plus permits whose lease has not run out, so the dead holder's permit is
+/// in neither: every `run -n 2` after it is refused, exit 2 "has 1 permits, not 2", and
+/// no acquisition ever reclaims it.
+#[tokio::test]
+async fn a_dead_holders_permit_does_not_change_the_semaphores_size() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let mut hold = distlock(&server.url());
+    hold.args(["hold", "workers", "-n", "2", "--ttl", "1s"]);
+    let hold = hold.spawn().unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let records: i64 = query(&mut raw, &["HLEN", "distlock_holders:{workers}"]).await;
+        if records == 1 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(hold.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Past its lease.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..2 {
+        let mut run = distlock(&server.url());
+        run.args(["run", "workers", "-n", "2", "--no-wait", "--", "true"]);
+        let run = within(Duration::from_secs(10), run).await;
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    }
+    drop(hold);
+}
