@@ -380,3 +380,43 @@ async fn a_dead_holders_permit_does_not_change_the_semaphores_size() {
     }
     drop(hold);
 }
+
+/// "Names are shown escaped ... in the messages": the message of a different -n quotes
+/// the semaphore's keys (NAME, {NAME}:timeout, {NAME}:distlock_semaphore) raw, and the
+/// channel refusal quotes the channel (which holds the name) raw: a name with a newline
+/// and an escape sequence adds lines to stderr and colours the terminal.
+#[tokio::test]
+async fn messages_that_quote_keys_escape_the_name_in_them() {
+    let server = RedisServer::start().await.unwrap();
+    let name = "q\n\x1b[31mX";
+    let mut first = distlock(&server.url());
+    first.args(["run", name, "-n", "2", "--", "true"]);
+    let first = within(Duration::from_secs(10), first).await;
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let mut other = distlock(&server.url());
+    other.args(["run", name, "-n", "3", "--", "true"]);
+    let other = within(Duration::from_secs(10), other).await;
+    assert_eq!(other.status.code(), Some(2), "{}", stderr(&other));
+    assert!(
+        !stderr(&other).contains('\x1b') && stderr(&other).lines().count() == 1,
+        "{:?}",
+        stderr(&other)
+    );
+
+    let mut admin = server.connection().await.unwrap();
+    let _: () = query(
+        &mut admin,
+        &["ACL", "SETUSER", "nochan", "on", ">pw", "~*", "resetchannels", "+@all"],
+    )
+    .await;
+    let url = format!("redis://nochan:pw@127.0.0.1:{}", server.port());
+    let mut refused = distlock(&url);
+    refused.args(["run", "c\nd\x1b[2J", "--", "true"]);
+    let refused = within(Duration::from_secs(10), refused).await;
+    assert_eq!(refused.status.code(), Some(77), "{}", stderr(&refused));
+    assert!(
+        !stderr(&refused).contains('\x1b') && stderr(&refused).lines().count() == 1,
+        "{:?}",
+        stderr(&refused)
+    );
+}
