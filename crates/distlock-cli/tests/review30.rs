@@ -420,3 +420,45 @@ async fn messages_that_quote_keys_escape_the_name_in_them() {
         stderr(&refused)
     );
 }
+
+/// force-unlock of a lock wakes its waiters (the next run starts once the old command is
+/// gone). Of a read-write lock it does not: force-unlock deletes it as a plain lock and
+/// publishes on the plain lock's channel, where nobody waiting for a read-write lock
+/// listens, so a `--shared` waiter starts only when the old writer's lease would have
+/// ended (about 30 s later).
+#[tokio::test]
+async fn force_unlock_of_a_read_write_lock_wakes_its_waiters() {
+    let server = RedisServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (writing, reading) = (dir.path().join("writing"), dir.path().join("reading"));
+    let mut writer = distlock(&server.url());
+    writer
+        .args(["run", "rw", "--exclusive", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 60", writing.display()));
+    let writer = writer.spawn().unwrap();
+    until_exists(&writing).await;
+    let mut reader = distlock(&server.url());
+    reader
+        .args(["run", "rw", "--shared", "--", "touch"])
+        .arg(&reading);
+    let reader = reader.spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut unlock = distlock(&server.url());
+    unlock.args(["force-unlock", "rw", "--yes"]);
+    let unlock = within(Duration::from_secs(10), unlock).await;
+    assert_eq!(unlock.status.code(), Some(0), "{}", stderr(&unlock));
+    let writer = tokio::time::timeout(Duration::from_secs(10), writer.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(writer.status.code(), Some(79), "{}", stderr(&writer));
+    let unlocked = std::time::Instant::now();
+    while !reading.exists() && unlocked.elapsed() < Duration::from_secs(8) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        reading.exists(),
+        "the waiting reader had not started 8 s after the writer was gone"
+    );
+    drop(reader);
+}
