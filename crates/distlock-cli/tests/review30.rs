@@ -462,3 +462,44 @@ async fn force_unlock_of_a_read_write_lock_wakes_its_waiters() {
     );
     drop(reader);
 }
+
+/// `q` and `{q}` are "different locks" (src/mark.rs), but the fair lock's queue and
+/// timeouts (`redisson_lock_queue:{q}`, `redisson_lock_timeout:{q}`), like every helper
+/// key of the library's layout, are one key for both names: while `x` has a fair waiter,
+/// `run --fair {x} --no-wait` on the free `{x}` exits 75, "held by someone else", as
+/// status says `{x}` is not held.
+#[tokio::test]
+async fn a_fair_lock_named_with_braces_is_not_held_by_the_unbraced_ones_queue() {
+    let server = RedisServer::start().await.unwrap();
+    let mut raw = server.connection().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut holder = distlock(&server.url());
+    holder
+        .args(["run", "x", "--fair", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 30", started.display()));
+    let holder = holder.spawn().unwrap();
+    until_exists(&started).await;
+    let mut waiter = distlock(&server.url());
+    waiter.args(["run", "x", "--fair", "--", "true"]);
+    let waiter = waiter.spawn().unwrap();
+    let asked = std::time::Instant::now();
+    loop {
+        let queued: i64 = query(&mut raw, &["LLEN", "redisson_lock_queue:{x}"]).await;
+        if queued == 1 {
+            break;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(10), "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut status = distlock(&server.url());
+    status.args(["status", "{x}", "--json"]);
+    let status = within(Duration::from_secs(10), status).await;
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["held"], false, "{json}");
+    let mut braced = distlock(&server.url());
+    braced.args(["run", "{x}", "--fair", "--no-wait", "--", "true"]);
+    let braced = within(Duration::from_secs(10), braced).await;
+    assert_eq!(braced.status.code(), Some(0), "{}", stderr(&braced));
+    drop((holder, waiter));
+}
