@@ -97,7 +97,10 @@ async fn a_tagged_names_number_is_not_taken_for_a_semaphore_of_another_name() {
     run.args(["run", "{q}", "-n", "5", "--", "touch"]).arg(&ran);
     let run = within(Duration::from_secs(10), run).await;
     assert_eq!(run.status.code(), Some(2), "{}", stderr(&run));
-    assert!(!ran.exists(), "the command ran on another application's number");
+    assert!(
+        !ran.exists(),
+        "the command ran on another application's number"
+    );
 }
 
 /// DISTLOCK_URL comes before REDIS_URL; one that is not UTF-8 is skipped without a word,
@@ -132,9 +135,15 @@ async fn elects_command_line_kind_wins_over_distlock_shared() {
     let server = RedisServer::start().await.unwrap();
     for flag in ["--exclusive", "--fair"] {
         let mut elect = distlock(&server.url());
-        elect
-            .env("DISTLOCK_SHARED", "1")
-            .args(["elect", &format!("leader{flag}"), flag, "--", "sh", "-c", "exit 3"]);
+        elect.env("DISTLOCK_SHARED", "1").args([
+            "elect",
+            &format!("leader{flag}"),
+            flag,
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ]);
         let output = within(Duration::from_secs(10), elect).await;
         assert_eq!(output.status.code(), Some(3), "{flag}: {}", stderr(&output));
     }
@@ -164,7 +173,10 @@ async fn no_new_shared_holder_while_an_exclusive_one_waits() {
         if !keys.is_empty() {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "the writer never waited");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the writer never waited"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -190,7 +202,10 @@ async fn a_refused_fencing_counter_is_not_an_unreachable_redis() {
     let mut raw = server.connection().await.unwrap();
     let mut first = distlock(&server.url());
     first.args(["run", "f", "--", "true"]);
-    assert_eq!(within(Duration::from_secs(10), first).await.status.code(), Some(0));
+    assert_eq!(
+        within(Duration::from_secs(10), first).await.status.code(),
+        Some(0)
+    );
     let counters: Vec<String> = query(&mut raw, &["KEYS", "distlock_fence:*"]).await;
     assert_eq!(counters.len(), 1, "{counters:?}");
     let counter = &counters[0];
@@ -213,7 +228,10 @@ async fn a_refused_fencing_counter_is_not_an_unreachable_redis() {
     assert_eq!(fence.status.code(), Some(0), "{}", stderr(&fence));
     let mut last = distlock(&server.url());
     last.args(["run", "f", "--", "true"]);
-    assert_eq!(within(Duration::from_secs(10), last).await.status.code(), Some(0));
+    assert_eq!(
+        within(Duration::from_secs(10), last).await.status.code(),
+        Some(0)
+    );
     let mut spent = distlock(&server.url());
     spent.args(["run", "f", "--", "true"]);
     let spent = within(Duration::from_secs(10), spent).await;
@@ -231,7 +249,10 @@ async fn fence_repairs_a_counter_too_large_for_a_token() {
     let mut raw = server.connection().await.unwrap();
     let mut first = distlock(&server.url());
     first.args(["run", "g", "--", "true"]);
-    assert_eq!(within(Duration::from_secs(10), first).await.status.code(), Some(0));
+    assert_eq!(
+        within(Duration::from_secs(10), first).await.status.code(),
+        Some(0)
+    );
     let counters: Vec<String> = query(&mut raw, &["KEYS", "distlock_fence:*"]).await;
     let counter = &counters[0];
     let _: () = query(&mut raw, &["SET", counter, "99999999999999999999"]).await;
@@ -273,7 +294,10 @@ async fn a_force_unlock_is_told_as_a_lost_lock() {
         }
         let mut unlock = distlock(&server.url());
         unlock.args(["force-unlock", name, "--yes"]);
-        assert_eq!(within(Duration::from_secs(10), unlock).await.status.code(), Some(0));
+        assert_eq!(
+            within(Duration::from_secs(10), unlock).await.status.code(),
+            Some(0)
+        );
         if args[0] == "elect" {
             // It leads again; what it said of the loss is on stderr by then.
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -406,7 +430,16 @@ async fn messages_that_quote_keys_escape_the_name_in_them() {
     let mut admin = server.connection().await.unwrap();
     let _: () = query(
         &mut admin,
-        &["ACL", "SETUSER", "nochan", "on", ">pw", "~*", "resetchannels", "+@all"],
+        &[
+            "ACL",
+            "SETUSER",
+            "nochan",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ],
     )
     .await;
     let url = format!("redis://nochan:pw@127.0.0.1:{}", server.port());
@@ -489,7 +522,10 @@ async fn a_fair_lock_named_with_braces_is_not_held_by_the_unbraced_ones_queue() 
         if queued == 1 {
             break;
         }
-        assert!(asked.elapsed() < Duration::from_secs(10), "the waiter never queued");
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the waiter never queued"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut status = distlock(&server.url());
