@@ -99,7 +99,8 @@ pub async fn take(
         }};
     }
     if hold.shared || hold.exclusive {
-        let rw = client.rw_lock(hold.name.clone())?;
+        // Writers are preferred: no new reader while a writer waits (docs/cli.md).
+        let rw = client.rw_lock(hold.name.clone())?.prefer_writers(true);
         let rw = match hold.lease {
             Some(lease) => rw.with_lease(lease),
             None => rw.with_watchdog(),
