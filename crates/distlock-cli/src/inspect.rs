@@ -350,27 +350,27 @@ async fn scan(
 
 /// `distlock force-unlock NAME`.
 pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Result<u8, Failure> {
+    let name = shown(&args.name);
     let snapshot = snapshot(client, &args.name).await?;
     match snapshot.kind.as_str() {
         "semaphore" => {
             return Err(Failure::new(
                 exit::USAGE,
                 format!(
-                    "{} is a semaphore: force-unlock deletes locks only; its permits come back as their leases end",
-                    args.name
+                    "{name} is a semaphore: force-unlock deletes locks only; its permits come back as their leases end"
                 ),
             ))
         }
         "not a lock" => {
             return Err(Failure::new(
                 exit::USAGE,
-                format!("{} is not a lock (another application's key?); not deleted", args.name),
+                format!("{name} is not a lock (another application's key?); not deleted"),
             ))
         }
         _ => {}
     }
     let Some(confirmed) = snapshot.holders.first() else {
-        print(&format!("{} is not locked", args.name));
+        print(&format!("{name} is not locked"));
         return Ok(0);
     };
     if !args.yes {
@@ -381,16 +381,15 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
                 "force-unlock asks before it deletes a lock, and stdin is not a terminal: pass --yes",
             ));
         }
-        let holders: Vec<&str> = snapshot
+        let holders: Vec<String> = snapshot
             .holders
             .iter()
-            .map(|holder| holder.owner.as_str())
+            .map(|holder| shown(&holder.owner))
             .collect();
         let mut stdout = std::io::stdout().lock();
         let _ = write!(
             stdout,
-            "Delete {} held by {}? Its holder's command is stopped. [y/N] ",
-            args.name,
+            "Delete {name} held by {}? Its holder's command is stopped. [y/N] ",
             holders.join(", ")
         );
         let _ = stdout.flush();
@@ -407,16 +406,71 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
     }
     // Only the holder that was shown: a lock that passed to another holder meanwhile is
     // not that holder's to delete.
-    let lock = client.lock(args.name.clone())?;
-    if lock.force_unlock_held_by(&confirmed.owner).await? {
-        print(&format!("{} unlocked", args.name));
+    let deleted = if snapshot.kind == "read-write lock" {
+        force_unlock_rw(client, &args.name, &confirmed.owner).await?
+    } else {
+        let lock = client.lock(args.name.clone())?;
+        lock.force_unlock_held_by(&confirmed.owner).await?
+    };
+    if deleted {
+        print(&format!("{name} unlocked"));
         Ok(0)
     } else {
         print(&format!(
-            "{} is no longer held by {}; not deleted (look again with status)",
-            args.name, confirmed.owner
+            "{name} is no longer held by {}; not deleted (look again with status)",
+            shown(&confirmed.owner)
         ));
         Ok(1)
+    }
+}
+
+/// Deletes the read-write lock `name` while `owner` (a field of its hash) holds it, with
+/// its readers' hold keys, and wakes its waiters on the read-write lock's channel (see
+/// scripts/rwlock_force_unlock.lua). The library has a force-unlock for the lease lock
+/// only, whose release goes to the lease lock's channel, where a waiter for the
+/// read-write lock does not listen.
+async fn force_unlock_rw(
+    client: &distlock::Client,
+    name: &str,
+    owner: &str,
+) -> Result<bool, Failure> {
+    static UNLOCK: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("scripts/rwlock_force_unlock.lua"))
+    });
+    let lock = client.rw_lock(name.to_owned())?;
+    let mut connection = client.connection();
+    let deleted: i64 = UNLOCK
+        .key(lock.key())
+        .key(helper(name, "redisson_rwlock"))
+        .arg(owner)
+        .arg(if client.is_cluster() {
+            "spublish"
+        } else {
+            "publish"
+        })
+        .arg(base(name))
+        .invoke_async(&mut connection)
+        .await?;
+    Ok(deleted == 1)
+}
+
+/// `<prefix>:{<name>}`, a helper key or channel before the name (`<prefix>:<name>` when
+/// the name has a hash tag of its own), as the library's layout names them.
+pub fn helper(name: &str, prefix: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// `{<name>}`, or the name when it has a hash tag of its own: what the read-write lock's
+/// hold keys start with (`<base>:<owner>:rwlock_timeout:<n>`).
+fn base(name: &str) -> String {
+    if name.contains('{') {
+        name.to_owned()
+    } else {
+        format!("{{{name}}}")
     }
 }
 
