@@ -616,13 +616,60 @@ async fn hash_shape(
     if pttl < 0 || (snapshot.mode.is_none() && snapshot.holders.len() > 1) {
         return Ok(Snapshot::free(name, "not a lock"));
     }
-    snapshot.held = !snapshot.holders.is_empty();
-    snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
     if snapshot.mode.is_some() {
         snapshot.kind = "read-write lock".into();
+        live_readers(client, name, &mut snapshot.holders).await?;
     }
+    snapshot.held = !snapshot.holders.is_empty();
+    snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
     Ok(snapshot)
 }
+
+/// Leaves out of a read-write lock's `holders` the readers none of whose holds is alive:
+/// a reader's field stays in the hash after its holder died (kill -9) while another
+/// reader keeps the hash alive, but each of its holds has a key of its own,
+/// `{NAME}:<owner>:rwlock_timeout:<n>`, that runs out with that hold's lease
+/// (docs/layout.md). The writer's field (`…:write`) lives as long as the hash.
+async fn live_readers(
+    client: &distlock::Client,
+    name: &str,
+    holders: &mut Vec<Holder>,
+) -> Result<(), Failure> {
+    let readers: Vec<usize> = (0..holders.len())
+        .filter(|&i| !holders[i].owner.ends_with(":write"))
+        .collect();
+    if readers.is_empty() {
+        return Ok(());
+    }
+    let base = base(name);
+    let mut pipe = redis::pipe();
+    for &i in &readers {
+        let holder = &holders[i];
+        let mut exists = redis::cmd("EXISTS");
+        for n in 1..=holder.holds.clamp(1, MOST_HOLD_KEYS) {
+            exists.arg(format!("{base}:{}:rwlock_timeout:{n}", holder.owner));
+        }
+        pipe.add_command(exists);
+    }
+    let mut connection = client.connection();
+    let alive: Vec<u64> = pipe.query_async(&mut connection).await?;
+    let dead: std::collections::HashSet<usize> = readers
+        .iter()
+        .zip(alive)
+        .filter(|&(_, alive)| alive == 0)
+        .map(|(&i, _)| i)
+        .collect();
+    let mut i = 0;
+    holders.retain(|_| {
+        i += 1;
+        !dead.contains(&(i - 1))
+    });
+    Ok(())
+}
+
+/// The most hold keys of one reader looked at (its holds are re-entries by one process:
+/// a reader with more is alive if one of the first ones is).
+const MOST_HOLD_KEYS: u64 = 1024;
 
 /// A permit semaphore (`distlock run -n`): its free count at the name, and its permits,
 /// each with its lease, in `{name}:timeout`.
