@@ -681,17 +681,20 @@ async fn permit_snapshot(
     let semaphore = client.permit_semaphore(name.to_owned())?;
     let mut connection = client.connection();
     let permits_key = crate::mark::tagged(name, "timeout");
-    let ((seconds, micros), permits, created): ((u64, u64), Vec<(String, f64)>, bool) =
-        redis::pipe()
-            .cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(&permits_key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .exists(crate::held::semaphore_mark(name))
-            .query_async(&mut connection)
-            .await?;
+    /// The server's time, the permits with their deadlines, and the mark's value.
+    type Read = ((u64, u64), Vec<(String, f64)>, Option<Vec<u8>>);
+    let ((seconds, micros), permits, mark): Read = redis::pipe()
+        .cmd("TIME")
+        .cmd("ZRANGE")
+        .arg(&permits_key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .get(crate::held::semaphore_mark(name))
+        .query_async(&mut connection)
+        .await?;
+    // The mark of `q` and of `{q}` is one key: it holds the name it was made for.
+    let created = crate::held::marks(mark.as_deref(), name);
     if kind == "none" && permits.is_empty() {
         return Ok(Snapshot::free(name, "none"));
     }
