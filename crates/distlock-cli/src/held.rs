@@ -268,6 +268,8 @@ async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
     if refused.is_empty() {
         return Ok(());
     }
+    // The refusal quotes the channel, which holds the name.
+    let refused = crate::out::shown(&refused);
     Err(Failure::new(
         exit::REFUSED,
         format!(
