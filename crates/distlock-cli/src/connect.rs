@@ -45,6 +45,9 @@ pub async fn connect(
     crate::out::verbose(|| format!("connecting to {}", masked(&url)));
     let connected = builder.connect(&url).await;
     if let Ok(client) = &connected {
+        // One server, not a deployment that follows a failover (src/exit.rs: READONLY).
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        exit::set_single_server(!scheme.contains('+') && !client.is_cluster());
         crate::out::verbose(|| {
             format!(
                 "connected{}",

@@ -59,9 +59,72 @@ impl Failure {
     }
 }
 
+/// Whether the URL names one server (`redis://`, `rediss://`, a socket), not a sentinel
+/// deployment or a cluster, which follow a failover: set once connected. A READONLY reply
+/// from one server means the URL names a replica, which no retry changes.
+static SINGLE_SERVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_single_server(single: bool) {
+    SINGLE_SERVER.store(single, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A failure of taking the lock `name`. A fencing counter the lock scripts refuse (it
+/// holds something that is not a token count, or has handed out its last token) is
+/// Redis answering, not an unreachable Redis: exit 2, never retried by `elect`, with the
+/// operator's repair.
+pub fn lock_failure(err: distlock::Error, name: &str) -> Failure {
+    if let distlock::Error::Redis(redis) = &err {
+        if !err.is_connection_error() {
+            let text = redis.to_string();
+            let shown = crate::out::shown(name);
+            if text.contains("fencing counter") && text.contains("is not a positive integer") {
+                return Failure::new(
+                    USAGE,
+                    format!(
+                        "the fencing counter of {shown} holds no token count (another program \
+                         wrote it?): no fencing token can be handed out, and {shown} was not \
+                         taken. Raise it with `distlock fence {shown} --at-least N`, N the \
+                         highest token your store accepted"
+                    ),
+                );
+            }
+            if text.contains("has handed out its last token")
+                || text.contains("increment or decrement would overflow")
+            {
+                return Failure::new(
+                    USAGE,
+                    format!(
+                        "the fencing counter of {shown} has handed out its last token \
+                         ({}): no later holder can have a larger one, and {shown} was not \
+                         taken; lock under another name",
+                        i64::MAX
+                    ),
+                );
+            }
+        }
+    }
+    Failure::from(err)
+}
+
+/// A READONLY reply (a write sent to a replica).
+fn is_read_only(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || err.to_string().contains("READONLY")
+}
+
 impl From<distlock::Error> for Failure {
     fn from(err: distlock::Error) -> Self {
         use distlock::Error;
+        if let Error::Redis(redis) = &err {
+            if is_read_only(redis) && SINGLE_SERVER.load(std::sync::atomic::Ordering::Relaxed) {
+                return Failure::new(
+                    REFUSED,
+                    "the Redis the URL names is a read-only replica (READONLY): it cannot \
+                     hold a lock; give the master's address (or redis+sentinel://, which \
+                     follows a failover)",
+                );
+            }
+        }
         let code = match &err {
             Error::InvalidName { .. }
             | Error::InvalidDuration { .. }

@@ -99,6 +99,19 @@ pub async fn take(
         };
         return Ok(taken.map(Held::Permit));
     }
+    take_lock(client, hold, patience)
+        .await
+        .map_err(|err| exit::lock_failure(err, &hold.name))
+}
+
+/// Takes the lock `hold` names (plain, fair, or a side of a read-write lock); the
+/// library's error as it is, for [`exit::lock_failure`] to tell a refused fencing
+/// counter from the rest.
+async fn take_lock(
+    client: &Client,
+    hold: &Hold,
+    patience: Patience,
+) -> Result<Option<Held>, distlock::Error> {
     // A fair lock and a plain one answer the same calls.
     macro_rules! take_lock {
         ($lock:expr) => {{
