@@ -27,13 +27,16 @@ Exit codes:
   <the command's own>  run, elect: the command's exit status, passed through
   128+N                the command was killed by signal N
   2                    bad arguments; a name that holds another kind of key (another
-                       application's, or a lock where a semaphore was asked)
+                       application's, or a lock where a semaphore was asked); a
+                       fencing counter that holds no token count (raise it with
+                       distlock fence NAME --at-least N) or has none left
   69                   Redis could not be reached, or did not answer in time
   70                   an internal error
   75                   the lock is held by someone else (--no-wait, or --wait ran out);
                        change it with --conflict-exit-code
   77                   Redis refused: a missing or wrong password, an ACL user that may
-                       not do this, or a server that may evict keys (maxmemory-policy)
+                       not do this, a server that may evict keys (maxmemory-policy),
+                       or a read-only replica named by a redis:// URL
   79                   the lock was lost while the command ran; the command was stopped
   126, 127             the command could not be run, or was not found";
 
