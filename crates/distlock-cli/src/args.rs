@@ -271,14 +271,10 @@ pub fn settle(matches: &ArgMatches, cli: &mut Cli) -> Result<(), String> {
     let (hold, waiting) = match &mut cli.command {
         Command::Run(run) => (&mut run.hold, Some(&mut run.waiting)),
         Command::Hold(held) => (&mut held.hold, Some(&mut held.waiting)),
-        Command::Elect(elect) => {
-            if elect.hold.shared {
-                return Err("elect leads alone: --shared would let every candidate lead".into());
-            }
-            (&mut elect.hold, None)
-        }
+        Command::Elect(elect) => (&mut elect.hold, None),
         _ => return Ok(()),
     };
+    let elect = waiting.is_none();
     // Whether a flag was given, and where: Some(true) on the command line, Some(false)
     // in the environment. A boolean switch set to false counts as not given.
     let given = |id: &str, on: bool| match sub.value_source(id) {
@@ -348,6 +344,11 @@ pub fn settle(matches: &ArgMatches, cli: &mut Cli) -> Result<(), String> {
         if kept != "exclusive" {
             hold.exclusive = false;
         }
+    }
+    // Refused once the kinds are settled: DISTLOCK_SHARED=1 with --exclusive or --fair
+    // on the command line is not a shared elect.
+    if elect && hold.shared {
+        return Err("elect leads alone: --shared would let every candidate lead".into());
     }
     if hold.adopt_semaphore && hold.permits.is_none() {
         match given("adopt_semaphore", true) {

@@ -45,6 +45,9 @@ pub async fn connect(
     crate::out::verbose(|| format!("connecting to {}", masked(&url)));
     let connected = builder.connect(&url).await;
     if let Ok(client) = &connected {
+        // One server, not a deployment that follows a failover (src/exit.rs: READONLY).
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        exit::set_single_server(!scheme.contains('+') && !client.is_cluster());
         crate::out::verbose(|| {
             format!(
                 "connected{}",
@@ -187,23 +190,68 @@ fn with_password(url: &str, password: &str) -> Result<String, Failure> {
     ))
 }
 
-/// `url` with its password masked, to be shown.
-fn masked(url: &str) -> String {
-    match password_of(url) {
-        Some(password) => url.replacen(&format!(":{password}@"), ":***@", 1),
-        None => url.to_owned(),
-    }
+/// The values of the URL's query parameters whose name holds `password`
+/// (`sentinel_password=`, and any other the library may read as one).
+fn query_passwords(url: &str) -> Vec<&str> {
+    let Some((start, authority)) = authority(url) else {
+        return Vec::new();
+    };
+    let rest = &url[start + authority.len()..];
+    let Some((_, query)) = rest.split_once('?') else {
+        return Vec::new();
+    };
+    let query = query.split('#').next().unwrap_or("");
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(key, value)| key.to_ascii_lowercase().contains("password") && !value.is_empty())
+        .map(|(_, value)| value)
+        .collect()
 }
 
-/// A failure whose message may quote the URL: the URL is quoted with its password
+/// `url` with every password in it masked (its user info's, and every password-like
+/// query parameter's), to be shown.
+fn masked(url: &str) -> String {
+    let mut shown = match password_of(url) {
+        Some(password) => url.replacen(&format!(":{password}@"), ":***@", 1),
+        None => url.to_owned(),
+    };
+    for password in query_passwords(url) {
+        shown = mask_parameters(&shown, password);
+    }
+    shown
+}
+
+/// `text` with `password` masked where it is a parameter's value (`=password` followed
+/// by `&`, `#`, a blank, a quote or the end).
+fn mask_parameters(text: &str, password: &str) -> String {
+    let needle = format!("={password}");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(&needle) {
+        let end = at + needle.len();
+        let whole = rest[end..].chars().next().is_none_or(|next| {
+            matches!(next, '&' | '#' | '"' | '\'' | ')') || next.is_whitespace()
+        });
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { "=***" } else { &needle });
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A failure whose message may quote the URL: the URL is quoted with its passwords
 /// masked. (Masking every occurrence of the password instead would show where a short
 /// one's letters are in the rest of the message.)
 fn redact(mut failure: Failure, url: &str) -> Failure {
+    failure.message = failure.message.replace(url, &masked(url));
     if let Some(password) = password_of(url) {
-        let masked = url.replacen(&format!(":{password}@"), ":***@", 1);
-        failure.message = failure.message.replace(url, &masked);
         // The library may quote the user info alone (`user:password@host`).
         failure.message = failure.message.replace(&format!(":{password}@"), ":***@");
+    }
+    for password in query_passwords(url) {
+        failure.message = mask_parameters(&failure.message, password);
     }
     failure
 }
@@ -240,5 +288,23 @@ mod tests {
             "redis://u:secret@h:1",
         );
         assert_eq!(failure.message, "cannot reach u:***@h");
+    }
+
+    #[test]
+    fn every_password_like_query_parameter_is_masked() {
+        let url = "redis+sentinel://:pw@h:1/main?sentinel_password=hunter2&db=0";
+        assert_eq!(
+            masked(url),
+            "redis+sentinel://:***@h:1/main?sentinel_password=***&db=0"
+        );
+        assert_eq!(
+            masked("redis+sentinel://h:1/m?sentinel_password=hunter2"),
+            "redis+sentinel://h:1/m?sentinel_password=***"
+        );
+        let failure = redact(
+            Failure::new(69, "cannot reach sentinel (sentinel_password=hunter2)"),
+            "redis+sentinel://h:1/m?sentinel_password=hunter2",
+        );
+        assert!(!failure.message.contains("hunter2"), "{}", failure.message);
     }
 }

@@ -27,13 +27,16 @@ Exit codes:
   <the command's own>  run, elect: the command's exit status, passed through
   128+N                the command was killed by signal N
   2                    bad arguments; a name that holds another kind of key (another
-                       application's, or a lock where a semaphore was asked)
+                       application's, or a lock where a semaphore was asked); a
+                       fencing counter that holds no token count (raise it with
+                       distlock fence NAME --at-least N) or has none left
   69                   Redis could not be reached, or did not answer in time
   70                   an internal error
   75                   the lock is held by someone else (--no-wait, or --wait ran out);
                        change it with --conflict-exit-code
   77                   Redis refused: a missing or wrong password, an ACL user that may
-                       not do this, or a server that may evict keys (maxmemory-policy)
+                       not do this, a server that may evict keys (maxmemory-policy),
+                       or a read-only replica named by a redis:// URL
   79                   the lock was lost while the command ran; the command was stopped
   126, 127             the command could not be run, or was not found";
 
@@ -59,9 +62,72 @@ impl Failure {
     }
 }
 
+/// Whether the URL names one server (`redis://`, `rediss://`, a socket), not a sentinel
+/// deployment or a cluster, which follow a failover: set once connected. A READONLY reply
+/// from one server means the URL names a replica, which no retry changes.
+static SINGLE_SERVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_single_server(single: bool) {
+    SINGLE_SERVER.store(single, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A failure of taking the lock `name`. A fencing counter the lock scripts refuse (it
+/// holds something that is not a token count, or has handed out its last token) is
+/// Redis answering, not an unreachable Redis: exit 2, never retried by `elect`, with the
+/// operator's repair.
+pub fn lock_failure(err: distlock::Error, name: &str) -> Failure {
+    if let distlock::Error::Redis(redis) = &err {
+        if !err.is_connection_error() {
+            let text = redis.to_string();
+            let shown = crate::out::shown(name);
+            if text.contains("fencing counter") && text.contains("is not a positive integer") {
+                return Failure::new(
+                    USAGE,
+                    format!(
+                        "the fencing counter of {shown} holds no token count (another program \
+                         wrote it?): no fencing token can be handed out, and {shown} was not \
+                         taken. Raise it with `distlock fence {shown} --at-least N`, N the \
+                         highest token your store accepted"
+                    ),
+                );
+            }
+            if text.contains("has handed out its last token")
+                || text.contains("increment or decrement would overflow")
+            {
+                return Failure::new(
+                    USAGE,
+                    format!(
+                        "the fencing counter of {shown} has handed out its last token \
+                         ({}): no later holder can have a larger one, and {shown} was not \
+                         taken; lock under another name",
+                        i64::MAX
+                    ),
+                );
+            }
+        }
+    }
+    Failure::from(err)
+}
+
+/// A READONLY reply (a write sent to a replica).
+fn is_read_only(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || err.to_string().contains("READONLY")
+}
+
 impl From<distlock::Error> for Failure {
     fn from(err: distlock::Error) -> Self {
         use distlock::Error;
+        if let Error::Redis(redis) = &err {
+            if is_read_only(redis) && SINGLE_SERVER.load(std::sync::atomic::Ordering::Relaxed) {
+                return Failure::new(
+                    REFUSED,
+                    "the Redis the URL names is a read-only replica (READONLY): it cannot \
+                     hold a lock; give the master's address (or redis+sentinel://, which \
+                     follows a failover)",
+                );
+            }
+        }
         let code = match &err {
             Error::InvalidName { .. }
             | Error::InvalidDuration { .. }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use distlock::{Client, LeasedPermits, LockGuard, ReleaseOutcome, RwReadGuard};
+use distlock::{Client, LeasedPermits, LockGuard, PermitsSet, ReleaseOutcome, RwReadGuard};
 
 use crate::args::Hold;
 use crate::exit::{self, Failure};
@@ -44,35 +44,50 @@ pub async fn take(
         };
         // A count distlock did not create may be another application's number: never
         // written unless the operator names it a semaphore.
-        if !hold.adopt_semaphore && !claim_semaphore(client, &hold.name, semaphore.key()).await? {
-            return Err(Failure::new(
-                exit::USAGE,
-                format!(
-                    "{} holds a number distlock did not create as a semaphore (another \
-                     application's counter?); not run. If it is a semaphore (Redisson's \
-                     RPermitExpirableSemaphore), pass --adopt-semaphore",
-                    crate::out::shown(&hold.name)
-                ),
-            ));
+        if !hold.adopt_semaphore {
+            match claim_semaphore(client, &hold.name, semaphore.key()).await? {
+                Claim::Ours => {}
+                Claim::NotOurs => {
+                    return Err(Failure::new(
+                        exit::USAGE,
+                        format!(
+                            "{} holds a number distlock did not create as a semaphore (another \
+                             application's counter?); not run. If it is a semaphore (Redisson's \
+                             RPermitExpirableSemaphore), pass --adopt-semaphore",
+                            crate::out::shown(&hold.name)
+                        ),
+                    ));
+                }
+                Claim::AnotherNames(other) => {
+                    return Err(Failure::new(
+                        exit::USAGE,
+                        format!(
+                            "{} cannot be a semaphore: its mark {} (and its permits {}) are \
+                             those of the semaphore {}, whose keys are the same; not run",
+                            crate::out::shown(&hold.name),
+                            crate::out::shown(&semaphore_mark(&hold.name)),
+                            crate::out::shown(&crate::mark::tagged(&hold.name, "timeout")),
+                            crate::out::shown(&other)
+                        ),
+                    ));
+                }
+            }
         }
-        // The first holder sets the count; later ones must ask for the same.
-        if !semaphore
-            .try_set_permits(i64::from(permits))
-            .await?
-            .is_set()
-        {
-            let total = permits_in(client, &semaphore, &hold.name).await?;
-            if total != i64::from(permits) {
+        // The first holder sets the count; later ones must ask for the same. The total
+        // counts permits whose holder died and whose lease ran out, not reclaimed yet:
+        // they are still the semaphore's.
+        if let PermitsSet::Kept { found } = semaphore.try_set_permits(i64::from(permits)).await? {
+            if found != i64::from(permits) {
                 return Err(Failure::new(
                     exit::USAGE,
                     format!(
-                        "{} has {total} permits, not {permits}: every run of one name must give \
+                        "{} has {found} permits, not {permits}: every run of one name must give \
                          the same -n (to change it, delete {}, {} and {} while nothing holds a \
                          permit)",
                         crate::out::shown(&hold.name),
-                        semaphore.key(),
-                        crate::mark::tagged(&hold.name, "timeout"),
-                        semaphore_mark(&hold.name)
+                        crate::out::shown(semaphore.key()),
+                        crate::out::shown(&crate::mark::tagged(&hold.name, "timeout")),
+                        crate::out::shown(&semaphore_mark(&hold.name))
                     ),
                 ));
             }
@@ -84,6 +99,19 @@ pub async fn take(
         };
         return Ok(taken.map(Held::Permit));
     }
+    take_lock(client, hold, patience)
+        .await
+        .map_err(|err| exit::lock_failure(err, &hold.name))
+}
+
+/// Takes the lock `hold` names (plain, fair, or a side of a read-write lock); the
+/// library's error as it is, for [`exit::lock_failure`] to tell a refused fencing
+/// counter from the rest.
+async fn take_lock(
+    client: &Client,
+    hold: &Hold,
+    patience: Patience,
+) -> Result<Option<Held>, distlock::Error> {
     // A fair lock and a plain one answer the same calls.
     macro_rules! take_lock {
         ($lock:expr) => {{
@@ -99,7 +127,8 @@ pub async fn take(
         }};
     }
     if hold.shared || hold.exclusive {
-        let rw = client.rw_lock(hold.name.clone())?;
+        // Writers are preferred: no new reader while a writer waits (docs/cli.md).
+        let rw = client.rw_lock(hold.name.clone())?.prefer_writers(true);
         let rw = match hold.lease {
             Some(lease) => rw.with_lease(lease),
             None => rw.with_watchdog(),
@@ -133,20 +162,47 @@ pub fn semaphore_mark(name: &str) -> String {
     crate::mark::tagged(name, "distlock_semaphore")
 }
 
-/// Whether the count at `key` is a semaphore distlock created, marking it as one when
-/// there is no count yet (see scripts/semaphore_claim.lua).
-async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<bool, Failure> {
+/// Whose the count at a semaphore's key is, as far as distlock can tell.
+enum Claim {
+    /// A semaphore `run -n` of this name created (marked now, when there was no count).
+    Ours,
+    /// A count without this name's mark.
+    NotOurs,
+    /// No count, but the mark (one key for `q` and `{q}`) is this other name's.
+    AnotherNames(String),
+}
+
+/// Whether the count at `key` is a semaphore distlock created for `name`, marking it as
+/// one when there is no count yet (see scripts/semaphore_claim.lua).
+async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<Claim, Failure> {
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(include_str!("scripts/semaphore_claim.lua"))
     });
     let mut connection = client.connection();
-    let ours: i64 = CLAIM
+    let mark = semaphore_mark(name);
+    let claimed: i64 = CLAIM
         .key(key)
-        .key(semaphore_mark(name))
-        .arg("distlock run -n")
+        .key(&mark)
+        .arg(name)
         .invoke_async(&mut connection)
         .await?;
-    Ok(ours == 1)
+    Ok(match claimed {
+        1 => Claim::Ours,
+        2 => {
+            let other: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(&mark)
+                .query_async(&mut connection)
+                .await?;
+            Claim::AnotherNames(String::from_utf8_lossy(&other.unwrap_or_default()).into_owned())
+        }
+        _ => Claim::NotOurs,
+    })
+}
+
+/// Whether `mark`, the value of a semaphore's mark, says distlock created the semaphore
+/// `name` (the mark holds the name whose `run -n` created it).
+pub fn marks(mark: Option<&[u8]>, name: &str) -> bool {
+    mark == Some(name.as_bytes())
 }
 
 /// Checks, before anything is taken, that what `hold` names can be held by this user:
@@ -225,6 +281,8 @@ async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
     if refused.is_empty() {
         return Ok(());
     }
+    // The refusal quotes the channel, which holds the name.
+    let refused = crate::out::shown(&refused);
     Err(Failure::new(
         exit::REFUSED,
         format!(
@@ -233,37 +291,6 @@ async fn check_channels(client: &Client, hold: &Hold) -> Result<(), Failure> {
              Add &redisson_* to the user's ACL (docs/cli.md)"
         ),
     ))
-}
-
-/// How many permits the semaphore has in all: the free ones and the ones held now, read
-/// in one transaction (an acquisition between two reads would move a permit from one
-/// count to the other).
-async fn permits_in(
-    client: &Client,
-    semaphore: &distlock::PermitSemaphore,
-    name: &str,
-) -> Result<i64, Failure> {
-    let mut connection = client.connection();
-    let (free, held): (Option<i64>, i64) = redis::pipe()
-        .atomic()
-        .get(semaphore.key())
-        // Permits whose lease ran out count as free: the next acquisition reclaims them.
-        .cmd("ZCOUNT")
-        .arg(crate::mark::tagged(name, "timeout"))
-        .arg(format!("({}", unix_ms()))
-        .arg("+inf")
-        .query_async(&mut connection)
-        .await?;
-    Ok(free.unwrap_or(0) + held)
-}
-
-/// Now, in milliseconds since the epoch, by this machine's clock. (The permits' leases
-/// are counted by the server's; a clock apart by more than the lease would miscount
-/// permits whose lease is just running out, which only matters for the -n check.)
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |now| now.as_millis())
 }
 
 impl Held {

@@ -101,7 +101,7 @@ impl Record {
             Err(err) => crate::out::verbose(|| {
                 format!(
                     "could not record who holds the lock in {} ({}); status will not show it",
-                    self.key,
+                    crate::out::shown(&self.key),
                     crate::exit::Failure::from(err).message
                 )
             }),

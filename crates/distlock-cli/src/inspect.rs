@@ -350,27 +350,27 @@ async fn scan(
 
 /// `distlock force-unlock NAME`.
 pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Result<u8, Failure> {
+    let name = shown(&args.name);
     let snapshot = snapshot(client, &args.name).await?;
     match snapshot.kind.as_str() {
         "semaphore" => {
             return Err(Failure::new(
                 exit::USAGE,
                 format!(
-                    "{} is a semaphore: force-unlock deletes locks only; its permits come back as their leases end",
-                    args.name
+                    "{name} is a semaphore: force-unlock deletes locks only; its permits come back as their leases end"
                 ),
             ))
         }
         "not a lock" => {
             return Err(Failure::new(
                 exit::USAGE,
-                format!("{} is not a lock (another application's key?); not deleted", args.name),
+                format!("{name} is not a lock (another application's key?); not deleted"),
             ))
         }
         _ => {}
     }
     let Some(confirmed) = snapshot.holders.first() else {
-        print(&format!("{} is not locked", args.name));
+        print(&format!("{name} is not locked"));
         return Ok(0);
     };
     if !args.yes {
@@ -381,16 +381,15 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
                 "force-unlock asks before it deletes a lock, and stdin is not a terminal: pass --yes",
             ));
         }
-        let holders: Vec<&str> = snapshot
+        let holders: Vec<String> = snapshot
             .holders
             .iter()
-            .map(|holder| holder.owner.as_str())
+            .map(|holder| shown(&holder.owner))
             .collect();
         let mut stdout = std::io::stdout().lock();
         let _ = write!(
             stdout,
-            "Delete {} held by {}? Its holder's command is stopped. [y/N] ",
-            args.name,
+            "Delete {name} held by {}? Its holder's command is stopped. [y/N] ",
             holders.join(", ")
         );
         let _ = stdout.flush();
@@ -407,16 +406,71 @@ pub async fn force_unlock(client: &distlock::Client, args: &ForceUnlock) -> Resu
     }
     // Only the holder that was shown: a lock that passed to another holder meanwhile is
     // not that holder's to delete.
-    let lock = client.lock(args.name.clone())?;
-    if lock.force_unlock_held_by(&confirmed.owner).await? {
-        print(&format!("{} unlocked", args.name));
+    let deleted = if snapshot.kind == "read-write lock" {
+        force_unlock_rw(client, &args.name, &confirmed.owner).await?
+    } else {
+        let lock = client.lock(args.name.clone())?;
+        lock.force_unlock_held_by(&confirmed.owner).await?
+    };
+    if deleted {
+        print(&format!("{name} unlocked"));
         Ok(0)
     } else {
         print(&format!(
-            "{} is no longer held by {}; not deleted (look again with status)",
-            args.name, confirmed.owner
+            "{name} is no longer held by {}; not deleted (look again with status)",
+            shown(&confirmed.owner)
         ));
         Ok(1)
+    }
+}
+
+/// Deletes the read-write lock `name` while `owner` (a field of its hash) holds it, with
+/// its readers' hold keys, and wakes its waiters on the read-write lock's channel (see
+/// scripts/rwlock_force_unlock.lua). The library has a force-unlock for the lease lock
+/// only, whose release goes to the lease lock's channel, where a waiter for the
+/// read-write lock does not listen.
+async fn force_unlock_rw(
+    client: &distlock::Client,
+    name: &str,
+    owner: &str,
+) -> Result<bool, Failure> {
+    static UNLOCK: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("scripts/rwlock_force_unlock.lua"))
+    });
+    let lock = client.rw_lock(name.to_owned())?;
+    let mut connection = client.connection();
+    let deleted: i64 = UNLOCK
+        .key(lock.key())
+        .key(helper(name, "redisson_rwlock"))
+        .arg(owner)
+        .arg(if client.is_cluster() {
+            "spublish"
+        } else {
+            "publish"
+        })
+        .arg(base(name))
+        .invoke_async(&mut connection)
+        .await?;
+    Ok(deleted == 1)
+}
+
+/// `<prefix>:{<name>}`, a helper key or channel before the name (`<prefix>:<name>` when
+/// the name has a hash tag of its own), as the library's layout names them.
+pub fn helper(name: &str, prefix: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// `{<name>}`, or the name when it has a hash tag of its own: what the read-write lock's
+/// hold keys start with (`<base>:<owner>:rwlock_timeout:<n>`).
+fn base(name: &str) -> String {
+    if name.contains('{') {
+        name.to_owned()
+    } else {
+        format!("{{{name}}}")
     }
 }
 
@@ -562,13 +616,60 @@ async fn hash_shape(
     if pttl < 0 || (snapshot.mode.is_none() && snapshot.holders.len() > 1) {
         return Ok(Snapshot::free(name, "not a lock"));
     }
-    snapshot.held = !snapshot.holders.is_empty();
-    snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
     if snapshot.mode.is_some() {
         snapshot.kind = "read-write lock".into();
+        live_readers(client, name, &mut snapshot.holders).await?;
     }
+    snapshot.held = !snapshot.holders.is_empty();
+    snapshot.lease_remaining_ms = u64::try_from(pttl).ok();
     Ok(snapshot)
 }
+
+/// Leaves out of a read-write lock's `holders` the readers none of whose holds is alive:
+/// a reader's field stays in the hash after its holder died (kill -9) while another
+/// reader keeps the hash alive, but each of its holds has a key of its own,
+/// `{NAME}:<owner>:rwlock_timeout:<n>`, that runs out with that hold's lease
+/// (docs/layout.md). The writer's field (`…:write`) lives as long as the hash.
+async fn live_readers(
+    client: &distlock::Client,
+    name: &str,
+    holders: &mut Vec<Holder>,
+) -> Result<(), Failure> {
+    let readers: Vec<usize> = (0..holders.len())
+        .filter(|&i| !holders[i].owner.ends_with(":write"))
+        .collect();
+    if readers.is_empty() {
+        return Ok(());
+    }
+    let base = base(name);
+    let mut pipe = redis::pipe();
+    for &i in &readers {
+        let holder = &holders[i];
+        let mut exists = redis::cmd("EXISTS");
+        for n in 1..=holder.holds.clamp(1, MOST_HOLD_KEYS) {
+            exists.arg(format!("{base}:{}:rwlock_timeout:{n}", holder.owner));
+        }
+        pipe.add_command(exists);
+    }
+    let mut connection = client.connection();
+    let alive: Vec<u64> = pipe.query_async(&mut connection).await?;
+    let dead: std::collections::HashSet<usize> = readers
+        .iter()
+        .zip(alive)
+        .filter(|&(_, alive)| alive == 0)
+        .map(|(&i, _)| i)
+        .collect();
+    let mut i = 0;
+    holders.retain(|_| {
+        i += 1;
+        !dead.contains(&(i - 1))
+    });
+    Ok(())
+}
+
+/// The most hold keys of one reader looked at (its holds are re-entries by one process:
+/// a reader with more is alive if one of the first ones is).
+const MOST_HOLD_KEYS: u64 = 1024;
 
 /// A permit semaphore (`distlock run -n`): its free count at the name, and its permits,
 /// each with its lease, in `{name}:timeout`.
@@ -580,17 +681,20 @@ async fn permit_snapshot(
     let semaphore = client.permit_semaphore(name.to_owned())?;
     let mut connection = client.connection();
     let permits_key = crate::mark::tagged(name, "timeout");
-    let ((seconds, micros), permits, created): ((u64, u64), Vec<(String, f64)>, bool) =
-        redis::pipe()
-            .cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(&permits_key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .exists(crate::held::semaphore_mark(name))
-            .query_async(&mut connection)
-            .await?;
+    /// The server's time, the permits with their deadlines, and the mark's value.
+    type Read = ((u64, u64), Vec<(String, f64)>, Option<Vec<u8>>);
+    let ((seconds, micros), permits, mark): Read = redis::pipe()
+        .cmd("TIME")
+        .cmd("ZRANGE")
+        .arg(&permits_key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .get(crate::held::semaphore_mark(name))
+        .query_async(&mut connection)
+        .await?;
+    // The mark of `q` and of `{q}` is one key: it holds the name it was made for.
+    let created = crate::held::marks(mark.as_deref(), name);
     if kind == "none" && permits.is_empty() {
         return Ok(Snapshot::free(name, "none"));
     }

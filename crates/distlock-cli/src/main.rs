@@ -47,11 +47,16 @@ fn main() -> ExitCode {
     }
     let mut url_source = matches.value_source("url");
     // DISTLOCK_URL, like every DISTLOCK_* variable, is below the command line; above
-    // REDIS_URL, which other tools read too.
+    // REDIS_URL, which other tools read too. One that is set but not UTF-8 is refused,
+    // never skipped: skipping it would take the lock on another Redis than the one named.
     if url_source != Some(clap::parser::ValueSource::CommandLine) {
-        if let Some(url) = std::env::var_os("DISTLOCK_URL").and_then(|url| url.into_string().ok()) {
-            cli.connection.url = url;
-            url_source = Some(clap::parser::ValueSource::EnvVariable);
+        match url_from_environment() {
+            Ok(Some(url)) => {
+                cli.connection.url = url;
+                url_source = Some(clap::parser::ValueSource::EnvVariable);
+            }
+            Ok(None) => {}
+            Err(failure) => return failure.report(),
         }
     }
     out::set_verbose(cli.connection.verbose);
@@ -120,4 +125,28 @@ fn main() -> ExitCode {
     };
     let _ = std::io::stdout().flush();
     std::process::exit(i32::from(code))
+}
+
+/// The URL DISTLOCK_URL names, or else REDIS_URL (which clap reads for `--url`, and is
+/// checked here too, as clap may skip a value that is not UTF-8); `None` when neither is
+/// set. A variable that is set but is not UTF-8 is a usage error (2).
+fn url_from_environment() -> Result<Option<String>, Failure> {
+    for variable in ["DISTLOCK_URL", "REDIS_URL"] {
+        let Some(url) = std::env::var_os(variable) else {
+            continue;
+        };
+        return match url.into_string() {
+            Ok(url) if variable == "DISTLOCK_URL" => Ok(Some(url)),
+            // REDIS_URL is --url's own variable: clap has read it already.
+            Ok(_) => Ok(None),
+            Err(_) => Err(Failure::new(
+                exit::USAGE,
+                format!(
+                    "{variable} is not valid UTF-8; a Redis URL must be (percent-encode a \
+                     password's other bytes, or give it in --password-file)"
+                ),
+            )),
+        };
+    }
+    Ok(None)
 }

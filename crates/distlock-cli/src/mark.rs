@@ -210,7 +210,11 @@ impl Mark {
     /// likely cause: docs/cli.md lists the patterns).
     fn failure(&self, err: redis::RedisError) -> Failure {
         let mut failure = Failure::from(err);
-        failure.message = format!("the running mark {}: {}", self.key, failure.message);
+        failure.message = format!(
+            "the running mark {}: {}",
+            crate::out::shown(&self.key),
+            failure.message
+        );
         failure
     }
 }

@@ -9,10 +9,14 @@ pub fn print(line: &str) -> bool {
     writeln!(stdout, "{line}").is_ok()
 }
 
-/// Writes `distlock: <message>` to stderr; a stderr nobody reads is ignored.
+/// Writes `distlock: <message>` to stderr, in one line; a stderr nobody reads is
+/// ignored. Control characters left in the message (a name, or a key holding one, quoted
+/// in a server's error) are escaped as [`shown`] escapes them: messages quote names
+/// through [`shown`] already, and this keeps one that does not from adding lines or
+/// moving the cursor.
 pub fn say(message: &str) {
     let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "distlock: {message}");
+    let _ = writeln!(stderr, "distlock: {}", shown(message));
 }
 
 /// Whether `--verbose` was given.

@@ -56,23 +56,39 @@ enum Why {
 }
 
 impl Why {
-    fn describe(self, name: &str) -> String {
+    /// What happened, for the holder of `name`; `command`: whether a command ran under
+    /// it (`hold` has none, and says nothing of one).
+    fn describe(self, name: &str, command: bool) -> String {
+        let stopped = if command {
+            "; the command was stopped"
+        } else {
+            "; let go of it"
+        };
         match self {
-            Why::Lost => format!("lost {name} while the command ran; it was stopped"),
-            Why::LeaseEnding { fixed: true } => {
-                format!("the --lease on {name} was running out; the command was stopped")
+            Why::Lost if command => {
+                format!(
+                    "lost {name} (force-unlocked or deleted) while the command ran; it was stopped"
+                )
             }
-            Why::LeaseEnding { fixed: false } => format!(
+            Why::Lost => format!("lost {name} (force-unlocked or deleted)"),
+            Why::LeaseEnding { fixed: true } => {
+                format!("the --lease on {name} was running out{stopped}")
+            }
+            Why::LeaseEnding { fixed: false } if command => format!(
                 "could not renew {name} in time (the renewals did not get through); the command \
                  was stopped before the lease ran out"
             ),
+            Why::LeaseEnding { fixed: false } => format!(
+                "could not renew {name} in time (the renewals did not get through); let go of \
+                 it before the lease ran out"
+            ),
             Why::LeaseEnded { late } if late >= PAUSED => format!(
                 "the lease on {name} ended {:.1}s before distlock could act (was distlock \
-                 stopped, or its machine paused?); the command was stopped",
+                 stopped, or its machine paused?){stopped}",
                 late.as_secs_f64()
             ),
             Why::LeaseEnded { .. } => {
-                format!("the lease on {name} ended before it was renewed; the command was stopped")
+                format!("the lease on {name} ended before it was renewed{stopped}")
             }
         }
     }
@@ -147,7 +163,7 @@ pub async fn run(
             Ok(exit::LOST)
         }
         Ended::Stopped(why) => {
-            say(&why.describe(&crate::out::shown(&hold.name)));
+            say(&why.describe(&crate::out::shown(&hold.name), command.is_some()));
             Ok(exit::LOST)
         }
     }
@@ -222,7 +238,7 @@ pub async fn elect(client: &distlock::Client, args: &Elect) -> Result<u8, Failur
             }
             Ok(Ended::Stopped(why)) => say(&format!(
                 "{}; taking the lock again",
-                why.describe(&crate::out::shown(&hold.name))
+                why.describe(&crate::out::shown(&hold.name), true)
             )),
             // The mark could not be read or written (Redis went away): try again.
             Err(failure) if failure.code == exit::UNAVAILABLE => {
@@ -342,7 +358,7 @@ async fn run_marked(
                 if !claimed? {
                     return Ok(Ended::Busy);
                 }
-                verbose(|| format!("marked the command as running ({})", mark.key()));
+                verbose(|| format!("marked the command as running ({})", crate::out::shown(mark.key())));
             }
             signal = signals.next() => return Ok(Ended::Signalled(signal)),
         }
@@ -467,16 +483,25 @@ async fn supervise(
     // The command's own exit status, once it has exited: the lock is kept until the rest
     // of its process group (jobs it left in the background) is gone too.
     let mut exited = None;
+    // The lease's end as last known while it was held, by the local clock: a holding
+    // known to be lost reads zero left, whether it was taken away or ran out, so the
+    // end it had is kept here to tell the two apart.
+    let mut lease_end = Instant::now() + held.lease_remaining();
     loop {
+        let left = held.lease_remaining();
+        if !left.is_zero() {
+            lease_end = Instant::now() + left;
+        }
         // When the lease would end within the grace: renewals have not kept it up.
-        let lease_end = Instant::now() + held.lease_remaining();
         let coming = lease_end.checked_sub(grace).unwrap_or(lease_end);
-        // Why a loss found now happened: the lease ran out unseen (distlock was stopped),
-        // or the lock was taken away.
+        // Why a loss found now happened: the lease ran out unseen (distlock was stopped,
+        // or renewals failed to the last moment), or, its end still ahead, the lock was
+        // taken away (a force-unlock, a deleted key, a Redis restarted without its data).
         let lost_why = || {
-            if held.lease_remaining().is_zero() {
+            let now = Instant::now();
+            if now >= lease_end {
                 Why::LeaseEnded {
-                    late: Instant::now().saturating_duration_since(lease_end),
+                    late: now.saturating_duration_since(lease_end),
                 }
             } else {
                 Why::Lost
