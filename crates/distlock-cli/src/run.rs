@@ -134,10 +134,7 @@ pub async fn run(
         signal = signals.next() => return Ok(signal_code(signal)),
     };
     let Some(held) = taken else {
-        say(&format!(
-            "{} is held by someone else; not run",
-            crate::out::shown(&hold.name)
-        ));
+        say(&busy_reason(client, hold).await);
         return Ok(args.conflict_exit_code);
     };
     let job = Job {
@@ -582,4 +579,25 @@ async fn check_after(held: &Held, beside: &mut Beside, owner: &str) -> bool {
         }
         Err(_) => true,
     }
+}
+
+/// Why the lock could not be taken without waiting. A fair lock can be free and still not
+/// be taken: others are queued ahead. Its queue is named by the name's hash tag (Redisson's
+/// layout), so `x` and `{x}` share one, and waiters of either are ahead of both.
+async fn busy_reason(client: &distlock::Client, hold: &Hold) -> String {
+    let name = crate::out::shown(&hold.name);
+    if hold.fair {
+        if let Ok(lock) = client.fair_lock(&hold.name) {
+            if let (Ok(false), Ok(queued)) = (lock.is_locked().await, lock.queued().await) {
+                if queued > 0 {
+                    return format!(
+                        "{name} is free, but {queued} waiter(s) are queued ahead in its fair \
+                         queue, which every name with the same hash tag shares (x and {{x}}, \
+                         as in Redisson's layout); not run"
+                    );
+                }
+            }
+        }
+    }
+    format!("{name} is held by someone else; not run")
 }

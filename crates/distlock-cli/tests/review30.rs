@@ -496,13 +496,14 @@ async fn force_unlock_of_a_read_write_lock_wakes_its_waiters() {
     drop(reader);
 }
 
-/// `q` and `{q}` are "different locks" (src/mark.rs), but the fair lock's queue and
-/// timeouts (`redisson_lock_queue:{q}`, `redisson_lock_timeout:{q}`), like every helper
-/// key of the library's layout, are one key for both names: while `x` has a fair waiter,
-/// `run --fair {x} --no-wait` on the free `{x}` exits 75, "held by someone else", as
-/// status says `{x}` is not held.
+/// `q` and `{q}` are two locks, but the fair lock's queue and timeouts
+/// (`redisson_lock_queue:{q}`, `redisson_lock_timeout:{q}`), like every helper key of
+/// Redisson's layout, are one key for both names: while `x` has a fair waiter,
+/// `run --fair {x} --no-wait` on the free `{x}` exited 75 saying "held by someone else",
+/// while status said `{x}` is not held. The layout stays Redisson's (docs/layout.md); the
+/// refusal now says what holds it back.
 #[tokio::test]
-async fn a_fair_lock_named_with_braces_is_not_held_by_the_unbraced_ones_queue() {
+async fn a_fair_lock_behind_the_shared_queue_of_another_spelling_says_so() {
     let server = RedisServer::start().await.unwrap();
     let mut raw = server.connection().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -533,9 +534,16 @@ async fn a_fair_lock_named_with_braces_is_not_held_by_the_unbraced_ones_queue() 
     let status = within(Duration::from_secs(10), status).await;
     let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(json["held"], false, "{json}");
+    // x and {x} share the fair queue (Redisson's layout, docs/layout.md): {x} is free but
+    // x's waiter is ahead, and the refusal says so instead of "held by someone else".
     let mut braced = distlock(&server.url());
     braced.args(["run", "{x}", "--fair", "--no-wait", "--", "true"]);
     let braced = within(Duration::from_secs(10), braced).await;
-    assert_eq!(braced.status.code(), Some(0), "{}", stderr(&braced));
+    assert_eq!(braced.status.code(), Some(75), "{}", stderr(&braced));
+    assert!(
+        stderr(&braced).contains("is free, but 1 waiter(s) are queued ahead"),
+        "{}",
+        stderr(&braced)
+    );
     drop((holder, waiter));
 }
