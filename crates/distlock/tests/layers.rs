@@ -1,8 +1,9 @@
 //! The crate's layers import only downward, and no source file grows past what a reader can
 //! hold. See docs/design.md for the picture.
 //!
-//! Layers, from the bottom: the leaves (`config`, `error`, `duration`, `runtime`, `crc16`), then
-//! `transport`, `engine`, `primitives`, `client`, and `lib.rs`, which only re-exports. A
+//! Layers, from the bottom: the leaves (`config`, `error`, `duration`, `runtime`,
+//! `deadline_clock`, `crc16`), then `transport`, `engine`, `primitives`, `client`, and
+//! `lib.rs`, which only re-exports. A
 //! file may name `crate::<module>` only for a module of its own layer or one below.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// The layer of a top-level module of the crate.
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
-        "config" | "error" | "duration" | "runtime" | "crc16" => 0,
+        "config" | "error" | "duration" | "runtime" | "deadline_clock" | "crc16" => 0,
         "transport" => 1,
         "engine" => 2,
         "primitives" => 3,
