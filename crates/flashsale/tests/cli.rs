@@ -69,7 +69,7 @@ async fn bad_configuration_is_reported_plainly() {
             "a duration without its unit",
             vec!["serve", "--lock-lease", "30000"],
             vec![],
-            "\"30000\" has no unit: expected a whole number and a unit: 500ms, 10s, 2m or 1h",
+            "\"30000\" has no unit: expected a number and a unit, or several from the largest unit down: 500ms, 10s, 1.5s, 2m, 1m30s or 1h",
         ),
         (
             "zero segments",
