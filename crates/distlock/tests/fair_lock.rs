@@ -49,6 +49,25 @@ async fn queue_keys_left(conn: &mut redis::aio::MultiplexedConnection, name: &st
         .expect("EXISTS")
 }
 
+/// A task that waits for the fair lock `name` on `client`.
+fn wait_for(
+    client: &distlock::Client,
+    name: &str,
+) -> tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>> {
+    let lock = client.fair_lock(name).expect("a fair lock handle");
+    tokio::spawn(async move { lock.lock().await })
+}
+
+/// Waits at most `limit` for the Redisson waiter listening on `listener` to be told its
+/// turn (`0` on its own channel).
+async fn told_its_turn(listener: &mut redis::aio::PubSub, limit: Duration) {
+    let told = tokio::time::timeout(limit, listener.on_message().next())
+        .await
+        .expect("the Redisson waiter was told its turn")
+        .expect("a message");
+    assert_eq!(told.get_payload::<String>().unwrap(), "0");
+}
+
 /// Waiters that queued one after another, on several clients, get the lock in that order.
 #[tokio::test]
 async fn waiters_get_the_lock_in_the_order_they_queued() {
@@ -187,15 +206,9 @@ async fn a_grant_to_a_waiter_that_gave_up_goes_to_the_next_one() {
     let conn = raw(&server).await;
     bounded(LIMIT, async {
         let held = holder.fair_lock("regrant").unwrap().lock().await.unwrap();
-        let giving_up = tokio::spawn({
-            let lock = quitter.fair_lock("regrant").unwrap();
-            async move { lock.lock().await }
-        });
+        let giving_up = wait_for(&quitter, "regrant");
         until_queued(&conn, "regrant", 1).await;
-        let next = tokio::spawn({
-            let lock = patient.fair_lock("regrant").unwrap();
-            async move { lock.lock().await }
-        });
+        let next = wait_for(&patient, "regrant");
         until_queued(&conn, "regrant", 2).await;
         // The quitter's client cannot read its grant, nor leave, until the stall ends.
         quitter.stall_background_for_tests(Duration::from_millis(500));
@@ -481,10 +494,7 @@ fn a_grant_read_after_it_ran_out_is_not_taken() {
                 guard.map(|guard| (guard.owner().to_owned(), guard.is_lost(), guard))
             });
             until_queued(&conn, "stale-grant", 1).await;
-            let next = tokio::spawn({
-                let lock = rival.fair_lock("stale-grant").unwrap();
-                async move { lock.lock().await }
-            });
+            let next = wait_for(&rival, "stale-grant");
             until_queued(&conn, "stale-grant", 2).await;
             // Pause the waiter: its client's thread for 4 s, its runtime for 3.5 s.
             waiter_client.stall_background_for_tests(Duration::from_secs(4));
@@ -550,10 +560,7 @@ async fn a_redisson_acquisition_does_not_send_a_distlock_waiter_back() {
     bounded(LIMIT, async {
         let held = a.fair_lock("order").unwrap().lock().await.unwrap();
         assert!(!redisson_acquire(&mut conn, "order", "r1:1").await);
-        let waiting = tokio::spawn({
-            let lock = b.fair_lock("order").unwrap();
-            async move { lock.lock().await }
-        });
+        let waiting = wait_for(&b, "order");
         until_queued(&conn, "order", 2).await;
         let distlock_waiter = queued(&mut conn, "order").await[1].clone();
         assert!(!redisson_acquire(&mut conn, "order", "r2:1").await);
@@ -582,16 +589,10 @@ async fn a_redisson_waiter_keeps_its_turn_behind_a_distlock_holder() {
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let held = a.fair_lock("turn").unwrap().lock().await.unwrap();
-        let first = tokio::spawn({
-            let lock = b.fair_lock("turn").unwrap();
-            async move { lock.lock().await }
-        });
+        let first = wait_for(&b, "turn");
         until_queued(&conn, "turn", 1).await;
         assert!(!redisson_acquire(&mut conn, "turn", "r:1").await);
-        let last = tokio::spawn({
-            let lock = c.fair_lock("turn").unwrap();
-            async move { lock.lock().await }
-        });
+        let last = wait_for(&c, "turn");
         until_queued(&conn, "turn", 3).await;
         let mut listener = server.client().unwrap().get_async_pubsub().await.unwrap();
         listener
@@ -603,11 +604,7 @@ async fn a_redisson_waiter_keeps_its_turn_behind_a_distlock_holder() {
         // The distlock holder works for 4 s (renewed), well past its waiters' alive time.
         tokio::time::sleep(Duration::from_secs(4)).await;
         first.release().await.unwrap();
-        let told = tokio::time::timeout(Duration::from_secs(2), listener.on_message().next())
-            .await
-            .expect("the Redisson waiter was told its turn")
-            .unwrap();
-        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        told_its_turn(&mut listener, Duration::from_secs(2)).await;
         assert!(redisson_acquire(&mut conn, "turn", "r:1").await);
         assert!(!last.is_finished());
         let _: () = redis::cmd("DEL")
@@ -644,10 +641,7 @@ async fn a_redisson_waiter_keeps_its_entry_when_the_distlock_waiter_ahead_leaves
     bounded(LIMIT, async {
         // Handed the lock.
         let held = a.fair_lock("kept").unwrap().lock().await.unwrap();
-        let first = tokio::spawn({
-            let lock = b.fair_lock("kept").unwrap();
-            async move { lock.lock().await }
-        });
+        let first = wait_for(&b, "kept");
         until_queued(&conn, "kept", 1).await;
         assert!(!redisson_acquire(&mut conn, "kept", "r:1").await);
         held.release().await.unwrap();
@@ -659,11 +653,7 @@ async fn a_redisson_waiter_keeps_its_entry_when_the_distlock_waiter_ahead_leaves
             .await
             .unwrap();
         first.release().await.unwrap();
-        let told = tokio::time::timeout(Duration::from_secs(2), listener.on_message().next())
-            .await
-            .expect("the Redisson waiter was told its turn")
-            .unwrap();
-        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        told_its_turn(&mut listener, Duration::from_secs(2)).await;
         assert!(redisson_acquire(&mut conn, "kept", "r:1").await);
 
         // Giving up.
@@ -718,16 +708,9 @@ async fn a_redisson_waiter_is_told_its_turn_when_a_dead_waiter_ahead_is_dropped(
             .await
             .unwrap();
         assert!(!redisson_acquire(&mut conn, "stall", "r:1").await);
-        let behind = tokio::spawn({
-            let lock = live.fair_lock("stall").unwrap();
-            async move { lock.lock().await }
-        });
+        let behind = wait_for(&live, "stall");
         until_queued(&conn, "stall", 3).await;
-        let told = tokio::time::timeout(Duration::from_secs(6), listener.on_message().next())
-            .await
-            .expect("the Redisson waiter was told its turn within seconds of the dead head's alive time")
-            .unwrap();
-        assert_eq!(told.get_payload::<String>().unwrap(), "0");
+        told_its_turn(&mut listener, Duration::from_secs(6)).await;
         assert!(redisson_acquire(&mut conn, "stall", "r:1").await);
         assert!(!behind.is_finished());
         behind.abort();
@@ -749,10 +732,7 @@ async fn a_redisson_waiter_that_gives_up_moves_the_distlock_waiter_behind_it_up(
     bounded(LIMIT, async {
         let held = a.fair_lock("quit").unwrap().lock().await.unwrap();
         assert!(!redisson_acquire(&mut conn, "quit", "r:1").await);
-        let waiting = tokio::spawn({
-            let lock = b.fair_lock("quit").unwrap();
-            async move { lock.lock().await }
-        });
+        let waiting = wait_for(&b, "quit");
         until_queued(&conn, "quit", 2).await;
         let distlock_waiter = queued(&mut conn, "quit").await[1].clone();
         let before = score_left_ms(&mut conn, "quit", &distlock_waiter).await;
