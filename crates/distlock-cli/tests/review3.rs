@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{distlock, finish, run_to_end, stderr, until_exists, LIMIT};
+use common::{assert_one_line, distlock, finish, run_to_end, stderr, until_exists, LIMIT};
 use distlock_testkit::{FaultProxy, RedisServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -127,18 +127,7 @@ async fn another_applications_hash_is_refused_by_run_and_elect() {
             .args(&args[1..])
             .args(["--", "true"]);
         let output = within(Duration::from_secs(10), command).await;
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            stderr(&output)
-        );
-        assert!(
-            stderr(&output).contains("not a lock"),
-            "{args:?}: {}",
-            stderr(&output)
-        );
-        assert_eq!(lines(&output), 1, "{}", stderr(&output));
+        assert_one_line(&output, 2, "not a lock", &format!("{args:?}"));
     }
 }
 
@@ -436,18 +425,7 @@ async fn a_cluster_url_at_a_plain_server_is_a_usage_error() {
         let mut command = distlock(&url);
         command.args(&args);
         let output = within(Duration::from_secs(10), command).await;
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            stderr(&output)
-        );
-        assert!(
-            stderr(&output).contains("not a Redis Cluster"),
-            "{}",
-            stderr(&output)
-        );
-        assert_eq!(lines(&output), 1, "{}", stderr(&output));
+        assert_one_line(&output, 2, "not a Redis Cluster", &format!("{args:?}"));
     }
 }
 

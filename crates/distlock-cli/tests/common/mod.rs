@@ -59,3 +59,15 @@ pub async fn until_exists(path: &Path) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Asserts that distlock exited with `code` and wrote one line to stderr, saying `says`.
+/// `context` names the case in the failure message.
+pub fn assert_one_line(output: &Output, code: i32, says: &str, context: &str) {
+    let text = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "{context}: {text}");
+    assert!(
+        text.contains(says),
+        "{context}: expected {says:?} in: {text}"
+    );
+    assert_eq!(text.lines().count(), 1, "{context}: one line, not: {text}");
+}
