@@ -65,7 +65,7 @@ pub async fn take(
                             "{} cannot be a semaphore: its mark {} (and its permits {}) are \
                              those of the semaphore {}, whose keys are the same; not run",
                             crate::out::shown(&hold.name),
-                            crate::out::shown(&semaphore_mark(&hold.name)),
+                            crate::out::shown(&crate::mark::semaphore_mark(&hold.name)),
                             crate::out::shown(&crate::mark::tagged(&hold.name, "timeout")),
                             crate::out::shown(&other)
                         ),
@@ -87,7 +87,7 @@ pub async fn take(
                         crate::out::shown(&hold.name),
                         crate::out::shown(semaphore.key()),
                         crate::out::shown(&crate::mark::tagged(&hold.name, "timeout")),
-                        crate::out::shown(&semaphore_mark(&hold.name))
+                        crate::out::shown(&crate::mark::semaphore_mark(&hold.name))
                     ),
                 ));
             }
@@ -156,12 +156,6 @@ async fn take_lock(
     Ok(taken.map(Held::Lock))
 }
 
-/// The key that says distlock created the semaphore `name` (`run -n`): beside it, in
-/// its slot.
-pub fn semaphore_mark(name: &str) -> String {
-    crate::mark::tagged(name, "distlock_semaphore")
-}
-
 /// Whose the count at a semaphore's key is, as far as distlock can tell.
 enum Claim {
     /// A semaphore `run -n` of this name created (marked now, when there was no count).
@@ -179,7 +173,7 @@ async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<Claim
         redis::Script::new(include_str!("scripts/semaphore_claim.lua"))
     });
     let mut connection = client.connection();
-    let mark = semaphore_mark(name);
+    let mark = crate::mark::semaphore_mark(name);
     let claimed: i64 = CLAIM
         .key(key)
         .key(&mark)
@@ -199,12 +193,6 @@ async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<Claim
     })
 }
 
-/// Whether `mark`, the value of a semaphore's mark, says distlock created the semaphore
-/// `name` (the mark holds the name whose `run -n` created it).
-pub fn marks(mark: Option<&[u8]>, name: &str) -> bool {
-    mark == Some(name.as_bytes())
-}
-
 /// Checks, before anything is taken, that what `hold` names can be held by this user:
 /// the name holds nothing, or what the command takes (a lock, a fair lock, a semaphore),
 /// never another application's key; and the ACL user may publish and subscribe on its
@@ -212,7 +200,7 @@ pub fn marks(mark: Option<&[u8]>, name: &str) -> bool {
 /// lease ends).
 pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
     let shown = crate::out::shown(&hold.name);
-    let kind = crate::inspect::kind_of(client, &hold.name).await?;
+    let kind = crate::shape::kind_of(client, &hold.name).await?;
     let read_write = hold.shared || hold.exclusive;
     let fits = match kind.as_str() {
         "none" => true,

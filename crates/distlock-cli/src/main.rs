@@ -23,6 +23,7 @@ mod inspect;
 mod mark;
 mod out;
 mod run;
+mod shape;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -219,6 +219,18 @@ impl Mark {
     }
 }
 
+/// The key that says distlock created the semaphore `name` (`run -n`): beside it, in
+/// its slot.
+pub fn semaphore_mark(name: &str) -> String {
+    tagged(name, "distlock_semaphore")
+}
+
+/// Whether `mark`, the value of a semaphore's mark, says distlock created the semaphore
+/// `name` (the mark holds the name whose `run -n` created it).
+pub fn marks(mark: Option<&[u8]>, name: &str) -> bool {
+    mark == Some(name.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
