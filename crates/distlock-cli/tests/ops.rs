@@ -287,24 +287,18 @@ async fn distlock_variables_set_flags_and_the_command_line_wins() {
 #[tokio::test]
 async fn tls_flags_reach_a_server_that_asks_for_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
-    let path = |file: &str| dir.path().join(file).display().to_string();
-    let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
-    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-    let _server = RedisServer::start_with_args(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "yes",
-    ])
-    .await
-    .expect("redis-server with TLS");
+    let certificates =
+        distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
+    let (_server, tls_port) = certificates
+        .start_server(true)
+        .await
+        .expect("redis-server with TLS");
+    let path = |file: &std::path::Path| file.display().to_string();
+    let (cert, key, ca) = (
+        path(&certificates.cert),
+        path(&certificates.key),
+        path(&certificates.ca),
+    );
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let mut run = distlock(&url);
     run.args(["--cacert", &ca, "--cert", &cert, "--key", &key])

@@ -96,3 +96,32 @@ pub fn write_test_certificates(dir: &Path) -> Result<TestCertificates, TestkitEr
         key: dir.join("server.key"),
     })
 }
+
+impl TestCertificates {
+    /// Starts a redis-server that serves TLS with these certificates on a free port, as
+    /// well as plain TCP on its usual one; with `auth_clients`, it asks every client for a
+    /// certificate the CA signed. Returns the server and its TLS port.
+    pub async fn start_server(
+        &self,
+        auth_clients: bool,
+    ) -> Result<(crate::RedisServer, u16), TestkitError> {
+        let tls_port = crate::pick_free_port()?;
+        let port = tls_port.to_string();
+        let path = |file: &PathBuf| file.display().to_string();
+        let (cert, key, ca) = (path(&self.cert), path(&self.key), path(&self.ca));
+        let server = crate::RedisServer::start_with_args(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            if auth_clients { "yes" } else { "no" },
+        ])
+        .await?;
+        Ok((server, tls_port))
+    }
+}

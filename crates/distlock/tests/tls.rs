@@ -16,30 +16,18 @@ const LIMIT: Duration = Duration::from_secs(30);
 #[tokio::test]
 async fn locks_work_over_tls_with_a_trusted_ca_and_fail_without_it() {
     let dir = tempfile::tempdir().unwrap();
-    distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
-    let path = |file: &str| dir.path().join(file).display().to_string();
-    let tls_port = distlock_testkit::pick_free_port().unwrap().to_string();
-    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-    let server = RedisServer::start_with_args(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ])
-    .await
-    .expect("redis-server with TLS");
+    let certificates =
+        distlock_testkit::write_test_certificates(dir.path()).expect("test certificates");
+    let (server, tls_port) = certificates
+        .start_server(false)
+        .await
+        .expect("redis-server with TLS");
     let url = format!("rediss://127.0.0.1:{tls_port}/");
 
     bounded(LIMIT, async {
         let certificates = redis::TlsCertificates {
             client_tls: None,
-            root_cert: Some(std::fs::read(dir.path().join("ca.crt")).unwrap()),
+            root_cert: Some(std::fs::read(&certificates.ca).unwrap()),
         };
         let redis_client = redis::Client::build_with_tls(url.as_str(), certificates).unwrap();
         let client = Client::builder().connect_with(redis_client).await.unwrap();
