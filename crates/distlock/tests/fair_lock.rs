@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redisson_fair::{
-    assert_entry_outlasted, queue, redisson_acquire, score_left_ms, server_time_ms, timeouts,
-    waiters, REDISSON_FAIR_GIVE_UP,
+    assert_entry_outlasted, queue, queued, redisson_acquire, score_left_ms, server_time_ms,
+    timeouts, waiters, REDISSON_FAIR_GIVE_UP,
 };
 use common::{bounded, client, client_with_watchdog, eventually, raw, server};
 use distlock_testkit::ExclusionChecker;
@@ -536,16 +536,6 @@ fn a_grant_read_after_it_ran_out_is_not_taken() {
         stalled.shutdown_background();
     });
     main.block_on(body).unwrap();
-}
-
-async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg(queue(name))
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 /// Review: when a Redisson waiter takes the lock (a wait off every score, as Redisson

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::redisson_fair::{
-    assert_entry_outlasted, queue, redisson_acquire, server_time_ms, timeouts, waiters,
+    assert_entry_outlasted, queue, queued, redisson_acquire, server_time_ms, timeouts, waiters,
 };
 use common::{bounded, client, client_with_watchdog, raw, server};
 
@@ -111,16 +111,6 @@ fn lost_awaited_in_a_block_on_without_a_timer_panics_no_task() {
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
-}
-
-async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg(queue(name))
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 /// Change 1: `redissons_queued` (queue.lua) counts a Redisson waiter as "more entries in

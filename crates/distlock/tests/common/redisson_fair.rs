@@ -133,3 +133,14 @@ end
 redis.call('lrem', KEYS[1], 0, ARGV[1])
 redis.call('zrem', KEYS[2], ARGV[1])
 ";
+
+/// The queue's owners, oldest first.
+pub async fn queued(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(queue(name))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
