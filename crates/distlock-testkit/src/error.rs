@@ -30,6 +30,27 @@ pub enum TestkitError {
         output: String,
     },
 
+    /// A consensus store's server (etcd, ZooKeeper) was not found.
+    #[error("{store} is not installed: {hint}")]
+    StoreNotInstalled {
+        /// `etcd` or `ZooKeeper`.
+        store: &'static str,
+        /// Where the testkit looked and how to install it.
+        hint: String,
+    },
+
+    /// An etcd member or ZooKeeper server did not start, did not become ready, or
+    /// answered something the testkit cannot interpret.
+    #[error("{store}: {what}; recent output:\n{output}")]
+    Store {
+        /// `etcd` or `ZooKeeper`.
+        store: &'static str,
+        /// What failed.
+        what: String,
+        /// The last lines the process(es) wrote, if any.
+        output: String,
+    },
+
     /// A filesystem or process I/O operation failed.
     #[error("{context}: {source}")]
     Io {

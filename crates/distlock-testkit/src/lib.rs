@@ -22,6 +22,10 @@
 //!   with failovers, frozen or crashed nodes, and slot migrations on demand.
 //! * [`SentinelGroup`]: a master, two replicas and three Sentinels, with the
 //!   means to lose an acknowledged write in a failover deliberately.
+//! * [`EtcdCluster`]: N etcd members (1, 3, …) whose leader can be found, killed,
+//!   frozen and restarted.
+//! * [`ZkEnsemble`]: a standalone ZooKeeper server or an ensemble of three, with a short
+//!   tick so that sessions in tests can expire in a second, and the same faults.
 //!
 //! ```no_run
 //! use distlock_testkit::{ExclusionChecker, FencedResource, RedisServer, TestkitError};
@@ -48,6 +52,8 @@ pub mod certificates;
 pub mod clock;
 pub mod cluster;
 pub mod error;
+pub mod etcd_cluster;
+mod etcd_gateway;
 pub mod exclusion;
 pub mod fault_proxy;
 pub mod fenced;
@@ -55,14 +61,18 @@ pub mod postgres_server;
 mod probe;
 pub mod redis_server;
 pub mod sentinel;
+mod store_process;
+pub mod zk_ensemble;
 
 pub use certificates::{write_test_certificates, TestCertificates};
 pub use clock::monotonic_ns;
 pub use cluster::{ClusterNodeInfo, ClusterRole, RedisCluster, SlotMigration};
 pub use error::TestkitError;
+pub use etcd_cluster::EtcdCluster;
 pub use exclusion::{analyze, read_jsonl, ExclusionChecker, ExclusionReport, HoldRecord, Interval};
 pub use fault_proxy::{Direction, FaultProxy};
 pub use fenced::FencedResource;
 pub use postgres_server::PostgresServer;
 pub use redis_server::{pick_free_port, RedisServer};
 pub use sentinel::SentinelGroup;
+pub use zk_ensemble::ZkEnsemble;
