@@ -11,10 +11,10 @@
 //! two-core test machine is busy.
 //!
 //! On this machine (2 cores, etcd 3.4.23) a 3-member cluster is ready (leader elected, a
-//! write read back through every member) in about 0.5 s alone and up to 2.5 s while
-//! other tests start servers too; a single member in 0.3–0.9 s (it waits out one election
-//! timeout). A new leader is elected 1–2 s after the old one is killed, and a restarted
-//! member serves again within 0.2 s.
+//! write read back through every member) 0.4–2.6 s after the processes are spawned (the
+//! first election waits out a randomized election timeout), a single member in 0.1–0.9 s.
+//! A new leader is elected 1–2 s after the old one is killed, and a restarted member
+//! serves again within 0.2 s.
 //!
 //! ```no_run
 //! use distlock_testkit::{EtcdCluster, TestkitError};

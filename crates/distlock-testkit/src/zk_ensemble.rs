@@ -12,10 +12,10 @@
 //! enabled), so it needs no ZooKeeper client.
 //!
 //! Start-up is the JVM's: on this machine (2 cores, OpenJDK 17, ZooKeeper 3.8.0) a
-//! 3-server ensemble answers `srvr` with a leader and two followers 1.3–2.3 s after the
-//! processes are spawned (the more, the busier the machine), a standalone server
-//! 0.4–0.6 s; a new leader is elected 0.4–0.7 s after the old one is killed, and a
-//! restarted server follows again within 0.5–0.9 s.
+//! 3-server ensemble answers `srvr` with a leader and two followers 1.2–2.3 s after the
+//! processes are spawned (the more, the busier the machine), a standalone server in
+//! 0.3–2.4 s (usually under 0.7 s); a new leader is elected 0.4–0.8 s after the old one
+//! is killed, and a restarted server follows again within 0.5–0.9 s.
 //!
 //! ```no_run
 //! use distlock_testkit::{TestkitError, ZkEnsemble};
