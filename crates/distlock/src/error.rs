@@ -48,7 +48,7 @@ pub enum Error {
     },
 
     /// The connection URL could not be parsed or uses an unsupported scheme.
-    #[error("invalid Redis URL {url:?}: {reason}")]
+    #[error("invalid connection URL {url:?}: {reason}")]
     InvalidUrl {
         /// The URL as given, with any password masked.
         url: String,
@@ -176,6 +176,31 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// A store other than Redis (PostgreSQL) failed a request: the connection, a
+    /// permission, or the request itself. [`Error::is_connection_error`] is true for the
+    /// first kind, after which the same call may succeed.
+    #[error("{store} at {target}: {detail}")]
+    Store {
+        /// Which store: `"PostgreSQL"`.
+        store: &'static str,
+        /// Where the client connected (`host:port/database`).
+        target: String,
+        /// What kind of failure it was.
+        failure: StoreFailure,
+        /// What the store said, and what to do about it.
+        detail: String,
+    },
+
+    /// The client's store does not offer this primitive or call: a fair lock on
+    /// PostgreSQL, say. Nothing was sent. docs/safety.md lists what each store offers.
+    #[error("{what} is not available on {store}; docs/safety.md lists what each store offers")]
+    Unsupported {
+        /// The client's store.
+        store: &'static str,
+        /// What was asked for.
+        what: &'static str,
+    },
+
     /// A script answered with a shape that distlock does not expect. This points at a key
     /// written by something that does not follow the lock's data layout.
     #[error("unexpected reply from the {script} script: {detail}")]
@@ -185,6 +210,19 @@ pub enum Error {
         /// What was wrong with the reply.
         detail: String,
     },
+}
+
+/// What kind of failure an [`Error::Store`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFailure {
+    /// The connection failed or timed out, or the store is not taking requests (a
+    /// shutdown, a failover): the request may or may not have run, and may succeed later.
+    Connection,
+    /// The store's user lacks a right distlock needs (a table, a sequence, LISTEN).
+    PermissionDenied,
+    /// The store refused the request itself.
+    Request,
 }
 
 /// One master of a RedLock that did not answer an attempt usefully.
@@ -244,8 +282,22 @@ impl Error {
             Error::QuorumUnavailable { failures, .. } => {
                 failures.iter().all(|failure| failure.transient)
             }
+            Error::Store { failure, .. } => *failure == StoreFailure::Connection,
             _ => false,
         }
+    }
+
+    /// True when the store's user lacks a right distlock needs (a Redis ACL, a
+    /// PostgreSQL grant): asking again will not help.
+    pub(crate) fn is_denied(&self) -> bool {
+        matches!(
+            self,
+            Error::NoPermission { .. }
+                | Error::Store {
+                    failure: StoreFailure::PermissionDenied,
+                    ..
+                }
+        )
     }
 }
 

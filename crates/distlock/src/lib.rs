@@ -65,7 +65,7 @@ mod transport;
 pub use client::{Client, ClientBuilder};
 pub use config::FencingCounter;
 pub use duration::{format_duration, parse_duration};
-pub use error::{Error, NodeFailure, Result};
+pub use error::{Error, NodeFailure, Result, StoreFailure};
 pub use primitives::count_down_latch::CountDownLatch;
 pub use primitives::fair_lock::FairLock;
 pub use primitives::lock::{Lock, LockGuard, ReleaseOutcome};

@@ -27,12 +27,14 @@ use crate::transport::endpoint::{
 };
 use crate::transport::eviction::EvictionWatch;
 use crate::transport::probe::{describe_target, probe, ServerFacts};
+use crate::transport::pubsub::FeedSource;
 use crate::transport::replica_sync::{synced_writes, SyncSlot};
 use crate::transport::script;
 #[cfg(feature = "sentinel")]
 use crate::transport::sentinel::{FailoverLink, SentinelMaster};
 use crate::transport::servers::{background_connection, home_runtime, open_manager, Servers};
 use crate::transport::tls;
+use crate::transport::Store;
 
 /// How many cluster seeds are asked at the same time while connecting: enough that a few
 /// silent ones do not hold up a live one, few enough that a long seed list does not open
@@ -50,6 +52,11 @@ impl ClientBuilder {
     /// - `redis+sentinel://[user:password@]host1:port1,host2:port2/service[/db]` (or
     ///   `rediss+sentinel://`): the master that the sentinels name for `service`,
     ///   followed through failovers.
+    ///
+    /// Or another store, when distlock is built with its feature:
+    ///
+    /// - `postgres://[user:password@]host[:port]/database[?sslmode=…]` (feature
+    ///   `postgres`): locks kept in a table of that database.
     ///
     /// The connections reconnect by themselves after a failure. The lock API is the same
     /// whatever the deployment.
@@ -77,6 +84,7 @@ impl ClientBuilder {
             }
             Endpoint::Cluster(seeds) => self.connect_cluster(seeds).await,
             Endpoint::Sentinel(spec) => self.connect_sentinel(spec).await,
+            Endpoint::Postgres(url) => self.connect_postgres(url).await,
         }
     }
 
@@ -509,9 +517,10 @@ fn assemble(connected: Connected, synced: SyncSlot, eviction: EvictionWatch) -> 
         &background,
         deployment,
         synced.clone(),
+        Store::Redis,
     );
     let subscriptions = Subscriptions::new(
-        servers.clone(),
+        FeedSource::Redis(Box::new(servers.clone())),
         config.connection_timeout,
         background.handle().clone(),
         background.stopping().clone(),
@@ -527,8 +536,9 @@ fn assemble(connected: Connected, synced: SyncSlot, eviction: EvictionWatch) -> 
         deployment,
         target,
         synced,
-        servers,
+        servers: Some(servers),
         eviction,
+        store: Store::Redis,
     });
     Client {
         session: Session::new(core),

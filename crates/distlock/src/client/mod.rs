@@ -2,11 +2,13 @@
 //! a session from the transport and the engine, and hands out the primitives.
 //!
 //! - [`builder`]: the settings, checked into a [`Config`](crate::config::Config);
-//! - [`connect`]: connecting to each kind of deployment, the checks every one gets, and
-//!   the assembly of the session.
+//! - [`connect`]: connecting to each kind of Redis deployment, the checks every one
+//!   gets, and the assembly of the session;
+//! - [`stores`]: connecting to the other stores (PostgreSQL), picked by the URL.
 
 mod builder;
 mod connect;
+mod stores;
 
 use std::fmt;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use crate::primitives::permit_semaphore::PermitSemaphore;
 use crate::primitives::red_lock::RedLock;
 use crate::primitives::rw_lock::RwLock;
 use crate::primitives::semaphore::Semaphore;
+use crate::primitives::validate_name_for;
 use crate::transport::connection::Connection;
 
 /// A handle on one Redis deployment, shared by every lock of a process.
@@ -106,6 +109,7 @@ impl Client {
     /// Its key is the name (after the client's key prefix), with Redisson's `RFairLock`
     /// layout, so a Redisson fair lock of the same name shares its queue.
     pub fn fair_lock(&self, name: impl Into<String>) -> Result<FairLock> {
+        self.redis_only("a fair lock")?;
         Ok(FairLock::new(
             self.session.clone(),
             self.key_of(name.into())?,
@@ -115,6 +119,7 @@ impl Client {
     /// A handle on the read-write lock called `name` (Redisson's `RReadWriteLock`
     /// layout): many readers or one writer.
     pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock> {
+        self.redis_only("a read-write lock")?;
         Ok(RwLock::new(self.session.clone(), self.key_of(name.into())?))
     }
 
@@ -122,6 +127,7 @@ impl Client {
     /// of free permits at the key). Set its permits with
     /// [`Semaphore::try_set_permits`].
     pub fn semaphore(&self, name: impl Into<String>) -> Result<Semaphore> {
+        self.redis_only("a semaphore")?;
         Ok(Semaphore::new(
             self.session.clone(),
             self.key_of(name.into())?,
@@ -132,6 +138,7 @@ impl Client {
     /// while held, that come back by themselves when their holder dies (Redisson's
     /// `RPermitExpirableSemaphore` layout).
     pub fn permit_semaphore(&self, name: impl Into<String>) -> Result<PermitSemaphore> {
+        self.redis_only("a permit semaphore")?;
         Ok(PermitSemaphore::new(
             self.session.clone(),
             self.key_of(name.into())?,
@@ -141,6 +148,7 @@ impl Client {
     /// A handle on the count-down latch called `name` (Redisson's `RCountDownLatch`
     /// layout). Set its count with [`CountDownLatch::try_set_count`].
     pub fn count_down_latch(&self, name: impl Into<String>) -> Result<CountDownLatch> {
+        self.redis_only("a count-down latch")?;
         CountDownLatch::new(self.session.clone(), self.key_of(name.into())?)
     }
 
@@ -148,13 +156,23 @@ impl Client {
     /// name, both checked.
     fn key_of(&self, name: String) -> Result<String> {
         validate_name(&name)?;
-        let prefix = &self.session.core().config().key_prefix;
-        if prefix.is_empty() {
-            return Ok(name);
-        }
-        let key = format!("{prefix}{name}");
-        validate_name(&key)?;
+        let core = self.session.core();
+        let prefix = &core.config().key_prefix;
+        let key = if prefix.is_empty() {
+            name
+        } else {
+            let key = format!("{prefix}{name}");
+            validate_name(&key)?;
+            key
+        };
+        validate_name_for(core.store(), &key)?;
         Ok(key)
+    }
+
+    /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) unless the client is
+    /// on Redis: for the primitives only Redis has so far.
+    fn redis_only(&self, what: &'static str) -> Result<()> {
+        self.session.core().store().ensure_redis(what)
     }
 
     /// A clone of the command connection, for callers that want to run their own commands
@@ -177,8 +195,13 @@ impl Client {
         let core = self.session.core();
         core.ensure_open()?;
         to_millis("response timeout", response_timeout)?;
-        let connection = core
-            .servers()
+        let Some(servers) = core.servers() else {
+            return Err(crate::error::Error::Unsupported {
+                store: core.store().name(),
+                what: "a dedicated Redis connection",
+            });
+        };
+        let connection = servers
             .open_on(core.background().handle(), core.config(), response_timeout)
             .await?;
         Ok(connection.refusing_after(core.closing()))

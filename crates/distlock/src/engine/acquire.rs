@@ -266,11 +266,7 @@ async fn wait_for<A: Acquire>(
             // One without a deadline hears it now rather than wait on a dead server.
             // (A RedLock's missing quorum is answered at once, as before: its masters'
             // own timeouts have already been waited for.)
-            Err(Error::Redis(err))
-                if still_patient
-                    && deadline.is_some()
-                    && crate::error::is_connection_failure(&err) =>
-            {
+            Err(err) if still_patient && deadline.is_some() && is_store_unreachable(&err) => {
                 tracing::debug!(error = %err, "the first attempt failed; waiting within the deadline");
             }
             Err(err) => return Err(err),
@@ -487,6 +483,16 @@ async fn attempt<A: Acquire>(
         return Err(Error::Shutdown);
     }
     Ok(outcome)
+}
+
+/// A failure of the store's connection itself (not a RedLock's quorum, which its
+/// masters' own timeouts have already waited out).
+fn is_store_unreachable(err: &Error) -> bool {
+    match err {
+        Error::Redis(err) => crate::error::is_connection_failure(err),
+        Error::Store { .. } => err.is_connection_error(),
+        _ => false,
+    }
 }
 
 /// A failure that says the connection used was stale, not that the server is down: it

@@ -25,6 +25,7 @@ use crate::transport::deployment::Deployment;
 use crate::transport::eviction::EvictionWatch;
 use crate::transport::replica_sync::{SyncSlot, SyncedWrites};
 use crate::transport::servers::Servers;
+use crate::transport::Store;
 
 /// A counted handle on a client's session. Cheap to clone; the last clone dropped shuts
 /// the session down.
@@ -85,10 +86,14 @@ pub(crate) struct Parts {
     pub(crate) target: String,
     /// Where lock writes go when they wait for replicas (empty while replica sync is off).
     pub(crate) synced: SyncSlot,
-    /// How to reach the servers again, for connections of their own.
-    pub(crate) servers: Servers,
+    /// How to reach the Redis servers again, for connections of their own (`None` on
+    /// another store).
+    pub(crate) servers: Option<Servers>,
     /// Whether the server may evict keys, as last checked.
     pub(crate) eviction: Arc<EvictionWatch>,
+    /// The store the primitives talk to. On a store other than Redis, `connection` is
+    /// one whose every call fails, saying which store the client is on.
+    pub(crate) store: Store,
 }
 
 /// What the engine and the background work need. Background tasks hold this, never a
@@ -164,9 +169,15 @@ impl Core {
         &self.id
     }
 
-    /// How to reach the servers again, for connections of their own.
-    pub(crate) fn servers(&self) -> &Servers {
-        &self.parts.servers
+    /// How to reach the Redis servers again, for connections of their own; `None` on
+    /// another store.
+    pub(crate) fn servers(&self) -> Option<&Servers> {
+        self.parts.servers.as_ref()
+    }
+
+    /// The store the primitives talk to.
+    pub(crate) fn store(&self) -> &Store {
+        &self.parts.store
     }
 
     /// A new owner, never used before by any client: this client's id and a number.

@@ -42,10 +42,8 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use crate::engine::waiters::WakeRule;
 use crate::engine::waiters::{lock_mailbox, Mailbox, Queue};
-use crate::error::is_permission_denied;
 use crate::runtime::sleep_until_on;
-use crate::transport::pubsub::{open, Event, Sink};
-use crate::transport::servers::Servers;
+use crate::transport::pubsub::{open, Event, FeedSource, Sink};
 
 /// Reconnect backoff bounds: fast enough to catch a restarted server, slow enough not to
 /// spin against a dead one.
@@ -63,7 +61,7 @@ const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(3);
 /// The client's registry of channels its waiters listen on.
 pub(crate) struct Subscriptions {
     shared: Arc<Shared>,
-    source: Servers,
+    source: FeedSource,
     /// The client's own runtime, where the hub runs whoever waits first.
     runtime: tokio::runtime::Handle,
     hub_started: OnceLock<()>,
@@ -149,7 +147,7 @@ impl Shared {
 
 impl Subscriptions {
     pub(crate) fn new(
-        source: Servers,
+        source: FeedSource,
         timeout: Duration,
         runtime: tokio::runtime::Handle,
         shutdown: CancellationToken,
@@ -316,7 +314,7 @@ impl Drop for Subscription {
     }
 }
 
-async fn run_hub(shared: Arc<Shared>, source: Servers, mut nudges: mpsc::UnboundedReceiver<()>) {
+async fn run_hub(shared: Arc<Shared>, source: FeedSource, mut nudges: mpsc::UnboundedReceiver<()>) {
     let mut backoff = MIN_BACKOFF;
     let mut first_attempt = true;
     loop {
@@ -449,7 +447,7 @@ async fn reconcile(
     if !stale.is_empty() {
         match tokio::time::timeout(shared.timeout, sink.unsubscribe(&stale)).await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) if is_permission_denied(&err) => {
+            Ok(Err(err)) if err.is_denied() => {
                 // The connection is fine; the server just keeps sending these channels'
                 // messages, which nobody is woken by. Rebuilding it would not help.
                 if !shared.warned_unsubscribe.swap(true, Ordering::Relaxed) {
@@ -499,7 +497,7 @@ async fn subscribe(
             on_server.extend(channels);
             return true;
         }
-        Ok(Err(err)) if is_permission_denied(&err) => {}
+        Ok(Err(err)) if err.is_denied() => {}
         _ => return false,
     }
     for channel in channels {
@@ -508,7 +506,7 @@ async fn subscribe(
             Ok(Ok(())) => {
                 on_server.insert(channel);
             }
-            Ok(Err(err)) if is_permission_denied(&err) => {
+            Ok(Err(err)) if err.is_denied() => {
                 if !shared.warned_denied.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         %channel,

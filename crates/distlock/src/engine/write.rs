@@ -123,7 +123,7 @@ impl Core {
 
     /// Runs a give-back on the client's runtime, and waits for it unless the caller goes
     /// first.
-    async fn given_back<G: Future<Output = ()> + Send + 'static>(&self, give_back: G) {
+    pub(crate) async fn given_back<G: Future<Output = ()> + Send + 'static>(&self, give_back: G) {
         let (done, finished) = tokio::sync::oneshot::channel::<()>();
         self.background().spawn(async move {
             give_back.await;

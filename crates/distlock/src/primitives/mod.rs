@@ -23,6 +23,7 @@ pub(crate) mod rw_lock;
 pub(crate) mod semaphore;
 
 use crate::transport::script::LuaScript;
+use crate::transport::Store;
 
 /// Every script of every primitive, loaded into the server's cache at connect.
 pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
@@ -34,4 +35,23 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
         .chain(count_down_latch::scripts::ALL.iter())
         .chain(rw_lock::scripts::ALL.iter())
         .copied()
+}
+
+/// What a client on PostgreSQL creates at connect when missing: every primitive's tables.
+#[cfg(feature = "postgres")]
+pub(crate) fn postgres_setup() -> &'static [&'static str] {
+    &lock::postgres::SETUP
+}
+
+/// Refuses a name the client's store cannot keep, beyond what every store refuses
+/// ([`keys::validate_name`]).
+pub(crate) fn validate_name_for(store: &Store, name: &str) -> crate::error::Result<()> {
+    match store {
+        Store::Redis => {
+            let _ = name;
+            Ok(())
+        }
+        #[cfg(feature = "postgres")]
+        Store::Postgres(_) => lock::postgres::validate_name(name),
+    }
 }

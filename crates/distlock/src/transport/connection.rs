@@ -78,6 +78,53 @@ pub(crate) enum Link {
     Sentinel(FailoverLink),
     #[cfg(feature = "cluster")]
     Cluster(ClusterLink),
+    /// No Redis at all: the client is on another store, and every command fails.
+    #[cfg(feature = "postgres")]
+    Absent(NoRedis),
+}
+
+/// The command connection of a client on a store other than Redis: every call fails,
+/// naming the store, so a Redis-only call reached by mistake says why instead of panicking.
+#[cfg(feature = "postgres")]
+#[derive(Clone, Copy)]
+pub(crate) struct NoRedis {
+    pub(crate) store: &'static str,
+}
+
+#[cfg(feature = "postgres")]
+impl NoRedis {
+    fn refusal(self) -> RedisError {
+        RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "this distlock client is not connected to Redis",
+            format!(
+                "it is connected to {}; Redis commands are not available",
+                self.store
+            ),
+        ))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl ConnectionLike for NoRedis {
+    fn req_packed_command<'a>(&'a mut self, _cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let refusal = self.refusal();
+        Box::pin(std::future::ready(Err(refusal)))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let refusal = self.refusal();
+        Box::pin(std::future::ready(Err(refusal)))
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 impl From<RedisConnection> for Link {
@@ -97,6 +144,8 @@ impl Link {
             Link::Sentinel(conn) => conn,
             #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn,
+            #[cfg(feature = "postgres")]
+            Link::Absent(conn) => conn,
         }
     }
 }
@@ -313,6 +362,8 @@ impl ConnectionLike for Connection {
             Link::Sentinel(conn) => conn.get_db(),
             #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.get_db(),
+            #[cfg(feature = "postgres")]
+            Link::Absent(conn) => conn.get_db(),
         }
     }
 }

@@ -23,6 +23,10 @@ pub(crate) enum Endpoint {
     Cluster(Vec<String>),
     /// The master a set of sentinels names.
     Sentinel(SentinelSpec),
+    /// A PostgreSQL database (`postgres://` or `postgresql://`), as the URL gives it: its
+    /// driver parses the rest. Parsed whether or not the `postgres` feature is built, so
+    /// a build without it can say which feature the URL needs.
+    Postgres(String),
 }
 
 /// Where to find a Sentinel-managed master, and how to talk to it.
@@ -53,10 +57,11 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         "redis+cluster" => "redis",
         "rediss+cluster" => "rediss",
         "redis+sentinel" | "rediss+sentinel" => return parse_sentinel(url, scheme, rest),
+        "postgres" | "postgresql" => return Ok(Endpoint::Postgres(url.to_owned())),
         _ => {
             return Err(invalid(
                 "unsupported scheme; use redis://, rediss://, redis+cluster://, \
-                 redis+sentinel:// (or their rediss+ forms)",
+                 redis+sentinel:// (or their rediss+ forms), or postgres://",
             ))
         }
     };

@@ -69,6 +69,17 @@ impl EvictionWatch {
         Ok(watch)
     }
 
+    /// For a store that never evicts what it was told to keep (PostgreSQL): every
+    /// acquisition may go ahead.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn not_applicable(target: &str) -> Self {
+        Self {
+            target: target.to_owned(),
+            allowed: true,
+            refused: Mutex::new(None),
+        }
+    }
+
     /// Reads the policy again every few seconds on the client's runtime, until the client
     /// stops. Nothing is started when eviction is allowed.
     pub(crate) fn keep_checking(self: &Arc<Self>, connection: Connection, background: &Background) {

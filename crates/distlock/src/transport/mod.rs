@@ -13,7 +13,11 @@
 //! - [`script`]: EVALSHA, with EVAL when the server lost the script;
 //! - [`eviction`]: the eviction-policy check;
 //! - [`deployment`]: what differs between deployments for the protocol above;
-//! - [`tls`]: TLS set-up.
+//! - [`tls`]: TLS set-up;
+//! - `postgres` (feature `postgres`): the PostgreSQL pool, its statements' failures, and
+//!   the connection that LISTENs.
+//!
+//! [`Store`] says which of them a client's primitives talk to.
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
@@ -21,6 +25,8 @@ pub(crate) mod connection;
 pub(crate) mod deployment;
 pub(crate) mod endpoint;
 pub(crate) mod eviction;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod probe;
 pub(crate) mod pubsub;
 pub(crate) mod replica_sync;
@@ -29,3 +35,36 @@ pub(crate) mod script;
 pub(crate) mod sentinel;
 pub(crate) mod servers;
 pub(crate) mod tls;
+
+/// The store a client's primitives talk to: Redis (any deployment, through the client's
+/// command connection), or another store through its link.
+#[derive(Clone)]
+pub(crate) enum Store {
+    Redis,
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PgLink),
+}
+
+impl Store {
+    /// The store's name, for errors.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Store::Redis => "Redis",
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => postgres::STORE,
+        }
+    }
+
+    /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) unless this is Redis:
+    /// for what only Redis offers.
+    pub(crate) fn ensure_redis(&self, what: &'static str) -> crate::error::Result<()> {
+        match self {
+            Store::Redis => Ok(()),
+            #[allow(unreachable_patterns)]
+            other => Err(crate::error::Error::Unsupported {
+                store: other.name(),
+                what,
+            }),
+        }
+    }
+}

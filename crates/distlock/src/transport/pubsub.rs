@@ -18,13 +18,30 @@ use redis::{PushInfo, PushKind};
 #[cfg(feature = "cluster")]
 use tokio::sync::mpsc;
 
+use crate::error::Result;
 #[cfg(feature = "cluster")]
 use crate::transport::cluster::cluster_client;
+#[cfg(feature = "postgres")]
+use crate::transport::postgres::{
+    listen::{self, PgEvents, PgSink},
+    PgLink,
+};
 use crate::transport::servers::Servers;
+
+/// Where the hub's connection goes: a Redis deployment's pub/sub, or a PostgreSQL
+/// database's LISTEN/NOTIFY.
+#[derive(Clone)]
+pub(crate) enum FeedSource {
+    Redis(Box<Servers>),
+    #[cfg(feature = "postgres")]
+    Postgres(PgLink),
+}
 
 /// The sending half of the hub's connection.
 pub(crate) enum Sink {
     Classic(PubSubSink),
+    #[cfg(feature = "postgres")]
+    Postgres(PgSink),
     #[cfg(feature = "cluster")]
     Cluster {
         connection: ClusterConnection,
@@ -35,6 +52,8 @@ pub(crate) enum Sink {
 /// The receiving half: messages, and on a cluster the other pushes.
 pub(crate) enum Events {
     Classic(PubSubStream),
+    #[cfg(feature = "postgres")]
+    Postgres(PgEvents),
     #[cfg(feature = "cluster")]
     Cluster(mpsc::UnboundedReceiver<PushInfo>),
 }
@@ -58,19 +77,21 @@ pub(crate) enum Event {
 }
 
 impl Sink {
-    pub(crate) async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+    pub(crate) async fn subscribe(&mut self, channels: &[String]) -> Result<()> {
         self.set(channels, true).await
     }
 
-    pub(crate) async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+    pub(crate) async fn unsubscribe(&mut self, channels: &[String]) -> Result<()> {
         self.set(channels, false).await
     }
 
     /// Subscribes to `channels` (`on`), or unsubscribes from them.
-    async fn set(&mut self, channels: &[String], on: bool) -> RedisResult<()> {
+    async fn set(&mut self, channels: &[String], on: bool) -> Result<()> {
         match self {
-            Sink::Classic(sink) if on => sink.subscribe(channels).await,
-            Sink::Classic(sink) => sink.unsubscribe(channels).await,
+            Sink::Classic(sink) if on => Ok(sink.subscribe(channels).await?),
+            Sink::Classic(sink) => Ok(sink.unsubscribe(channels).await?),
+            #[cfg(feature = "postgres")]
+            Sink::Postgres(sink) => sink.set(channels, on).await,
             // One channel per command: the channels of one SSUBSCRIBE must share a slot.
             #[cfg(feature = "cluster")]
             Sink::Cluster {
@@ -83,7 +104,7 @@ impl Sink {
                         (true, false) => connection.subscribe(channel).await?,
                         (false, true) => connection.sunsubscribe(channel).await?,
                         (false, false) => connection.unsubscribe(channel).await?,
-                    }
+                    };
                 }
                 Ok(())
             }
@@ -100,6 +121,8 @@ impl Sink {
             ),
             #[cfg(feature = "cluster")]
             Sink::Cluster { .. } => true,
+            #[cfg(feature = "postgres")]
+            Sink::Postgres(sink) => sink.healthy(timeout).await,
         }
     }
 }
@@ -112,6 +135,11 @@ impl Events {
                 channel: message.get_channel_name().to_owned(),
                 payload: message.get_payload_bytes().to_vec(),
             }),
+            #[cfg(feature = "postgres")]
+            Events::Postgres(events) => events
+                .next()
+                .await
+                .map(|(channel, payload)| Event::Message { channel, payload }),
             #[cfg(feature = "cluster")]
             Events::Cluster(pushes) => {
                 let push = pushes.recv().await?;
@@ -144,7 +172,19 @@ impl Events {
     }
 }
 
-pub(crate) async fn open(source: &Servers) -> RedisResult<(Sink, Events)> {
+/// Opens the hub's connection to `source`.
+pub(crate) async fn open(source: &FeedSource) -> Result<(Sink, Events)> {
+    match source {
+        FeedSource::Redis(servers) => Ok(open_redis(servers).await?),
+        #[cfg(feature = "postgres")]
+        FeedSource::Postgres(link) => {
+            let (sink, events) = listen::open(link).await?;
+            Ok((Sink::Postgres(sink), Events::Postgres(events)))
+        }
+    }
+}
+
+async fn open_redis(source: &Servers) -> RedisResult<(Sink, Events)> {
     match source {
         Servers::Standalone(redis) => {
             let (sink, stream) = redis.get_async_pubsub().await?.split();

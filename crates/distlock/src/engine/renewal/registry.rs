@@ -16,18 +16,29 @@ use crate::transport::connection::Connection;
 use crate::transport::deployment::Deployment;
 use crate::transport::replica_sync::SyncSlot;
 use crate::transport::script::LuaScript;
+use crate::transport::Store;
 
 /// How one kind of lease is renewed: a primitive registers its kind (a lock hold, a read
-/// hold, a semaphore permit) and the scheduler renews every lease of that kind with its
-/// script, one call per batch of leases of the kind (and, on a cluster, of one slot).
-///
-/// The script's contract: `KEYS[i]` is the i-th lease's key, `ARGV[1]` the lease to set in
-/// milliseconds and `ARGV[1 + i]` the i-th lease's owner; it answers one integer per lease,
-/// 1 if the owner still held it (and its lease is set again), anything else if not.
+/// hold, a semaphore permit) and the scheduler renews every lease of that kind the same
+/// way, one call per batch of leases of the kind (and, on a cluster, of one slot).
 pub(crate) struct RenewalKind {
     /// For the log: what a lease of this kind is.
     pub(crate) name: &'static str,
-    pub(crate) script: &'static LuaScript,
+    pub(crate) renew: Renewal,
+}
+
+/// What renews a batch of leases of one kind, on the client's store.
+pub(crate) enum Renewal {
+    /// A Redis script. `KEYS[i]` is the i-th lease's key, `ARGV[1]` the lease to set in
+    /// milliseconds and `ARGV[1 + i]` the i-th lease's owner; it answers one integer per
+    /// lease, 1 if the owner still held it (and its lease is set again), anything else if
+    /// not.
+    Script(&'static LuaScript),
+    /// A PostgreSQL statement. `$1` is the lease in milliseconds (a double), `$2` the
+    /// names and `$3` the owners (text arrays); it answers a row `(name, owner)` for each
+    /// lease still held (and set again).
+    #[cfg(feature = "postgres")]
+    Statement(&'static str),
 }
 
 pub(super) struct Entry {
@@ -147,6 +158,8 @@ pub(super) struct Shared {
     /// With replica sync on, renewals wait for replicas too: a renewal no replica has
     /// would be lost by a failover.
     pub(super) synced: SyncSlot,
+    /// The store the leases are on (Redis renewals go over `connection`).
+    pub(super) store: Store,
 }
 
 impl Shared {
@@ -183,7 +196,7 @@ mod tests {
         static SCRIPT: LuaScript = LuaScript::new("return {}");
         static KIND: RenewalKind = RenewalKind {
             name: "test",
-            script: &SCRIPT,
+            renew: Renewal::Script(&SCRIPT),
         };
         let entry = |renew: bool, closing: bool| Entry {
             kind: &KIND,

@@ -32,14 +32,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::lease::Lease;
-use super::registry::{Entry, Registry, RenewalKind, Shared};
+use super::registry::{Entry, Registry, Renewal, RenewalKind, Shared};
 use crate::config::Config;
-use crate::error::is_permission_denied;
+use crate::error::{Error, Result};
 use crate::runtime::Background;
 use crate::transport::connection::Connection;
 use crate::transport::deployment::Deployment;
 use crate::transport::replica_sync::SyncSlot;
-use crate::transport::script::ScriptCall;
+use crate::transport::script::{LuaScript, ScriptCall};
+use crate::transport::Store;
 
 /// The client's renewal scheduler.
 pub(crate) struct Watchdog {
@@ -60,6 +61,7 @@ impl Watchdog {
         background: &Background,
         deployment: Deployment,
         synced: SyncSlot,
+        store: Store,
     ) -> Self {
         let shared = Arc::new(Shared {
             registry: Arc::new(Mutex::new(Registry {
@@ -76,6 +78,7 @@ impl Watchdog {
             batch_size: config.renew_batch_size,
             deployment,
             synced,
+            store,
         });
         background.spawn_service(run(Arc::clone(&shared)));
         Self { shared }
@@ -228,22 +231,56 @@ struct Due {
     kind: &'static RenewalKind,
 }
 
-/// Sends one renewal script for `batch` (leases of one kind): one result per lease, 1 if
-/// still held.
-async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
+/// Sends one renewal for `batch` (leases of one kind), as the kind says: one result per
+/// lease, 1 if still held.
+async fn renew(shared: &Shared, batch: &[Due]) -> Result<Vec<i64>> {
     let Some(kind) = batch.first().map(|due| due.kind) else {
         return Ok(Vec::new());
     };
+    let renewed = match (&kind.renew, &shared.store) {
+        (Renewal::Script(script), Store::Redis) => renew_with_script(shared, script, batch).await?,
+        #[cfg(feature = "postgres")]
+        (Renewal::Statement(statement), Store::Postgres(link)) => {
+            let leases = batch
+                .iter()
+                .map(|due| (Arc::clone(&due.key), Arc::clone(&due.owner)))
+                .collect();
+            let renewed = link.renew(statement, shared.lease_ms, leases).await?;
+            renewed.into_iter().map(i64::from).collect()
+        }
+        #[allow(unreachable_patterns)]
+        (_, store) => {
+            return Err(Error::Unsupported {
+                store: store.name(),
+                what: kind.name,
+            })
+        }
+    };
+    if renewed.len() != batch.len() {
+        return Err(Error::UnexpectedReply {
+            script: "renewal",
+            detail: "answered with the wrong number of results".into(),
+        });
+    }
+    Ok(renewed)
+}
+
+/// [`renew`] on Redis: the kind's script, with a WAIT behind it under replica sync.
+async fn renew_with_script(
+    shared: &Shared,
+    script: &'static LuaScript,
+    batch: &[Due],
+) -> redis::RedisResult<Vec<i64>> {
     let keys: Vec<&str> = batch.iter().map(|due| &*due.key).collect();
-    let mut invocation = ScriptCall::new(kind.script, &keys, 1 + batch.len());
+    let mut invocation = ScriptCall::new(script, &keys, 1 + batch.len());
     invocation.arg(shared.lease_ms);
     for due in batch {
         invocation.arg(&*due.owner);
     }
-    let renewed: Vec<i64> = match shared.synced.get() {
+    match shared.synced.get() {
         None => {
             let mut connection = shared.connection.clone();
-            invocation.invoke(&mut connection).await?
+            invocation.invoke(&mut connection).await
         }
         Some(synced) => {
             let (renewed, acks) = invocation.invoke_synced(synced).await?;
@@ -257,16 +294,9 @@ async fn renew(shared: &Shared, batch: &[Due]) -> redis::RedisResult<Vec<i64>> {
                     ),
                 )));
             }
-            renewed
+            Ok(renewed)
         }
-    };
-    if renewed.len() != batch.len() {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "renewal script answered with the wrong number of results",
-        )));
     }
-    Ok(renewed)
 }
 
 /// Starts a renewal of every lease due, in batches, each batch a task of its own. A lease
@@ -336,7 +366,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     let sent_at = Instant::now();
     let renewed = match renew(shared, &batch).await {
         Ok(renewed) => renewed,
-        Err(err) if is_permission_denied(&err) && batch.len() > 1 => {
+        Err(err) if err.is_denied() && batch.len() > 1 => {
             // The server refuses a script when it may not touch one of its keys, so one
             // lock whose key the user lost refuses the whole batch. Find which, one by one.
             for due in batch {
@@ -344,14 +374,15 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             }
             return;
         }
-        Err(err) if is_permission_denied(&err) => {
+        Err(err) if err.is_denied() => {
             // The ACL will refuse every later round too: waiting for the deadline would
             // only hide the cause. This lease can no longer be kept.
             if !shared.warned_refused.swap(true, Ordering::Relaxed) {
                 tracing::error!(
                     error = %err,
-                    "the Redis user may not renew a lease (ACL); the lock is reported lost \
-                     now; grant the rights listed in distlock's docs/safety.md"
+                    "the store's user may not renew a lease (a Redis ACL, a PostgreSQL grant); \
+                     the lock is reported lost now; grant the rights listed in distlock's \
+                     docs/safety.md"
                 );
             }
             let mut registry = shared.registry();

@@ -15,7 +15,7 @@ use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::safety_margin;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
+use crate::primitives::lock::{Acquired, Hold, HoldOps, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
 /// One acquisition of a fair lock, tried as often as the engine needs, as one owner.
@@ -66,7 +66,7 @@ impl Owner {
             core: Arc::clone(&self.core),
             name: Arc::clone(&self.keys.lock),
             owner: Arc::clone(&self.owner),
-            release: Arc::clone(&self.keys) as Arc<dyn HoldScripts>,
+            release: Arc::clone(&self.keys) as Arc<dyn HoldOps>,
             token,
             sent_at,
             lease: self.lease,

@@ -59,6 +59,13 @@ impl Acquire for LockAttempt {
         // RedLock makes its masters' attempts right after it starts its clock, and their
         // deadlines must not run past the validity it computes from that clock.
         let sent_at = Instant::now();
+        #[cfg(feature = "postgres")]
+        if let crate::transport::Store::Postgres(link) = core.store() {
+            let link = link.clone();
+            return Box::pin(super::postgres::attempt(
+                core, link, name, channel, lease, lease_ms, renew, sent_at,
+            ));
+        }
         Box::pin(async move {
             // Checked here too, for composites that try a lock on several servers (a
             // RedLock's masters) without the engine: each server's own policy counts.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::hold_ops::HoldOps;
 use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, LOCK_RENEWAL, RELEASE_MESSAGE};
 use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::duration::to_millis;
@@ -16,14 +17,15 @@ use crate::engine::renewal::lease::Lease;
 use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::{is_connection_failure, Error, Result};
+use crate::error::{Error, Result};
 use crate::primitives::keys::unlock_latch;
 use crate::transport::script::ScriptCall;
 
-/// The scripts a holding's calls send, given its key and owner: the lease lock's by
+/// The scripts a Redis holding's calls send, given its key and owner: the lease lock's by
 /// default; a fair lock's release hands the lock to the head of its queue, and a
 /// read-write lock's read holds have scripts of their own. Every release takes the same
 /// arguments and answers alike: the holds left, or -1 when the owner no longer holds it.
+/// (`hold_ops.rs` sends them; see [`HoldOps`].)
 pub(crate) trait HoldScripts: Send + Sync {
     /// Gives back one hold (`args.left` are left).
     fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall;
@@ -108,7 +110,7 @@ pub(crate) struct Acquired {
     pub(crate) core: Arc<Core>,
     pub(crate) name: Arc<str>,
     pub(crate) owner: Arc<str>,
-    pub(crate) release: Arc<dyn HoldScripts>,
+    pub(crate) release: Arc<dyn HoldOps>,
     pub(crate) token: u64,
     pub(crate) sent_at: Instant,
     pub(crate) lease: Duration,
@@ -160,8 +162,9 @@ pub(super) struct Holding {
     pub(super) core: Arc<Core>,
     pub(super) name: Arc<str>,
     pub(super) owner: Arc<str>,
-    /// The scripts its calls send: the lease lock's, or another primitive's.
-    pub(super) release: Arc<dyn HoldScripts>,
+    /// How its calls reach the store: the lease lock's scripts, another primitive's, or
+    /// another store's statements.
+    pub(super) release: Arc<dyn HoldOps>,
     pub(super) token: u64,
     /// Guards alive and not yet released: read synchronously when a guard is dropped, to
     /// stop renewing the moment the last one goes.
@@ -291,28 +294,9 @@ impl Holding {
 
     /// Whether the server says this owner holds the lock (one round trip).
     async fn ask_server(&self) -> Result<bool> {
-        let answer = match self.release.verify(&self.name, &self.owner) {
-            Some(call) => {
-                self.core
-                    .request(|mut connection| {
-                        let call = &call;
-                        async move { call.invoke::<bool>(&mut connection).await }
-                    })
-                    .await
-            }
-            None => {
-                let exists = redis::cmd("HEXISTS")
-                    .arg(&*self.name)
-                    .arg(&*self.owner)
-                    .clone();
-                self.core.query::<bool>(&exists).await
-            }
-        };
-        match answer {
-            // Another kind of key at the lock's name: certainly not this holding's.
-            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => Ok(false),
-            other => other,
-        }
+        self.release
+            .verify(&self.core, &self.name, &self.owner)
+            .await
     }
 
     /// Gives back one hold: a partial release while other holds remain, the final release
@@ -328,48 +312,29 @@ impl Holding {
             let prefix = &self.core.config().key_prefix;
             unlock_latch(prefix, &self.name, self.core.next_request_id())
         });
-        let mut connection = self.core.connection();
         let background = self.core.background();
         let mut attempt = 1;
         let (outcome, sent_at) = loop {
             let sent_at = Instant::now();
             let latch_key = latch.as_deref().unwrap_or(&self.name);
-            let call = self.release.release(
-                &self.name,
-                &self.owner,
-                latch_key,
-                &ReleaseArgs {
-                    left,
-                    // A fixed lease keeps its deadline; 0 tells the script to leave it.
-                    lease_ms: if state.fixed { 0 } else { state.lease_ms },
-                    latch_ttl_ms: if latch.is_some() {
-                        self.core.config().unlock_latch_ttl_ms
-                    } else {
-                        0
-                    },
-                    retry: attempt > 1 && latch.is_some(),
-                    publish: self.core.deployment().publish_command(),
+            let args = ReleaseArgs {
+                left,
+                // A fixed lease keeps its deadline; 0 tells the script to leave it.
+                lease_ms: if state.fixed { 0 } else { state.lease_ms },
+                latch_ttl_ms: if latch.is_some() {
+                    self.core.config().unlock_latch_ttl_ms
+                } else {
+                    0
                 },
-            );
-            let reply = match self.core.synced() {
-                None => {
-                    let sent_on_home = connection.routes_home();
-                    background
-                        .reply_unless_stalled(sent_on_home, call.invoke::<i64>(&mut connection))
-                        .await
-                }
-                Some(synced) => call.invoke_synced::<i64>(synced).await.map(|(reply, acks)| {
-                    if !acks.enough() {
-                        // Done on the master. A failover before a replica gets it brings
-                        // the lock back until its lease runs out: the next holder waits
-                        // longer, but no two hold it.
-                        tracing::warn!(lock = %self.name, acknowledged = acks.acknowledged, "no replica acknowledged a release in time");
-                    }
-                    reply
-                }),
+                retry: attempt > 1 && latch.is_some(),
+                publish: self.core.deployment().publish_command(),
             };
+            let reply = self
+                .release
+                .release(&self.core, &self.name, &self.owner, latch_key, &args)
+                .await;
             match reply {
-                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                Err(err) if attempt < RELEASE_ATTEMPTS && err.is_connection_error() => {
                     tracing::debug!(error = %err, attempt, "release reply lost; asking again");
                     // Give a reconnecting connection a moment; repeats are safe.
                     background.pause(RELEASE_RETRY_PAUSE * attempt).await;
@@ -388,7 +353,7 @@ impl Holding {
             Ok(0) => {
                 state.ended = true;
                 if let Some(latch) = latch {
-                    self.core.latches().discard(self.core.background(), latch);
+                    self.release.released(&self.core, latch);
                 }
                 Ok(ReleaseOutcome::Released)
             }
@@ -404,7 +369,7 @@ impl Holding {
                     // so the lease runs out.
                     state.ended = true;
                 }
-                Err(err.into())
+                Err(err)
             }
         }
     }
@@ -417,21 +382,15 @@ impl Holding {
             return Err(self.not_held());
         }
         let holds = state.holds + 1;
-        let mut connection = self.core.connection();
         let background = self.core.background();
         let mut attempt = 1;
         let outcome = loop {
-            let sent_on_home = connection.routes_home();
-            let reply = background
-                .reply_unless_stalled(
-                    sent_on_home,
-                    self.release
-                        .reenter(&self.name, &self.owner, holds, state.lease_ms)
-                        .invoke::<i64>(&mut connection),
-                )
+            let reply = self
+                .release
+                .reenter(&self.core, &self.name, &self.owner, holds, state.lease_ms)
                 .await;
             match reply {
-                Err(err) if attempt < RELEASE_ATTEMPTS && is_connection_failure(&err) => {
+                Err(err) if attempt < RELEASE_ATTEMPTS && err.is_connection_error() => {
                     // The count is absolute: sending it again cannot add a second hold.
                     background.pause(RELEASE_RETRY_PAUSE * attempt).await;
                     attempt += 1;
@@ -479,25 +438,17 @@ impl Holding {
             }
             self.lease_entry.stop_renewing().await;
         }
-        let mut connection = self.core.connection();
         let sent_at = Instant::now();
         // Trusted no longer than the new lease from before it was sent, whatever becomes
         // of the call: a lease that shortens it may reach the server even if the reply is
         // lost or this future is dropped, and the holder must not trust the old deadline
         // while another client can take the lock.
         self.lease_entry.cap(sent_at, lease);
-        let sent_on_home = connection.routes_home();
         let renewed = self
-            .core
-            .background()
-            .reply_unless_stalled(
-                sent_on_home,
-                self.release
-                    .extend(&self.name, &self.owner, lease_ms)
-                    .invoke::<Vec<i64>>(&mut connection),
-            )
+            .release
+            .extend(&self.core, &self.name, &self.owner, lease_ms)
             .await?;
-        if renewed.first() != Some(&1) {
+        if !renewed {
             state.ended = true;
             self.lease_entry.mark_lost();
             return Err(self.not_held());

@@ -10,7 +10,10 @@
 
 mod attempt;
 mod guard;
+mod hold_ops;
 mod holding;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod scripts;
 
 use std::fmt;
@@ -20,6 +23,7 @@ use std::time::Duration;
 pub(crate) use attempt::LockAttempt;
 pub use guard::LockGuard;
 pub(crate) use guard::{lease_set, listen_for_unlock};
+pub(crate) use hold_ops::HoldOps;
 pub use holding::ReleaseOutcome;
 pub(crate) use holding::{Acquired, Hold, HoldScripts, ReleaseArgs};
 
@@ -29,6 +33,7 @@ use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{release_channel, token_key, token_key_of_other};
 use crate::transport::script::ScriptCall;
+use crate::transport::Store;
 use scripts::{FENCE_ADVANCE, LOCK_FORCE_UNLOCK, RELEASE_MESSAGE};
 
 /// A handle on one named lock. Cheap to clone; holds no lock by itself.
@@ -96,7 +101,12 @@ impl Lock {
         let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
         let token_key = token_key(counter, prefix, &key).into();
         let other_token_key = token_key_of_other(counter, prefix, &key).into();
-        let channel = release_channel(prefix, &key).into();
+        let channel = match session.core().store() {
+            Store::Redis => release_channel(prefix, &key),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => postgres::channel_of(&key),
+        }
+        .into();
         Self {
             session,
             name: key.into(),
@@ -196,6 +206,10 @@ impl Lock {
 
     /// True if anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return Ok(postgres::lease_left(link, &self.name).await?.is_some());
+        }
         let exists = redis::cmd("EXISTS").arg(&*self.name).clone();
         let count: i64 = self.session.core().query(&exists).await?;
         Ok(count == 1)
@@ -203,6 +217,10 @@ impl Lock {
 
     /// How long the current lease has left on the server, or `None` if the lock is free.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::lease_left(link, &self.name).await;
+        }
         let pttl = redis::cmd("PTTL").arg(&*self.name).clone();
         let pttl: i64 = self.session.core().query(&pttl).await?;
         Ok(match pttl {
@@ -220,6 +238,10 @@ impl Lock {
     /// shared by every name of the lock's cluster slot, so this is at least the lock's
     /// own last token. Both settings' counters are read, as acquisitions read them.
     pub async fn last_fencing_token(&self) -> Result<u64> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::last_token(link).await;
+        }
         let mut read = redis::pipe();
         read.get(&*self.token_key).get(&*self.other_token_key);
         let (own, other): (Option<String>, Option<String>) = self
@@ -262,6 +284,10 @@ impl Lock {
 
     async fn force_unlock_where(&self, owner: &str) -> Result<bool> {
         let channel = &self.channel;
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::force_unlock(link, &self.name, owner, channel).await;
+        }
         let deleted: i64 = self
             .session
             .core()
@@ -298,6 +324,10 @@ impl Lock {
                     i64::MAX
                 ),
             });
+        }
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::advance_tokens(link, floor.try_into().unwrap_or(i64::MAX - 1)).await;
         }
         let counter: u64 = self
             .session

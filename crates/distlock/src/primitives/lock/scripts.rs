@@ -1,7 +1,7 @@
 //! The lease lock's scripts (one file each in `scripts/`, with a header giving KEYS, ARGV
 //! and what it returns), and its renewal kind.
 
-use crate::engine::renewal::registry::RenewalKind;
+use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::transport::script::LuaScript;
 
 /// The message Redisson publishes when a lock is freed: wake one waiter.
@@ -27,7 +27,7 @@ pub(crate) static FENCE_ADVANCE: LuaScript =
 /// the owner's field.
 pub(crate) static LOCK_RENEWAL: RenewalKind = RenewalKind {
     name: "lock hold",
-    script: &LOCK_RENEW,
+    renew: Renewal::Script(&LOCK_RENEW),
 };
 
 /// Every script of the lease lock, for loading at connect.

@@ -1,7 +1,7 @@
 //! The permit semaphore's scripts, one file each in `scripts/` with a header giving KEYS,
 //! ARGV and what it returns, and its renewal kind.
 
-use crate::engine::renewal::registry::RenewalKind;
+use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::transport::script::LuaScript;
 
 pub(crate) static PERMIT_ACQUIRE: LuaScript = LuaScript::new(concat!(
@@ -22,7 +22,7 @@ pub(crate) static PERMIT_TOTAL: LuaScript =
 /// moved on while it is still there and not expired.
 pub(crate) static PERMIT_RENEWAL: RenewalKind = RenewalKind {
     name: "permit",
-    script: &PERMIT_RENEW,
+    renew: Renewal::Script(&PERMIT_RENEW),
 };
 
 /// Every script of the permit semaphore, for loading at connect.

@@ -16,7 +16,7 @@ use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::Result;
-use crate::primitives::lock::{Acquired, Hold, HoldScripts, ReleaseArgs};
+use crate::primitives::lock::{Acquired, Hold, HoldOps, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
 /// A write holding's scripts: the lease lock's, with the write field as the owner, but
@@ -110,7 +110,7 @@ impl RwAttempt {
     }
 
     fn acquired(&self, owner: Arc<str>, token: u64, sent_at: Instant, write: bool) -> Hold {
-        let scripts: Arc<dyn HoldScripts> = if write {
+        let scripts: Arc<dyn HoldOps> = if write {
             Arc::new(WriteScripts(Arc::clone(&self.keys)))
         } else {
             Arc::new(ReadScripts(Arc::clone(&self.keys)))

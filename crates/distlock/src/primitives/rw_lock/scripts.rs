@@ -2,7 +2,7 @@
 //! ARGV and what it returns (each built with `scripts/rw_common.lua` in front, and the
 //! shared fencing step where it takes tokens), and the renewal kind of read holds.
 
-use crate::engine::renewal::registry::RenewalKind;
+use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::transport::script::LuaScript;
 
 macro_rules! rw_script {
@@ -31,7 +31,7 @@ pub(crate) static RW_READ_VERIFY: LuaScript = rw_script!("scripts/rw_read_verify
 /// hash with the longest of them. The scheduler passes `"<owner>|<base>"` as the owner.
 pub(crate) static RW_READ_RENEWAL: RenewalKind = RenewalKind {
     name: "read hold",
-    script: &RW_READ_RENEW,
+    renew: Renewal::Script(&RW_READ_RENEW),
 };
 
 /// Every script of the read-write lock, for loading at connect.

@@ -1,0 +1,15 @@
+-- Renews a batch of watchdog leases in one statement (the renewal scheduler's contract).
+--
+-- $1  the lease, milliseconds (double precision)
+-- $2  the locks' names (text[])
+-- $3  their owners (text[]), in the same order
+--
+-- Returns a row (name, owner) for each lease its owner still held: its expiry is set
+-- again. A lease with no row is lost.
+UPDATE distlock_locks AS held
+SET expires_at = clock_timestamp() + $1 * interval '1 millisecond'
+FROM unnest($2::text[], $3::text[]) AS due(name, owner)
+WHERE held.name = due.name
+  AND held.owner = due.owner
+  AND held.expires_at > clock_timestamp()
+RETURNING held.name, held.owner
