@@ -47,14 +47,18 @@ pub async fn connect(
     if let Ok(client) = &connected {
         // One server, not a deployment that follows a failover (src/exit.rs: READONLY).
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        exit::set_single_server(!scheme.contains('+') && !client.is_cluster());
+        exit::set_single_server(
+            client.store() == distlock::StoreKind::Redis
+                && !scheme.contains('+')
+                && !client.is_cluster(),
+        );
         crate::out::verbose(|| {
             format!(
                 "connected{}",
-                if client.is_cluster() {
-                    " to a Redis Cluster"
-                } else {
-                    ""
+                match client.store() {
+                    distlock::StoreKind::Postgres => " to PostgreSQL",
+                    _ if client.is_cluster() => " to a Redis Cluster",
+                    _ => "",
                 }
             )
         });
@@ -63,7 +67,7 @@ pub async fn connect(
         // A URL that does not parse is not quoted: where its password ends is unknown.
         distlock::Error::InvalidUrl { reason, .. } => Failure::new(
             exit::USAGE,
-            format!("the Redis URL is not valid ({reason}); a password in a URL must be percent-encoded, or given in --password-file"),
+            format!("the URL is not valid ({reason}); a password in a URL must be percent-encoded, or given in --password-file"),
         ),
         err => redact(Failure::from(err), &url),
     })
@@ -96,8 +100,9 @@ fn certificates(connection: &Connection) -> Result<Option<redis::TlsCertificates
     if !connection.url.starts_with("rediss") {
         return Err(Failure::new(
             exit::USAGE,
-            "--cacert, --cert and --key are for TLS: give a rediss:// URL \
-             (rediss+cluster://, rediss+sentinel://)",
+            "--cacert, --cert and --key are for TLS to Redis: give a rediss:// URL \
+             (rediss+cluster://, rediss+sentinel://); for PostgreSQL, put sslmode, \
+             sslrootcert, sslcert and sslkey in the postgres:// URL",
         ));
     }
     Ok(Some(redis::TlsCertificates {

@@ -135,6 +135,12 @@ impl From<distlock::Error> for Failure {
             | Error::InvalidConfig { .. }
             | Error::InvalidUrl { .. } => USAGE,
             Error::NoPermission { .. } | Error::EvictionPolicy { .. } => REFUSED,
+            Error::Unsupported { .. } => USAGE,
+            Error::Store {
+                failure: distlock::StoreFailure::PermissionDenied,
+                ..
+            } => REFUSED,
+            Error::Store { .. } => UNAVAILABLE,
             Error::Redis(redis)
                 if redis.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
             {

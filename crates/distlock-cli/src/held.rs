@@ -200,6 +200,35 @@ async fn claim_semaphore(client: &Client, name: &str, key: &str) -> Result<Claim
 /// lease ends).
 pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
     let shown = crate::out::shown(&hold.name);
+    if client.store() != distlock::StoreKind::Redis {
+        // Only locks live there, in distlock's own table: no other kind of value can
+        // hold the name, and there is no ACL on channels to check.
+        let other = if hold.permits.is_some() {
+            Some("-n (a semaphore)")
+        } else if hold.fair {
+            Some("--fair")
+        } else if hold.shared || hold.exclusive {
+            Some("--shared and --exclusive (a read-write lock)")
+        } else {
+            None
+        };
+        if let Some(what) = other {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("{what} is available on Redis only so far; {shown} was not run"),
+            ));
+        }
+        // The running mark is a lock of its own beside this one (src/mark.rs).
+        return client
+            .lock(crate::mark::key(&hold.name))
+            .map(drop)
+            .map_err(|err| {
+                Failure::new(
+                    exit::USAGE,
+                    format!("{shown} cannot have a running mark beside it ({err}); not run"),
+                )
+            });
+    }
     let kind = crate::shape::kind_of(client, &hold.name).await?;
     let read_write = hold.shared || hold.exclusive;
     let fits = match kind.as_str() {

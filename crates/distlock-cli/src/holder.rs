@@ -69,6 +69,9 @@ pub struct Record {
     key: String,
     owner: String,
     written: bool,
+    /// Records are kept on Redis only so far; on another store nothing is written, and
+    /// `status` shows the holder's owner id alone.
+    kept: bool,
 }
 
 impl Record {
@@ -78,11 +81,15 @@ impl Record {
             key: key(name),
             owner: owner.to_owned(),
             written: false,
+            kept: client.store() == distlock::StoreKind::Redis,
         }
     }
 
     /// Writes the record, kept at least `lease_left` (plus a second).
     pub async fn write(&mut self, info: &Info, lease_left: Duration) {
+        if !self.kept {
+            return;
+        }
         static WRITE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/holder_write.lua"))
         });
@@ -141,6 +148,9 @@ impl Record {
 /// The records of lock `name`'s holders, by owner. A record that does not parse (written
 /// by something else) is left out; a refused read gives none.
 pub async fn read(client: &distlock::Client, name: &str) -> HashMap<String, Info> {
+    if client.store() != distlock::StoreKind::Redis {
+        return HashMap::new();
+    }
     let mut connection = client.connection();
     let fields: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(key(name))

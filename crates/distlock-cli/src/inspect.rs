@@ -147,6 +147,12 @@ pub async fn fence(client: &distlock::Client, args: &Fence) -> Result<u8, Failur
 
 /// `distlock list [PATTERN]`.
 pub async fn list(client: &distlock::Client, args: &List) -> Result<u8, Failure> {
+    if client.store() != distlock::StoreKind::Redis {
+        return Err(Failure::new(
+            exit::USAGE,
+            "list is available on Redis only so far; ask about one lock with `distlock status NAME`",
+        ));
+    }
     if client.is_cluster() {
         return Err(Failure::new(
             exit::USAGE,

@@ -27,7 +27,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// The mark of one lock.
 pub struct Mark {
-    connection: distlock::Connection,
+    place: Place,
     key: String,
     /// When the mark set last expires, by the local clock (counted from before the SET
     /// was sent, so never later than the server's).
@@ -38,6 +38,20 @@ pub struct Mark {
     /// A shared (read) holder's: it waits for a writer's mark to go, and never sets one
     /// (readers run beside each other; see docs/cli.md for what that leaves open).
     shared: bool,
+}
+
+/// Where the mark is kept.
+enum Place {
+    /// On Redis: a string key holding the owner, with an expiry (`running_claim.lua`),
+    /// which every distlock of a mixed fleet reads alike.
+    Redis(distlock::Connection),
+    /// On another store (PostgreSQL): a lock of the store at the mark's name, held with a
+    /// fixed lease while the command runs. `None` when the mark's name is one the store
+    /// cannot hold (refused before anything is taken: see `held::preflight`).
+    Lease {
+        lock: Option<distlock::Lock>,
+        guard: Option<distlock::LockGuard>,
+    },
 }
 
 /// How long a stop may spend extending the mark over its grace before it gives up (a
@@ -67,9 +81,17 @@ pub fn tagged(name: &str, suffix: &str) -> String {
 
 impl Mark {
     pub fn new(client: &distlock::Client, name: &str) -> Mark {
+        let key = key(name);
+        let place = match client.store() {
+            distlock::StoreKind::Redis => Place::Redis(client.connection()),
+            _ => Place::Lease {
+                lock: client.lock(key.clone()).ok(),
+                guard: None,
+            },
+        };
         Mark {
-            connection: client.connection(),
-            key: key(name),
+            place,
+            key,
             expires_at: None,
             may_exist: false,
             shared: false,
@@ -147,12 +169,33 @@ impl Mark {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Duration>, Failure> {
+        let connection = match &mut self.place {
+            Place::Redis(connection) => connection,
+            Place::Lease { lock, guard } => {
+                let Some(lock) = lock else {
+                    return Err(Failure::new(
+                        crate::exit::USAGE,
+                        format!(
+                            "the running mark {} cannot be kept",
+                            crate::out::shown(&self.key)
+                        ),
+                    ));
+                };
+                let sent_at = Instant::now();
+                let claimed = lease_claim(lock, guard, self.shared, ttl).await;
+                if claimed.as_ref().is_ok_and(Option::is_none) && !self.shared {
+                    self.expires_at = Some(sent_at + ttl);
+                    self.may_exist = true;
+                }
+                return claimed.map_err(|err| self.failure(err.into()));
+            }
+        };
         if self.shared {
             let left: i64 = redis::cmd("PTTL")
                 .arg(&self.key)
-                .query_async(&mut self.connection)
+                .query_async(connection)
                 .await
-                .map_err(|err| self.failure(err))?;
+                .map_err(|err| self.failure(err.into()))?;
             return Ok(u64::try_from(left)
                 .ok()
                 .filter(|left| *left > 0)
@@ -167,7 +210,7 @@ impl Mark {
             .key(&self.key)
             .arg(owner)
             .arg(ttl_ms)
-            .invoke_async(&mut self.connection)
+            .invoke_async(connection)
             .await
         {
             Ok(left) => left,
@@ -176,7 +219,7 @@ impl Mark {
                 if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
                     self.may_exist = true;
                 }
-                return Err(self.failure(err));
+                return Err(self.failure(err.into()));
             }
         };
         if others_left > 0 {
@@ -192,30 +235,77 @@ impl Mark {
         if !self.may_exist {
             return Ok(());
         }
+        let connection = match &mut self.place {
+            Place::Redis(connection) => connection,
+            Place::Lease { guard, .. } => {
+                let Some(guard) = guard.take() else {
+                    return Ok(());
+                };
+                return guard
+                    .release()
+                    .await
+                    .map(drop)
+                    .map_err(|err| self.failure(err.into()));
+            }
+        };
         static CLEAR: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(include_str!("scripts/running_clear.lua"))
         });
         CLEAR
             .key(&self.key)
             .arg(owner)
-            .invoke_async::<i64>(&mut self.connection)
+            .invoke_async::<i64>(connection)
             .await
             .map(drop)
-            .map_err(|err| self.failure(err))
+            .map_err(|err| self.failure(err.into()))
     }
 }
 
 impl Mark {
     /// A failure on the mark, naming its key (an ACL that does not cover it is the
     /// likely cause: docs/cli.md lists the patterns).
-    fn failure(&self, err: redis::RedisError) -> Failure {
-        let mut failure = Failure::from(err);
+    fn failure(&self, mut failure: Failure) -> Failure {
         failure.message = format!(
             "the running mark {}: {}",
             crate::out::shown(&self.key),
             failure.message
         );
         failure
+    }
+}
+
+/// [`Mark::claim_once`] on a store other than Redis: the mark is a lock held with a fixed
+/// lease of `ttl`. A holder extends the lease it holds, or takes the lock if free; `Some`
+/// of how long another holder's mark has left when it is taken. A shared holder only
+/// looks.
+async fn lease_claim(
+    lock: &distlock::Lock,
+    guard: &mut Option<distlock::LockGuard>,
+    shared: bool,
+    ttl: Duration,
+) -> Result<Option<Duration>, distlock::Error> {
+    if shared {
+        return Ok(lock.remaining_ttl().await?.filter(|left| !left.is_zero()));
+    }
+    if let Some(held) = guard {
+        if held.extend(ttl).await.is_ok() {
+            return Ok(None);
+        }
+        // Lost (its lease ran out while this holder could not reach the store): take it
+        // again below, unless another holder's command is marked meanwhile.
+        *guard = None;
+    }
+    match lock.with_lease(ttl).try_lock().await? {
+        Some(taken) => {
+            *guard = Some(taken);
+            Ok(None)
+        }
+        // Taken just now and released at once: look again soon.
+        None => Ok(Some(
+            lock.remaining_ttl()
+                .await?
+                .unwrap_or(Duration::from_millis(1)),
+        )),
     }
 }
 

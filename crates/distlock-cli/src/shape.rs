@@ -100,6 +100,9 @@ pub(crate) fn base(name: &str) -> String {
 /// Reads the name's key only (TYPE, and a hash's fields or a string's value), so that
 /// `run` can ask it with the ACL `run` needs.
 pub(crate) async fn kind_of(client: &distlock::Client, name: &str) -> Result<String, Failure> {
+    if client.store() != distlock::StoreKind::Redis {
+        return Ok(lease_snapshot(client, name).await?.kind);
+    }
     let lock = client.lock(name.to_owned())?;
     let mut connection = client.connection();
     let (kind, pttl): (String, i64) = redis::pipe()
@@ -146,6 +149,9 @@ pub(crate) async fn snapshot(client: &distlock::Client, name: &str) -> Result<Sn
 
 /// Reads what `name` holds.
 pub(crate) async fn holding(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
+    if client.store() != distlock::StoreKind::Redis {
+        return lease_snapshot(client, name).await;
+    }
     let lock = client.lock(name.to_owned())?;
     let mut connection = client.connection();
     let key = lock.key().to_owned();
@@ -371,6 +377,39 @@ pub(crate) fn is_uuid(text: &str) -> bool {
         && groups
             .iter()
             .all(|group| group.bytes().all(|byte| byte.is_ascii_hexdigit()))
+}
+
+/// What `name` holds on a store other than Redis, read through the library: only locks
+/// live there (in distlock's own table), so it is a lock or nothing.
+async fn lease_snapshot(client: &distlock::Client, name: &str) -> Result<Snapshot, Failure> {
+    let lock = client.lock(name.to_owned())?;
+    let owners = lock.owners().await?;
+    let lease = lock.remaining_ttl().await?;
+    let last_fencing_token = lock.last_fencing_token().await?;
+    let held = !owners.is_empty();
+    Ok(Snapshot {
+        name: name.to_owned(),
+        held,
+        kind: if held { "lock" } else { "none" }.into(),
+        created_by_distlock: None,
+        mode: None,
+        holders: owners
+            .into_iter()
+            .map(|owner| Holder {
+                owner,
+                holds: 1,
+                lease_remaining_ms: None,
+                info: None,
+                started_at: None,
+            })
+            .collect(),
+        lease_remaining_ms: lease
+            .filter(|_| held)
+            .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+        queued: None,
+        free_permits: None,
+        last_fencing_token: Some(last_fencing_token),
+    })
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ mod primitives;
 mod runtime;
 mod transport;
 
-pub use client::{Client, ClientBuilder};
+pub use client::{Client, ClientBuilder, StoreKind};
 pub use config::FencingCounter;
 pub use duration::{format_duration, parse_duration};
 pub use error::{Error, NodeFailure, Result, StoreFailure};

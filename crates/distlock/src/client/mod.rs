@@ -28,6 +28,17 @@ use crate::primitives::rw_lock::RwLock;
 use crate::primitives::semaphore::Semaphore;
 use crate::primitives::validate_name_for;
 use crate::transport::connection::Connection;
+use crate::transport::Store;
+
+/// The kind of store a [`Client`] is connected to ([`Client::store`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// Redis: one server, Sentinel or Cluster. Every primitive.
+    Redis,
+    /// PostgreSQL (the `postgres` feature): the lease lock.
+    Postgres,
+}
 
 /// A handle on one Redis deployment, shared by every lock of a process.
 ///
@@ -205,6 +216,16 @@ impl Client {
             .open_on(core.background().handle(), core.config(), response_timeout)
             .await?;
         Ok(connection.refusing_after(core.closing()))
+    }
+
+    /// Which store this client is connected to, for code that offers a feature on some
+    /// stores only (the primitives a store lacks answer [`Error::Unsupported`](crate::Error::Unsupported)).
+    pub fn store(&self) -> StoreKind {
+        match self.session.core().store() {
+            Store::Redis => StoreKind::Redis,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => StoreKind::Postgres,
+        }
     }
 
     /// True if this client talks to a Redis Cluster: one command may then only carry

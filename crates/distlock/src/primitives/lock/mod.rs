@@ -215,6 +215,22 @@ impl Lock {
         Ok(count == 1)
     }
 
+    /// The owners that hold the lock right now (`"<client id>:<n>"`, as
+    /// [`LockGuard::owner`] gives them): one while it is held, none while it is free. For
+    /// operators: pass one to [`Lock::force_unlock_held_by`] to end only that holding.
+    pub async fn owners(&self) -> Result<Vec<String>> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::owners(link, &self.name).await;
+        }
+        let fields = redis::cmd("HKEYS").arg(&*self.name).clone();
+        match self.session.core().query::<Vec<String>>(&fields).await {
+            // Another kind of key at the name: no lock holds it.
+            Err(Error::Redis(err)) if err.code() == Some("WRONGTYPE") => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
     /// How long the current lease has left on the server, or `None` if the lock is free.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
         #[cfg(feature = "postgres")]

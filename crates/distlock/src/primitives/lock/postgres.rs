@@ -31,6 +31,7 @@ const EXTEND: &str = include_str!("sql/extend.sql");
 const VERIFY: &str = include_str!("sql/verify.sql");
 const FORCE_UNLOCK: &str = include_str!("sql/force_unlock.sql");
 const LEASE_LEFT: &str = include_str!("sql/lease_left.sql");
+const OWNERS: &str = include_str!("sql/owners.sql");
 const LAST_TOKEN: &str = include_str!("sql/last_token.sql");
 const ADVANCE_TOKENS: &str = include_str!("sql/advance_tokens.sql");
 
@@ -290,6 +291,18 @@ pub(crate) async fn lease_left(link: &PgLink, name: &str) -> Result<Option<Durat
         })
         .await?;
     Ok(left.map(|millis| Duration::from_millis(millis.unsigned_abs())))
+}
+
+/// Who holds the lock right now (at most one owner).
+pub(crate) async fn owners(link: &PgLink, name: &str) -> Result<Vec<String>> {
+    let name = name.to_owned();
+    link.run(move |pool| async move {
+        sqlx::query_scalar::<_, String>(OWNERS)
+            .bind(name)
+            .fetch_all(&pool)
+            .await
+    })
+    .await
 }
 
 /// The highest token handed out so far, by any lock of the database.
