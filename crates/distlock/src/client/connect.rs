@@ -56,7 +56,9 @@ impl ClientBuilder {
     /// Or another store, when distlock is built with its feature:
     ///
     /// - `postgres://[user:password@]host[:port]/database[?sslmode=…]` (feature
-    ///   `postgres`): locks kept in a table of that database.
+    ///   `postgres`): locks kept in a table of that database;
+    /// - `etcd://[user:password@]host1:port1,host2:port2[/prefix]` (feature `etcd`): locks
+    ///   kept as keys under the prefix (`distlock/` by default).
     ///
     /// The connections reconnect by themselves after a failure. The lock API is the same
     /// whatever the deployment.
@@ -85,6 +87,7 @@ impl ClientBuilder {
             Endpoint::Cluster(seeds) => self.connect_cluster(seeds).await,
             Endpoint::Sentinel(spec) => self.connect_sentinel(spec).await,
             Endpoint::Postgres(url) => self.connect_postgres(url).await,
+            Endpoint::Etcd(spec) => self.connect_etcd(spec).await,
         }
     }
 

@@ -38,6 +38,8 @@ pub enum StoreKind {
     Redis,
     /// PostgreSQL (the `postgres` feature): the lease lock.
     Postgres,
+    /// etcd (the `etcd` feature): the lease lock, FIFO.
+    Etcd,
 }
 
 /// A handle on one Redis deployment, shared by every lock of a process.
@@ -225,6 +227,8 @@ impl Client {
             Store::Redis => StoreKind::Redis,
             #[cfg(feature = "postgres")]
             Store::Postgres(_) => StoreKind::Postgres,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => StoreKind::Etcd,
         }
     }
 

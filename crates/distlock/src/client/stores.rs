@@ -14,20 +14,10 @@ impl ClientBuilder {
     /// token sequence are created in the database if missing.
     #[cfg(feature = "postgres")]
     pub(super) async fn connect_postgres(self, url: String) -> Result<Client> {
-        use std::sync::Arc;
-
-        use crate::engine::latches::Latches;
-        use crate::engine::renewal::scheduler::Watchdog;
-        use crate::engine::session::{Core, Parts, Session};
-        use crate::engine::subscriptions::Subscriptions;
         use crate::primitives;
         use crate::runtime::Background;
-        use crate::transport::connection::{Connection, Link, NoRedis};
-        use crate::transport::deployment::Deployment;
-        use crate::transport::eviction::EvictionWatch;
         use crate::transport::postgres::{PgLink, STORE};
         use crate::transport::pubsub::FeedSource;
-        use crate::transport::replica_sync::SyncSlot;
         use crate::transport::Store;
 
         let config = self.validate()?;
@@ -41,45 +31,51 @@ impl ClientBuilder {
         )
         .await?;
         let target = link.target().to_owned();
-        // Never used for a command: every primitive on this store goes through `link`.
-        let connection = Connection::new(
-            None,
-            Link::Absent(NoRedis { store: STORE }),
-            background.handle().clone(),
-        );
-        let store = Store::Postgres(link.clone());
-        let watchdog = Watchdog::start(
-            connection.clone(),
-            &config,
-            &background,
-            Deployment::Standalone,
-            SyncSlot::default(),
-            store.clone(),
-        );
-        let subscriptions = Subscriptions::new(
-            FeedSource::Postgres(link),
-            config.connection_timeout,
-            background.handle().clone(),
-            background.stopping().clone(),
-        );
-        let latches = Latches::new(connection.clone(), false);
-        let eviction = Arc::new(EvictionWatch::not_applicable(&target));
-        let core = Core::new(Parts {
-            connection,
+        Ok(assemble_other(
             config,
-            subscriptions,
-            watchdog,
-            latches,
             background,
-            deployment: Deployment::Standalone,
             target,
-            synced: SyncSlot::default(),
-            servers: None,
-            eviction,
-            store,
-        });
-        Ok(Client {
-            session: Session::new(core),
+            Store::Postgres(link.clone()),
+            FeedSource::Postgres(link),
+            STORE,
+        ))
+    }
+
+    /// `etcd://[user:password@]host1:port1,host2:port2[/prefix]`: the client's session
+    /// lease is granted at connect.
+    #[cfg(feature = "etcd")]
+    pub(super) async fn connect_etcd(
+        self,
+        spec: crate::transport::endpoint::EtcdSpec,
+    ) -> Result<Client> {
+        use crate::transport::etcd::{EtcdLink, STORE};
+        use crate::transport::pubsub::FeedSource;
+        use crate::transport::Store;
+
+        let config = self.validate()?;
+        self.refuse_redis_settings(STORE)?;
+        let background = crate::runtime::Background::start()?;
+        let link = EtcdLink::connect(spec, &config, background.handle()).await?;
+        let target = link.target().to_owned();
+        Ok(assemble_other(
+            config,
+            background,
+            target,
+            Store::Etcd(link.clone()),
+            FeedSource::Etcd(link),
+            STORE,
+        ))
+    }
+
+    /// Built without the `etcd` feature: an etcd URL is refused.
+    #[cfg(not(feature = "etcd"))]
+    pub(super) async fn connect_etcd(
+        self,
+        spec: crate::transport::endpoint::EtcdSpec,
+    ) -> Result<Client> {
+        Err(Error::InvalidUrl {
+            url: format!("etcd://{}", spec.endpoints.join(",").replace("http://", "")),
+            reason: "an etcd URL, but distlock was built without its `etcd` feature".into(),
         })
     }
 
@@ -96,14 +92,14 @@ impl ClientBuilder {
     /// Settings that only mean something on Redis, refused rather than ignored on
     /// `store`: certificates the connection would not use, or replica counts it would not
     /// wait for, must not pass for protection.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "etcd")), allow(dead_code))]
     fn refuse_redis_settings(&self, store: &'static str) -> Result<()> {
         let redis_only = |what: &'static str| Error::InvalidConfig {
             what,
             reason: format!(
                 "is a Redis setting, and this URL is {store}'s: {}",
                 if what == "TLS certificates" {
-                    "give sslmode, sslrootcert, sslcert and sslkey in the URL instead"
+                    "give the store's own TLS settings in its URL instead"
                 } else {
                     "leave it out"
                 }
@@ -119,5 +115,69 @@ impl ClientBuilder {
             return Err(redis_only("replica_sync"));
         }
         Ok(())
+    }
+}
+
+/// The session of a client on a store other than Redis: the same engine (the renewal
+/// scheduler, the subscription hub, the client's runtime), with `store`'s link where
+/// Redis has its connections.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+fn assemble_other(
+    config: crate::config::Config,
+    background: crate::runtime::Background,
+    target: String,
+    store: crate::transport::Store,
+    feed: crate::transport::pubsub::FeedSource,
+    name: &'static str,
+) -> Client {
+    use std::sync::Arc;
+
+    use crate::engine::latches::Latches;
+    use crate::engine::renewal::scheduler::Watchdog;
+    use crate::engine::session::{Core, Parts, Session};
+    use crate::engine::subscriptions::Subscriptions;
+    use crate::transport::connection::{Connection, Link, NoRedis};
+    use crate::transport::deployment::Deployment;
+    use crate::transport::eviction::EvictionWatch;
+    use crate::transport::replica_sync::SyncSlot;
+
+    // Never used for a command: every primitive on this store goes through its link.
+    let connection = Connection::new(
+        None,
+        Link::Absent(NoRedis { store: name }),
+        background.handle().clone(),
+    );
+    let watchdog = Watchdog::start(
+        connection.clone(),
+        &config,
+        &background,
+        Deployment::Standalone,
+        SyncSlot::default(),
+        store.clone(),
+    );
+    let subscriptions = Subscriptions::new(
+        feed,
+        config.connection_timeout,
+        background.handle().clone(),
+        background.stopping().clone(),
+    );
+    let latches = Latches::new(connection.clone(), false);
+    let eviction = Arc::new(EvictionWatch::not_applicable(&target));
+    let core = Core::new(Parts {
+        connection,
+        config,
+        subscriptions,
+        watchdog,
+        latches,
+        background,
+        deployment: Deployment::Standalone,
+        target,
+        synced: SyncSlot::default(),
+        servers: None,
+        eviction,
+        store,
+    });
+    Client {
+        session: Session::new(core),
     }
 }

@@ -53,5 +53,7 @@ pub(crate) fn validate_name_for(store: &Store, name: &str) -> crate::error::Resu
         }
         #[cfg(feature = "postgres")]
         Store::Postgres(_) => lock::postgres::validate_name(name),
+        #[cfg(feature = "etcd")]
+        Store::Etcd(_) => lock::etcd::validate_name(name),
     }
 }

@@ -27,6 +27,19 @@ pub(crate) enum Endpoint {
     /// driver parses the rest. Parsed whether or not the `postgres` feature is built, so
     /// a build without it can say which feature the URL needs.
     Postgres(String),
+    /// An etcd cluster: `etcd://[user:password@]host1:port1,host2:port2[/prefix]`.
+    Etcd(EtcdSpec),
+}
+
+/// Where an etcd URL points, parsed whether or not the `etcd` feature is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EtcdSpec {
+    /// `http://host:port` for each endpoint.
+    pub(crate) endpoints: Vec<String>,
+    /// Every key distlock writes starts with it: the URL's path with a trailing `/`, or
+    /// `distlock/` when the URL gives none.
+    pub(crate) prefix: String,
+    pub(crate) user: Option<(String, String)>,
 }
 
 /// Where to find a Sentinel-managed master, and how to talk to it.
@@ -58,10 +71,11 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         "rediss+cluster" => "rediss",
         "redis+sentinel" | "rediss+sentinel" => return parse_sentinel(url, scheme, rest),
         "postgres" | "postgresql" => return Ok(Endpoint::Postgres(url.to_owned())),
+        "etcd" => return parse_etcd(url, rest),
         _ => {
             return Err(invalid(
                 "unsupported scheme; use redis://, rediss://, redis+cluster://, \
-                 redis+sentinel:// (or their rediss+ forms), or postgres://",
+                 redis+sentinel:// (or their rediss+ forms), postgres:// or etcd://",
             ))
         }
     };
@@ -87,6 +101,74 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         })
         .collect::<Result<_>>()?;
     Ok(Endpoint::Cluster(seeds))
+}
+
+/// `etcd://[user:password@]host1:port1,host2:port2[/prefix]`.
+fn parse_etcd(url: &str, rest: &str) -> Result<Endpoint> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: mask_password(url),
+        reason: reason.to_owned(),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let user = match userinfo {
+        None => None,
+        Some(userinfo) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            let decode = |text: &str| {
+                percent_decode(text).ok_or_else(|| invalid("bad percent-encoding in the user info"))
+            };
+            Some((decode(user)?, decode(password)?))
+        }
+    };
+    let endpoints = hosts
+        .split(',')
+        .map(|host| {
+            let host = host.trim();
+            if host.is_empty() || host.contains(['?', '#', ' ']) {
+                return Err(invalid("a host in the list is empty or malformed"));
+            }
+            Ok(format!("http://{host}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let prefix = path.trim_start_matches('/');
+    let prefix = if prefix.is_empty() {
+        "distlock/".to_owned()
+    } else if prefix.ends_with('/') {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}/")
+    };
+    Ok(Endpoint::Etcd(EtcdSpec {
+        endpoints,
+        prefix,
+        user,
+    }))
+}
+
+/// `text` with its `%XX` escapes decoded; `None` if one is malformed or the result is not
+/// UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = tail.get(..2)?;
+            let value = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+            bytes.push(value);
+            rest = &tail[2..];
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// `redis+sentinel://[user:password@]host1:port1,host2:port2/service[/db][?query]`.

@@ -69,9 +69,9 @@ impl EvictionWatch {
         Ok(watch)
     }
 
-    /// For a store that never evicts what it was told to keep (PostgreSQL): every
+    /// For a store that never evicts what it was told to keep (PostgreSQL, etcd): every
     /// acquisition may go ahead.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "etcd"))]
     pub(crate) fn not_applicable(target: &str) -> Self {
         Self {
             target: target.to_owned(),

@@ -15,7 +15,8 @@
 //! - [`deployment`]: what differs between deployments for the protocol above;
 //! - [`tls`]: TLS set-up;
 //! - `postgres` (feature `postgres`): the PostgreSQL pool, its statements' failures, and
-//!   the connection that LISTENs.
+//!   the connection that LISTENs;
+//! - `etcd` (feature `etcd`): the etcd client, the session lease, and the watches.
 //!
 //! [`Store`] says which of them a client's primitives talk to.
 
@@ -24,6 +25,8 @@ pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod deployment;
 pub(crate) mod endpoint;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod eviction;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -43,6 +46,8 @@ pub(crate) enum Store {
     Redis,
     #[cfg(feature = "postgres")]
     Postgres(postgres::PgLink),
+    #[cfg(feature = "etcd")]
+    Etcd(etcd::EtcdLink),
 }
 
 impl Store {
@@ -52,6 +57,8 @@ impl Store {
             Store::Redis => "Redis",
             #[cfg(feature = "postgres")]
             Store::Postgres(_) => postgres::STORE,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => etcd::STORE,
         }
     }
 

@@ -21,6 +21,11 @@ use tokio::sync::mpsc;
 use crate::error::Result;
 #[cfg(feature = "cluster")]
 use crate::transport::cluster::cluster_client;
+#[cfg(feature = "etcd")]
+use crate::transport::etcd::{
+    watch::{self as etcd_watch, EtcdEvents, EtcdSink},
+    EtcdLink,
+};
 #[cfg(feature = "postgres")]
 use crate::transport::postgres::{
     listen::{self, PgEvents, PgSink},
@@ -35,6 +40,8 @@ pub(crate) enum FeedSource {
     Redis(Box<Servers>),
     #[cfg(feature = "postgres")]
     Postgres(PgLink),
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdLink),
 }
 
 /// The sending half of the hub's connection.
@@ -42,6 +49,8 @@ pub(crate) enum Sink {
     Classic(PubSubSink),
     #[cfg(feature = "postgres")]
     Postgres(PgSink),
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdSink),
     #[cfg(feature = "cluster")]
     Cluster {
         connection: ClusterConnection,
@@ -54,6 +63,8 @@ pub(crate) enum Events {
     Classic(PubSubStream),
     #[cfg(feature = "postgres")]
     Postgres(PgEvents),
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdEvents),
     #[cfg(feature = "cluster")]
     Cluster(mpsc::UnboundedReceiver<PushInfo>),
 }
@@ -92,6 +103,8 @@ impl Sink {
             Sink::Classic(sink) => Ok(sink.unsubscribe(channels).await?),
             #[cfg(feature = "postgres")]
             Sink::Postgres(sink) => sink.set(channels, on).await,
+            #[cfg(feature = "etcd")]
+            Sink::Etcd(sink) => sink.set(channels, on).await,
             // One channel per command: the channels of one SSUBSCRIBE must share a slot.
             #[cfg(feature = "cluster")]
             Sink::Cluster {
@@ -123,6 +136,8 @@ impl Sink {
             Sink::Cluster { .. } => true,
             #[cfg(feature = "postgres")]
             Sink::Postgres(sink) => sink.healthy(timeout).await,
+            #[cfg(feature = "etcd")]
+            Sink::Etcd(sink) => sink.healthy(timeout).await,
         }
     }
 }
@@ -137,6 +152,11 @@ impl Events {
             }),
             #[cfg(feature = "postgres")]
             Events::Postgres(events) => events
+                .next()
+                .await
+                .map(|(channel, payload)| Event::Message { channel, payload }),
+            #[cfg(feature = "etcd")]
+            Events::Etcd(events) => events
                 .next()
                 .await
                 .map(|(channel, payload)| Event::Message { channel, payload }),
@@ -180,6 +200,11 @@ pub(crate) async fn open(source: &FeedSource) -> Result<(Sink, Events)> {
         FeedSource::Postgres(link) => {
             let (sink, events) = listen::open(link).await?;
             Ok((Sink::Postgres(sink), Events::Postgres(events)))
+        }
+        #[cfg(feature = "etcd")]
+        FeedSource::Etcd(link) => {
+            let (sink, events) = etcd_watch::open(link).await?;
+            Ok((Sink::Etcd(sink), Events::Etcd(events)))
         }
     }
 }

@@ -39,6 +39,10 @@ pub(crate) enum Renewal {
     /// lease still held (and set again).
     #[cfg(feature = "postgres")]
     Statement(&'static str),
+    /// etcd leases: each lease's owner is the id (hex) of the etcd lease its key is
+    /// attached to, and one keepalive per distinct lease renews every key on it.
+    #[cfg(feature = "etcd")]
+    Leases,
 }
 
 pub(super) struct Entry {

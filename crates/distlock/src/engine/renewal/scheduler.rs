@@ -248,6 +248,12 @@ async fn renew(shared: &Shared, batch: &[Due]) -> Result<Vec<i64>> {
             let renewed = link.renew(statement, shared.lease_ms, leases).await?;
             renewed.into_iter().map(i64::from).collect()
         }
+        #[cfg(feature = "etcd")]
+        (Renewal::Leases, Store::Etcd(link)) => {
+            let leases: Vec<Arc<str>> = batch.iter().map(|due| Arc::clone(&due.owner)).collect();
+            let renewed = link.keep_alive(&leases).await?;
+            renewed.into_iter().map(i64::from).collect()
+        }
         #[allow(unreachable_patterns)]
         (_, store) => {
             return Err(Error::Unsupported {

@@ -9,6 +9,8 @@
 //! leave a stray hold behind.
 
 mod attempt;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 mod guard;
 mod hold_ops;
 mod holding;
@@ -105,6 +107,9 @@ impl Lock {
             Store::Redis => release_channel(prefix, &key),
             #[cfg(feature = "postgres")]
             Store::Postgres(_) => postgres::channel_of(&key),
+            // Each waiter waits on a topic of its own (etcd.rs); this one is unused.
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => String::new(),
         }
         .into();
         Self {
@@ -175,11 +180,9 @@ impl Lock {
     ///
     /// Cancel-safe: dropping the future leaves no subscription and no lock behind.
     pub async fn lock(&self) -> Result<LockGuard> {
-        let attempt = self.attempt()?;
         loop {
             // Waiting forever ends only with the lock; the loop is for the type's sake.
-            let acquired = acquire(attempt.core(), &attempt, Patience::Forever);
-            if let Some(hold) = acquired.await? {
+            if let Some(hold) = self.acquire(Patience::Forever).await? {
                 return Ok(self.guard(hold));
             }
         }
@@ -188,8 +191,7 @@ impl Lock {
     /// Tries once; `Ok(None)` if the lock is held, or if other tasks of this client are
     /// already waiting for it (it never takes the lock ahead of them).
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        let attempt = self.attempt()?;
-        let acquired = acquire(attempt.core(), &attempt, Patience::None).await?;
+        let acquired = self.acquire(Patience::None).await?;
         Ok(acquired.map(|hold| self.guard(hold)))
     }
 
@@ -199,13 +201,43 @@ impl Lock {
     /// free lock is never reported busy. A zero timeout tries once.
     pub async fn try_lock_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         let patience = Patience::within(timeout)?;
-        let attempt = self.attempt()?;
-        let acquired = acquire(attempt.core(), &attempt, patience).await?;
+        let acquired = self.acquire(patience).await?;
         Ok(acquired.map(|hold| self.guard(hold)))
+    }
+
+    /// One acquisition through the engine, with the store's own attempt.
+    async fn acquire(&self, patience: Patience) -> Result<Option<Hold>> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let (lease, renew) = self.lease_and_mode();
+            to_millis("lease", lease)?;
+            let attempt = etcd::EtcdAttempt::new(
+                Arc::clone(self.session.core()),
+                link.clone(),
+                Arc::clone(&self.name),
+                lease,
+                renew,
+            );
+            return acquire(attempt.core(), &attempt, patience).await;
+        }
+        let attempt = self.attempt()?;
+        acquire(attempt.core(), &attempt, patience).await
+    }
+
+    /// The lease each acquisition takes, and whether the watchdog renews it.
+    fn lease_and_mode(&self) -> (Duration, bool) {
+        match self.lease {
+            Some(lease) => (lease, false),
+            None => (self.session.core().config().watchdog_timeout, true),
+        }
     }
 
     /// True if anyone holds the lock.
     pub async fn is_locked(&self) -> Result<bool> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            return Ok(etcd::first(link, &self.name).await?.is_some());
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return Ok(postgres::lease_left(link, &self.name).await?.is_some());
@@ -219,6 +251,11 @@ impl Lock {
     /// [`LockGuard::owner`] gives them): one while it is held, none while it is free. For
     /// operators: pass one to [`Lock::force_unlock_held_by`] to end only that holding.
     pub async fn owners(&self) -> Result<Vec<String>> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let first = etcd::first(link, &self.name).await?;
+            return Ok(first.into_iter().map(|(owner, _, _)| owner).collect());
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::owners(link, &self.name).await;
@@ -233,6 +270,10 @@ impl Lock {
 
     /// How long the current lease has left on the server, or `None` if the lock is free.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            return etcd::lease_left(link, &self.name).await;
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::lease_left(link, &self.name).await;
@@ -254,6 +295,10 @@ impl Lock {
     /// shared by every name of the lock's cluster slot, so this is at least the lock's
     /// own last token. Both settings' counters are read, as acquisitions read them.
     pub async fn last_fencing_token(&self) -> Result<u64> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            return etcd::revision(link).await;
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::last_token(link).await;
@@ -300,6 +345,10 @@ impl Lock {
 
     async fn force_unlock_where(&self, owner: &str) -> Result<bool> {
         let channel = &self.channel;
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            return etcd::force_unlock(link, &self.name, owner).await;
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::force_unlock(link, &self.name, owner, channel).await;
@@ -345,6 +394,18 @@ impl Lock {
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::advance_tokens(link, floor.try_into().unwrap_or(i64::MAX - 1)).await;
         }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            // Tokens are the cluster's revisions, which only writes raise.
+            let revision = etcd::revision(link).await?;
+            if floor <= revision {
+                return Ok(revision);
+            }
+            return Err(Error::Unsupported {
+                store: "etcd",
+                what: "raising the fencing tokens above the cluster's revision",
+            });
+        }
         let counter: u64 = self
             .session
             .core()
@@ -375,10 +436,16 @@ impl Lock {
 
     /// One acquisition of this lock, for the engine (or a composite primitive) to try.
     pub(crate) fn attempt(&self) -> Result<LockAttempt> {
-        let (lease, renew) = match self.lease {
-            Some(lease) => (lease, false),
-            None => (self.session.core().config().watchdog_timeout, true),
-        };
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(_) = self.session.core().store() {
+            // A composite (MultiLock) drives LockAttempts itself; etcd's waiters keep a
+            // key for the whole wait, which that does not do yet.
+            return Err(Error::Unsupported {
+                store: "etcd",
+                what: "a MultiLock",
+            });
+        }
+        let (lease, renew) = self.lease_and_mode();
         Ok(LockAttempt {
             core: Arc::clone(self.session.core()),
             name: Arc::clone(&self.name),

@@ -1,0 +1,375 @@
+//! How a client reaches an etcd cluster: one gRPC client (etcd-client) on the client's own
+//! runtime, the client's session lease and its keepalives, what failures mean, and (in
+//! [`watch`]) the watches the engine's subscription hub waits on.
+//!
+//! It knows no lock: the primitives build the transactions. What it keeps is the session
+//! lease, because a lease is how etcd ties keys to a live client: every key a client
+//! writes for a watchdog-mode holding is attached to it, and one keepalive renews them all.
+
+pub(crate) mod watch;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::error::{Error, Result, StoreFailure};
+use crate::transport::endpoint::EtcdSpec;
+
+/// The store's name in errors and logs.
+pub(crate) const STORE: &str = "etcd";
+
+/// The link to one etcd cluster, shared by the client's calls, its renewals and its hub.
+#[derive(Clone)]
+pub(crate) struct EtcdLink {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    runtime: Handle,
+    target: String,
+    prefix: String,
+    response_timeout: Duration,
+    /// The session lease's length in whole seconds, as asked for: the watchdog timeout
+    /// rounded up (etcd's TTLs are seconds; the server may grant more).
+    session_ttl: i64,
+    session: tokio::sync::Mutex<Option<Session>>,
+    /// The session lease's id, readable without waiting (0: none).
+    current: std::sync::atomic::AtomicI64,
+}
+
+/// The client's session lease, as last confirmed.
+#[derive(Clone, Copy)]
+pub(crate) struct Session {
+    pub(crate) id: i64,
+    /// When the request that last set its TTL (the grant, or a keepalive the server
+    /// answered) was sent: the lease lasts at least `ttl` from then.
+    pub(crate) confirmed_at: Instant,
+    pub(crate) ttl: Duration,
+}
+
+impl EtcdLink {
+    /// Connects on `runtime` (the client's), checks that the cluster answers within the
+    /// connection timeout, and grants the session lease.
+    pub(crate) async fn connect(
+        spec: EtcdSpec,
+        config: &Config,
+        runtime: &Handle,
+    ) -> Result<EtcdLink> {
+        let target = spec.endpoints.join(",");
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connection_timeout)
+            .with_timeout(config.response_timeout)
+            // A dead peer is noticed by HTTP/2 pings, not only by a request timing out.
+            .with_keep_alive(Duration::from_secs(5), config.response_timeout)
+            .with_require_leader(true);
+        if let Some((user, password)) = spec.user.clone() {
+            options = options.with_user(user, password);
+        }
+        let endpoints = spec.endpoints.clone();
+        let connect_timeout = config.connection_timeout;
+        let classify_at = target.clone();
+        // Built inside the client's runtime: the channel spawns its tasks where it is made.
+        let connecting = runtime.spawn(async move {
+            tokio::time::timeout(connect_timeout, Client::connect(endpoints, Some(options))).await
+        });
+        let client = match connecting.await {
+            Ok(Ok(Ok(client))) => client,
+            Ok(Ok(Err(err))) => return Err(classify(&classify_at, err)),
+            Ok(Err(_)) => {
+                return Err(Error::ConnectTimeout {
+                    target,
+                    after: connect_timeout,
+                })
+            }
+            Err(err) => return Err(Error::Runtime(std::io::Error::other(err.to_string()))),
+        };
+        let session_ttl = i64::try_from(config.watchdog_timeout.as_millis().div_ceil(1000))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let link = EtcdLink {
+            inner: Arc::new(Inner {
+                client,
+                runtime: runtime.clone(),
+                target,
+                prefix: spec.prefix,
+                response_timeout: config.response_timeout,
+                session_ttl,
+                session: tokio::sync::Mutex::new(None),
+                current: std::sync::atomic::AtomicI64::new(0),
+            }),
+        };
+        // The first request: the cluster answers (with a leader), and the session exists.
+        match link.session_within(config.connection_timeout).await {
+            Err(Error::Store {
+                failure: StoreFailure::Connection,
+                ..
+            }) => Err(Error::ConnectTimeout {
+                target: link.target().to_owned(),
+                after: config.connection_timeout,
+            }),
+            Err(err) => Err(err),
+            Ok(_) => Ok(link),
+        }
+    }
+
+    /// The endpoints, as errors name the store.
+    pub(crate) fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// A clone of the gRPC client, for a stream that outlives the response timeout (a
+    /// watch); call it on the client's runtime.
+    pub(crate) fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// The prefix every key distlock writes starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Runs `work` on the client's runtime with a clone of the client, within the
+    /// response timeout; its failure is classified for the caller.
+    pub(crate) async fn run<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.run_within(self.inner.response_timeout, work).await
+    }
+
+    async fn run_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let client = self.inner.client.clone();
+        let running = self
+            .inner
+            .runtime
+            .spawn(async move { tokio::time::timeout(limit, work(client)).await });
+        match running.await {
+            Ok(Ok(answer)) => answer.map_err(|err| classify(&self.inner.target, err)),
+            Ok(Err(_elapsed)) => Err(Error::Store {
+                store: STORE,
+                target: self.inner.target.clone(),
+                failure: StoreFailure::Connection,
+                detail: format!("no answer within {limit:?}"),
+            }),
+            Err(err) => Err(Error::Runtime(std::io::Error::other(format!(
+                "the client's runtime did not run the request (was the client shut down?): {err}"
+            )))),
+        }
+    }
+
+    /// The session lease every watchdog-mode key is attached to: the current one, or a
+    /// new one when there is none (the first acquisition, or the last one expired).
+    pub(crate) async fn session(&self) -> Result<Session> {
+        self.session_within(self.inner.response_timeout).await
+    }
+
+    async fn session_within(&self, limit: Duration) -> Result<Session> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(mut session) = *current {
+            // Renewed by the watchdog while it holds something; otherwise nothing keeps
+            // it alive, and an acquisition must not count on a lease that may be gone:
+            // past a third of its TTL it is confirmed first (or replaced).
+            if session.confirmed_at.elapsed() < session.ttl / 3 {
+                return Ok(session);
+            }
+            let sent_at = Instant::now();
+            let id = session.id;
+            let alive = self
+                .run_within(limit, move |client| keep_alive_once(client, id))
+                .await?;
+            if alive {
+                session.confirmed_at = sent_at;
+                *current = Some(session);
+                return Ok(session);
+            }
+            *current = None;
+            self.inner
+                .current
+                .store(0, std::sync::atomic::Ordering::Release);
+        }
+        let sent_at = Instant::now();
+        let ttl = self.inner.session_ttl;
+        let granted = self
+            .run_within(limit, move |mut client| async move {
+                client.lease_grant(ttl, None).await
+            })
+            .await?;
+        let session = Session {
+            id: granted.id(),
+            confirmed_at: sent_at,
+            ttl: Duration::from_secs(granted.ttl().max(0).unsigned_abs()),
+        };
+        *current = Some(session);
+        self.inner
+            .current
+            .store(session.id, std::sync::atomic::Ordering::Release);
+        Ok(session)
+    }
+
+    /// Forgets session lease `id`, which the cluster said it does not know (it expired):
+    /// the next acquisition grants a new one.
+    pub(crate) async fn session_gone(&self, id: i64) {
+        let mut current = self.inner.session.lock().await;
+        if current.is_some_and(|session| session.id == id) {
+            *current = None;
+            self.inner
+                .current
+                .store(0, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// The session lease's id, if there is one.
+    pub(crate) fn current_session(&self) -> Option<i64> {
+        let id = self
+            .inner
+            .current
+            .load(std::sync::atomic::Ordering::Acquire);
+        (id != 0).then_some(id)
+    }
+
+    /// A lease of its own for a fixed-lease holding: `lease` rounded up to whole seconds.
+    /// Answers its id.
+    pub(crate) async fn grant(&self, lease: Duration) -> Result<i64> {
+        let ttl = i64::try_from(lease.as_millis().div_ceil(1000))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let granted = self
+            .run(move |mut client| async move { client.lease_grant(ttl, None).await })
+            .await?;
+        Ok(granted.id())
+    }
+
+    /// Revokes `lease` (its keys go with it). Best effort: a lease not revoked expires.
+    pub(crate) async fn revoke(&self, lease: i64) {
+        if let Err(err) = self
+            .run(move |mut client| async move { client.lease_revoke(lease).await })
+            .await
+        {
+            tracing::debug!(error = %err, lease, "could not revoke a lease; it expires by itself");
+        }
+    }
+
+    /// Renews each lease in `leases` (given as the holdings' renewal owners: a lease id in
+    /// hex) with one keepalive per distinct lease; answers, per entry, whether its lease
+    /// is still alive. A session lease found expired is dropped, so that the next
+    /// acquisition grants a new one.
+    pub(crate) async fn keep_alive(&self, leases: &[Arc<str>]) -> Result<Vec<bool>> {
+        let mut alive: Vec<(i64, bool)> = Vec::new();
+        let mut answers = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let Ok(id) = i64::from_str_radix(lease, 16) else {
+                answers.push(false);
+                continue;
+            };
+            let known = alive
+                .iter()
+                .find(|(seen, _)| *seen == id)
+                .map(|(_, ok)| *ok);
+            let ok = match known {
+                Some(ok) => ok,
+                None => {
+                    let sent_at = Instant::now();
+                    let ok = self.run(move |client| keep_alive_once(client, id)).await?;
+                    let mut session = self.inner.session.lock().await;
+                    match session.as_mut() {
+                        Some(current) if current.id == id && ok => {
+                            current.confirmed_at = current.confirmed_at.max(sent_at);
+                        }
+                        Some(current) if current.id == id => {
+                            *session = None;
+                            self.inner
+                                .current
+                                .store(0, std::sync::atomic::Ordering::Release);
+                        }
+                        _ => {}
+                    }
+                    alive.push((id, ok));
+                    ok
+                }
+            };
+            answers.push(ok);
+        }
+        Ok(answers)
+    }
+}
+
+/// One keepalive of lease `id`: true while the lease lives (its TTL is set again to the
+/// length it was granted with), false once it has expired.
+async fn keep_alive_once(
+    mut client: Client,
+    id: i64,
+) -> std::result::Result<bool, etcd_client::Error> {
+    // Opening the stream sends the first keepalive and reads its answer; an expired lease
+    // (TTL 0) is reported as this error.
+    match client.lease_keep_alive(id).await {
+        Ok(_) => Ok(true),
+        Err(etcd_client::Error::LeaseKeepAliveError(reason)) if reason.contains("not found") => {
+            Ok(false)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether `err` says a lease the request named is gone.
+pub(crate) fn is_lease_gone(err: &Error) -> bool {
+    matches!(err, Error::Store { store: STORE, detail, .. } if detail.contains("lease not found"))
+}
+
+/// What an etcd-client error means for the caller: the connection or the cluster's state
+/// (try again: the request may or may not have run), a missing right, or a refusal of the
+/// request itself.
+pub(crate) fn classify(target: &str, err: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    // gRPC's status codes (fixed by the gRPC specification).
+    const CANCELLED: i32 = 1;
+    const UNKNOWN: i32 = 2;
+    const DEADLINE_EXCEEDED: i32 = 4;
+    const PERMISSION_DENIED: i32 = 7;
+    const RESOURCE_EXHAUSTED: i32 = 8;
+    const ABORTED: i32 = 10;
+    const INTERNAL: i32 = 13;
+    const UNAVAILABLE: i32 = 14;
+    const UNAUTHENTICATED: i32 = 16;
+    let failure = match &err {
+        E::GRpcStatus(status) => match i32::from(status.code()) {
+            PERMISSION_DENIED | UNAUTHENTICATED => StoreFailure::PermissionDenied,
+            CANCELLED | UNKNOWN | DEADLINE_EXCEEDED | RESOURCE_EXHAUSTED | ABORTED | INTERNAL
+            | UNAVAILABLE => StoreFailure::Connection,
+            _ => StoreFailure::Request,
+        },
+        E::TransportError(_)
+        | E::IoError(_)
+        | E::WatchError(_)
+        | E::LeaseKeepAliveError(_)
+        | E::EndpointError(_) => StoreFailure::Connection,
+        _ => StoreFailure::Request,
+    };
+    let detail = match (&err, failure) {
+        (E::GRpcStatus(status), StoreFailure::PermissionDenied) => format!(
+            "{} ({:?}); grant the user the rights listed in distlock's docs/safety.md",
+            status.message(),
+            status.code()
+        ),
+        (E::GRpcStatus(status), _) => format!("{} ({:?})", status.message(), status.code()),
+        _ => err.to_string(),
+    };
+    Error::Store {
+        store: STORE,
+        target: target.to_owned(),
+        failure,
+        detail,
+    }
+}

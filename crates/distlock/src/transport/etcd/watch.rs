@@ -1,0 +1,218 @@
+//! The hub's etcd connection: what a waiter or a holder waits for, as etcd watches, in the
+//! shape the hub takes from Redis pub/sub ([`Sink`](crate::transport::pubsub::Sink),
+//! [`Events`](crate::transport::pubsub::Events)).
+//!
+//! A topic names a key and what to wait for:
+//!
+//! - `first:<key>`: until no key under the key's queue (the key up to its last NUL byte)
+//!   was created before it: a waiter's turn. Only its predecessor is watched, so a
+//!   release wakes the next waiter alone, never the whole queue;
+//! - `gone:<key>`: until the key is deleted: a holder listening for a force-unlock.
+//!
+//! Each topic is a task that reads the state first and then watches from the revision it
+//! read, so a change between the read and the watch is never missed; after a broken watch
+//! it reads again. A topic is answered once (a message `0` on it), then its task ends.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::EtcdLink;
+use crate::error::Result;
+
+/// The sending half: start and stop following topics, and a health check.
+pub(crate) struct EtcdSink {
+    link: EtcdLink,
+    following: HashMap<String, CancellationToken>,
+    answers: mpsc::UnboundedSender<(String, Vec<u8>)>,
+}
+
+/// The topics' answers.
+pub(crate) struct EtcdEvents {
+    answers: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+}
+
+impl Drop for EtcdSink {
+    fn drop(&mut self) {
+        for stop in self.following.values() {
+            stop.cancel();
+        }
+    }
+}
+
+/// Opens the hub's side (on the client's runtime, where the hub runs). Fails if the
+/// cluster does not answer.
+pub(crate) async fn open(link: &EtcdLink) -> Result<(EtcdSink, EtcdEvents)> {
+    link.run(|mut client| async move { client.status().await })
+        .await?;
+    let (answers, received) = mpsc::unbounded_channel();
+    Ok((
+        EtcdSink {
+            link: link.clone(),
+            following: HashMap::new(),
+            answers,
+        },
+        EtcdEvents { answers: received },
+    ))
+}
+
+impl EtcdSink {
+    /// Follows (`on`) or stops following `topics`. A topic is followed from its state
+    /// now, so following it is confirmed at once.
+    pub(crate) async fn set(&mut self, topics: &[String], on: bool) -> Result<()> {
+        for topic in topics {
+            if !on {
+                if let Some(stop) = self.following.remove(topic) {
+                    stop.cancel();
+                }
+                continue;
+            }
+            if self.following.contains_key(topic) {
+                continue;
+            }
+            let stop = CancellationToken::new();
+            self.following.insert(topic.clone(), stop.clone());
+            let (link, topic, answers) = (self.link.clone(), topic.clone(), self.answers.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    () = follow(&link, &topic) => {
+                        let _ = answers.send((topic, b"0".to_vec()));
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// True if the cluster answers within `timeout`.
+    pub(crate) async fn healthy(&mut self, timeout: Duration) -> bool {
+        let asked = self
+            .link
+            .run(|mut client| async move { client.status().await });
+        matches!(tokio::time::timeout(timeout, asked).await, Ok(Ok(_)))
+    }
+}
+
+impl EtcdEvents {
+    /// The next answered topic as `(topic, payload)`.
+    pub(crate) async fn next(&mut self) -> Option<(String, Vec<u8>)> {
+        self.answers.recv().await
+    }
+}
+
+/// What a topic waits for next.
+enum Step {
+    /// It happened.
+    Answer,
+    /// It happens when `key` is deleted, at a revision after `after`.
+    DeletionOf { key: Vec<u8>, after: i64 },
+}
+
+/// Returns once the topic's condition holds. Failures (a leader election, a broken
+/// connection) are waited out with backoff: the state is read again each time.
+async fn follow(link: &EtcdLink, topic: &str) {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let step = match topic.split_once(':') {
+            Some(("first", key)) => first_step(link, key.as_bytes().to_vec()).await,
+            Some(("gone", key)) => gone_step(link, key.as_bytes().to_vec()).await,
+            _ => Ok(Step::Answer),
+        };
+        match step {
+            Ok(Step::Answer) => return,
+            Ok(Step::DeletionOf { key, after }) => {
+                if deleted(link.client(), key, after).await {
+                    pause = Duration::from_millis(20);
+                    continue;
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "an etcd watch could not read its state; trying again");
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// `first:<key>`: answered when the key is gone or nothing older is left in its queue;
+/// otherwise the deletion of its predecessor (the newest older key).
+async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
+    let Some(end) = key.iter().rposition(|byte| *byte == 0) else {
+        return Ok(Step::Answer);
+    };
+    let queue = key[..=end].to_vec();
+    link.run(move |mut client| async move {
+        let own = client.get(key, None).await?;
+        let Some(own) = own.kvs().first() else {
+            return Ok(Step::Answer);
+        };
+        let older = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(own.create_revision() - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        let before = client.get(queue, Some(older)).await?;
+        let read_at = before.header().map_or(0, |header| header.revision());
+        Ok(match before.kvs().first() {
+            None => Step::Answer,
+            Some(predecessor) => Step::DeletionOf {
+                key: predecessor.key().to_vec(),
+                after: read_at,
+            },
+        })
+    })
+    .await
+}
+
+/// `gone:<key>`: answered when the key is gone; otherwise its deletion.
+async fn gone_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
+    link.run(move |mut client| async move {
+        let own = client.get(key.clone(), None).await?;
+        let read_at = own.header().map_or(0, |header| header.revision());
+        Ok(if own.kvs().is_empty() {
+            Step::Answer
+        } else {
+            Step::DeletionOf {
+                key,
+                after: read_at,
+            }
+        })
+    })
+    .await
+}
+
+/// Watches `key` from the revision after `after` until it is deleted (true), or until the
+/// watch fails (false: the caller reads the state again).
+async fn deleted(mut client: Client, key: Vec<u8>, after: i64) -> bool {
+    let options = WatchOptions::new()
+        .with_start_revision(after + 1)
+        .with_filters([WatchFilterType::NoPut]);
+    let Ok(mut stream) = client.watch(key, Some(options)).await else {
+        return false;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) => {
+                if answer.canceled() {
+                    return false;
+                }
+                if answer
+                    .events()
+                    .iter()
+                    .any(|event| event.event_type() == EventType::Delete)
+                {
+                    return true;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
