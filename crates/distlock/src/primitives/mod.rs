@@ -37,10 +37,11 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
         .copied()
 }
 
-/// What a client on PostgreSQL creates at connect when missing: every primitive's tables.
+/// What a client on PostgreSQL creates at connect when missing (every primitive's
+/// tables), and the statements that check them whoever created them.
 #[cfg(feature = "postgres")]
-pub(crate) fn postgres_setup() -> &'static [&'static str] {
-    &lock::postgres::SETUP
+pub(crate) fn postgres_setup() -> (&'static [&'static str], &'static [&'static str]) {
+    (&lock::postgres::SETUP, &lock::postgres::CHECK)
 }
 
 /// Refuses a name the client's store cannot keep, beyond what every store refuses

@@ -24,6 +24,9 @@ use crate::transport::postgres::PgLink;
 /// What a client creates at connect when missing.
 pub(crate) static SETUP: [&str; 1] = [include_str!("sql/schema.sql")];
 
+/// What a client checks at connect, whoever created the table.
+pub(crate) static CHECK: [&str; 1] = [include_str!("sql/schema_check.sql")];
+
 const ACQUIRE: &str = include_str!("sql/acquire.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
 const SET_HOLDS: &str = include_str!("sql/set_holds.sql");
@@ -176,7 +179,7 @@ impl HoldOps for PgHold {
         Box::pin(async move {
             let freed = self
                 .link
-                .run(move |pool| async move {
+                .run_upkeep(move |pool| async move {
                     let rows = sqlx::query(RELEASE)
                         .bind(name)
                         .bind(owner)
@@ -217,7 +220,7 @@ impl HoldOps for PgHold {
         Box::pin(async move {
             let extended = self
                 .link
-                .run(move |pool| async move {
+                .run_upkeep(move |pool| async move {
                     sqlx::query_scalar::<_, i32>(EXTEND)
                         .bind(name)
                         .bind(owner)
@@ -234,7 +237,7 @@ impl HoldOps for PgHold {
         let (name, owner) = (name.to_owned(), owner.to_owned());
         Box::pin(async move {
             self.link
-                .run(move |pool| async move {
+                .run_upkeep(move |pool| async move {
                     sqlx::query_scalar::<_, bool>(VERIFY)
                         .bind(name)
                         .bind(owner)
@@ -267,7 +270,7 @@ async fn set_holds(
         what: "hold count",
         reason: format!("{holds} is more than PostgreSQL's integer holds"),
     })?;
-    link.run(move |pool| async move {
+    link.run_upkeep(move |pool| async move {
         sqlx::query_scalar::<_, i32>(SET_HOLDS)
             .bind(name)
             .bind(owner)

@@ -11,10 +11,14 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
+use sqlx::Executor;
 use tokio::sync::{mpsc, oneshot};
 
 use super::PgLink;
 use crate::error::{Error, Result};
+
+/// How many channels one LISTEN or UNLISTEN query carries.
+const CHANNELS_PER_QUERY: usize = 100;
 
 /// A command for the task that owns the listening connection.
 enum Command {
@@ -43,9 +47,12 @@ pub(crate) struct PgEvents {
 /// client's) and starts its task. Fails if the database does not answer.
 pub(crate) async fn open(link: &PgLink) -> Result<(PgSink, PgEvents)> {
     let classify = |err| super::classify(link.target(), err);
-    let mut listener = PgListener::connect_with(link.pool())
-        .await
-        .map_err(classify)?;
+    // A pool of its own, of one connection: the listening connection is never one the
+    // lock calls wait for.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(link.options().clone());
+    let mut listener = PgListener::connect_with(&pool).await.map_err(classify)?;
     // Notifications sent while the connection was down are gone either way; the hub
     // wakes everyone after opening a new one. So no quiet reconnect inside the driver.
     listener.eager_reconnect(false);
@@ -80,14 +87,16 @@ async fn drive(
             command = commands.recv() => match command {
                 None => return,
                 Some(Command::Set { channels, on, done }) => {
+                    // Many channels in one query (a round trip per channel would not
+                    // keep up with many waiters behind a slow link).
                     let mut outcome = Ok(());
-                    for channel in &channels {
-                        let sent = if on {
-                            listener.listen(channel).await
-                        } else {
-                            listener.unlisten(channel).await
-                        };
-                        if let Err(err) = sent {
+                    for chunk in channels.chunks(CHANNELS_PER_QUERY) {
+                        let verb = if on { "LISTEN" } else { "UNLISTEN" };
+                        let batch: String = chunk
+                            .iter()
+                            .map(|channel| format!("{verb} \"{}\";", channel.replace('"', "\"\"")))
+                            .collect();
+                        if let Err(err) = (&mut listener).execute(batch.as_str()).await {
                             outcome = Err(err);
                             break;
                         }

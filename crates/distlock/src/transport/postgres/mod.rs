@@ -27,10 +27,19 @@ use crate::transport::endpoint::mask_password;
 /// The store's name in errors and logs.
 pub(crate) const STORE: &str = "PostgreSQL";
 
-/// Connections one client keeps at most: enough for a process's concurrent lock calls and
-/// its renewals, few enough that a fleet of a hundred processes fits PostgreSQL's default
-/// `max_connections` (100) only if each holds few; the pool opens them as needed.
+/// Connections one client keeps at most for its lock calls (the pool opens them as
+/// needed), and apart from them for its upkeep (renewals, releases, verifications), so
+/// that a burst of acquisitions never holds up the renewal of what is held. With the one
+/// that LISTENs, a client keeps at most 11.
 const POOL_SIZE: u32 = 8;
+const UPKEEP_POOL_SIZE: u32 = 2;
+
+/// How long a pooled connection may sit idle before it is pinged ahead of its next use.
+const PING_AFTER_IDLE: Duration = Duration::from_millis(250);
+
+/// The URL parameter naming the schema distlock's table and sequence live in (distlock's
+/// own; taken out before the driver reads the URL).
+const SCHEMA_PARAMETER: &str = "distlock_schema";
 
 /// The link to one database, shared by the client's calls, its renewals and its hub.
 #[derive(Clone)]
@@ -40,6 +49,10 @@ pub(crate) struct PgLink {
 
 struct Inner {
     pool: PgPool,
+    /// Renewals, releases and verifications: never queued behind acquisitions.
+    upkeep: PgPool,
+    /// For the connection that LISTENs, which opens its own one-connection pool.
+    options: PgConnectOptions,
     runtime: Handle,
     /// `host:port/database`, for errors.
     target: String,
@@ -47,20 +60,24 @@ struct Inner {
 }
 
 impl PgLink {
-    /// Opens the pool on `runtime` (the client's) and checks that the database answers
+    /// Opens the pools on `runtime` (the client's) and checks that the database answers
     /// within the connection timeout, then runs `setup` (the statements that create what
-    /// the primitives need, if missing) once, serialized with any other client doing the
-    /// same at the same moment.
+    /// the primitives need) if what they create is missing, serialized with any other
+    /// client doing the same at the same moment, and then `check` (statements that fail
+    /// when the tables lack what the primitives use).
     pub(crate) async fn connect(
         url: &str,
         config: &Config,
         runtime: &Handle,
-        setup: &'static [&'static str],
+        (setup, check): (&'static [&'static str], &'static [&'static str]),
     ) -> Result<PgLink> {
-        let options = PgConnectOptions::from_str(url).map_err(|err| Error::InvalidUrl {
-            url: mask_password(url),
-            reason: err.to_string(),
-        })?;
+        let (url, schema) = take_schema(url)?;
+        let options = PgConnectOptions::from_str(&url)
+            .map_err(|err| Error::InvalidUrl {
+                url: mask_password(&url),
+                reason: err.to_string(),
+            })?
+            .options(session_settings(&schema));
         let target = format!(
             "{}:{}/{}",
             options.get_host(),
@@ -68,20 +85,40 @@ impl PgLink {
             options.get_database().unwrap_or(options.get_username())
         );
         let acquire_timeout = config.connection_timeout;
-        // Built inside the client's runtime: the pool spawns its upkeep where it is made.
-        let pool = runtime
+        let pool_options = options.clone();
+        // Built inside the client's runtime: a pool spawns its upkeep where it is made.
+        let (pool, upkeep) = runtime
             .spawn(async move {
-                PgPoolOptions::new()
-                    .max_connections(POOL_SIZE)
-                    .min_connections(0)
-                    .acquire_timeout(acquire_timeout)
-                    .connect_lazy_with(options)
+                let pool = |size: u32| {
+                    PgPoolOptions::new()
+                        .max_connections(size)
+                        .min_connections(0)
+                        .acquire_timeout(acquire_timeout)
+                        // A connection idle for a while may have been closed by the
+                        // server (a restart, pg_terminate_backend, idle_session_timeout):
+                        // it is pinged before use, and replaced if it does not answer. A
+                        // busy one is not: a ping before every statement would double
+                        // each call's round trips.
+                        .test_before_acquire(false)
+                        .before_acquire(|connection, meta| {
+                            Box::pin(async move {
+                                if meta.idle_for < PING_AFTER_IDLE {
+                                    return Ok(true);
+                                }
+                                Ok(sqlx::Connection::ping(connection).await.is_ok())
+                            })
+                        })
+                        .connect_lazy_with(pool_options.clone())
+                };
+                (pool(POOL_SIZE), pool(UPKEEP_POOL_SIZE))
             })
             .await
             .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))?;
         let link = PgLink {
             inner: Arc::new(Inner {
                 pool,
+                upkeep,
+                options,
                 runtime: runtime.clone(),
                 target,
                 response_timeout: config.response_timeout,
@@ -106,11 +143,35 @@ impl PgLink {
             }
             Err(err) => return Err(err),
         }
-        let setup: Vec<String> = setup
-            .iter()
-            .map(|statement| (*statement).to_owned())
-            .collect();
+        let owned = |statements: &[&str]| -> Vec<String> {
+            statements.iter().map(|statement| (*statement).to_owned()).collect()
+        };
+        let (setup, check) = (owned(setup), owned(check));
         link.run(move |pool| set_up(pool, setup)).await?;
+        link.run(move |pool| async move {
+            for statement in check {
+                sqlx::query(&statement).execute(&pool).await?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|err| match err {
+            Error::Store {
+                store,
+                target,
+                failure: StoreFailure::Request,
+                detail,
+            } => Error::Store {
+                store,
+                target,
+                failure: StoreFailure::Request,
+                detail: format!(
+                    "the lock table does not have what distlock needs ({detail}); was it made \
+                     by another tool or an older distlock? See docs/safety.md"
+                ),
+            },
+            other => other,
+        })?;
         Ok(link)
     }
 
@@ -119,8 +180,21 @@ impl PgLink {
         &self.inner.target
     }
 
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.inner.pool
+    /// The options every connection of the client is opened with.
+    pub(crate) fn options(&self) -> &PgConnectOptions {
+        &self.inner.options
+    }
+
+    /// [`PgLink::run`] on the upkeep pool: for what keeps a holding alive or ends it.
+    pub(crate) async fn run_upkeep<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let pool = self.inner.upkeep.clone();
+        self.spawn_within(self.inner.response_timeout, pool, work)
+            .await
     }
 
     /// Runs `work` on the client's runtime with a pooled connection, within the response
@@ -141,6 +215,15 @@ impl PgLink {
         T: Send + 'static,
     {
         let pool = self.inner.pool.clone();
+        self.spawn_within(limit, pool, work).await
+    }
+
+    async fn spawn_within<T, F, Fut>(&self, limit: Duration, pool: PgPool, work: F) -> Result<T>
+    where
+        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
         let running = self
             .inner
             .runtime
@@ -174,7 +257,7 @@ impl PgLink {
         // Milliseconds as a double: exact far past any lease (2^53 ms).
         let lease_ms = lease_ms as f64;
         let renewed: Vec<(String, String)> = self
-            .run(move |pool| async move {
+            .run_upkeep(move |pool| async move {
                 sqlx::query_as(statement)
                     .bind(lease_ms)
                     .bind(names)
@@ -201,6 +284,17 @@ async fn set_up(pool: PgPool, setup: Vec<String>) -> sqlx::Result<()> {
     use sqlx::Executor;
 
     let mut connection = pool.acquire().await?;
+    // What exists is used as it is: creating it again (even IF NOT EXISTS) needs CREATE
+    // on the schema, which a least-privileged user does not have.
+    let present: bool = sqlx::query_scalar(
+        "SELECT to_regclass('distlock_locks') IS NOT NULL \
+            AND to_regclass('distlock_tokens') IS NOT NULL",
+    )
+    .fetch_one(&mut *connection)
+    .await?;
+    if present {
+        return Ok(());
+    }
     // Sent as simple queries: a setup file may hold several statements.
     let mut script = String::from("BEGIN; SELECT pg_advisory_xact_lock(7254039528390146201);\n");
     for statement in &setup {
@@ -213,6 +307,67 @@ async fn set_up(pool: PgPool, setup: Vec<String>) -> sqlx::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+/// The URL without distlock's own `distlock_schema` parameter, and the schema it names
+/// (`public` when it names none).
+fn take_schema(url: &str) -> Result<(String, String)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), "public".to_owned()));
+    };
+    let mut schema = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((SCHEMA_PARAMETER, value)) => {
+                schema = Some(value.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let schema = schema.unwrap_or_else(|| "public".to_owned());
+    let plain = !schema.is_empty()
+        && schema
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
+        && !schema.as_bytes()[0].is_ascii_digit();
+    if !plain {
+        return Err(Error::InvalidUrl {
+            url: mask_password(url),
+            reason: format!(
+                "{SCHEMA_PARAMETER} must be a plain identifier (letters, digits, _), not {schema:?}"
+            ),
+        });
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, schema))
+}
+
+/// The settings every connection of the client starts with, whatever the database's or
+/// the user's defaults, because the lock's statements count on them:
+///
+/// - `search_path` is the one schema: two clients on one database must find the same
+///   table, whatever schema their users have (PostgreSQL's default `"$user", public`
+///   would give each user a table of its own) and whatever the URL's `options` say;
+/// - no statement, lock or idle-transaction timeout of the server's: the client keeps
+///   its own response timeout, and a statement the server cancels would turn a wait into
+///   an error;
+/// - read committed: an acquisition's upsert must wait for the row and see the latest
+///   version, where a serializable default fails it instead.
+fn session_settings(schema: &str) -> [(&'static str, String); 5] {
+    [
+        ("search_path", schema.to_owned()),
+        ("statement_timeout", "0".to_owned()),
+        ("lock_timeout", "0".to_owned()),
+        ("idle_in_transaction_session_timeout", "0".to_owned()),
+        // The space escaped: options are split at blanks.
+        ("default_transaction_isolation", "read\\ committed".to_owned()),
+    ]
 }
 
 /// How a statement that got no answer in time is described (and recognised at connect).
@@ -229,10 +384,13 @@ pub(crate) fn classify(target: &str, err: sqlx::Error) -> Error {
                 // insufficient_privilege; invalid password or authorization.
                 "42501" | "28000" | "28P01" => StoreFailure::PermissionDenied,
                 // Connection exceptions (08…), a shutting-down or starting server (57P…),
-                // too many connections, a standby that took over read-only, and the
-                // conflicts a retry resolves (serialization, deadlock).
+                // a statement cancelled by the server, too many connections, a standby
+                // that took over read-only, and the conflicts a retry resolves
+                // (serialization, deadlock, a row lock not granted in time).
                 code if code.starts_with("08")
                     || code.starts_with("57P")
+                    || code == "57014"
+                    || code == "55P03"
                     || code == "53300"
                     || code == "25006"
                     || code == "40001"

@@ -17,9 +17,10 @@
 -- deadline counts from: the client stops trusting a lease before the database frees it.
 --
 -- The token is drawn when the existing row is written, after any wait for another writer
--- of that row, so a later holder always has a larger token than an earlier one. (The
--- value drawn in VALUES is used only by the first holder of a new name; on a busy lock it
--- is thrown away. Tokens have gaps; they only grow.)
+-- of that row, and is at least the row's last token plus one, so a later holder always
+-- has a larger token than an earlier one, even after the sequence was restarted or is
+-- cached per connection. (The value drawn in VALUES is used only by the first holder of
+-- a new name; on a busy lock it is thrown away. Tokens have gaps; they only grow.)
 WITH taken AS (
     INSERT INTO distlock_locks AS held (name, owner, holds, token, expires_at)
     VALUES ($1, $2, 1, nextval('distlock_tokens'),
@@ -27,9 +28,8 @@ WITH taken AS (
     ON CONFLICT (name) DO UPDATE
         SET owner = excluded.owner,
             holds = 1,
-            token = nextval('distlock_tokens'),
-            expires_at = clock_timestamp() + $3 * interval '1 millisecond',
-            released_by = NULL
+            token = greatest(nextval('distlock_tokens'), held.token + 1),
+            expires_at = clock_timestamp() + $3 * interval '1 millisecond'
         WHERE held.expires_at <= clock_timestamp()
     RETURNING token
 )

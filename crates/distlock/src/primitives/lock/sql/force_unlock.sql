@@ -9,7 +9,7 @@
 -- Returns one row when a holding was ended, none when there was none to end.
 WITH freed AS (
     UPDATE distlock_locks
-    SET owner = '', holds = 0, expires_at = clock_timestamp(), released_by = NULL
+    SET owner = '', holds = 0, expires_at = clock_timestamp()
     WHERE name = $1
       AND expires_at > clock_timestamp()
       AND ($2 = '' OR owner = $2)
