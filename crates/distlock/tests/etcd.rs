@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{bounded, join_bounded};
+use common::{bounded, contend, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreKind};
 use distlock_testkit::{EtcdCluster, ExclusionChecker};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -40,28 +40,7 @@ async fn holders_on_two_clients_never_overlap_and_their_tokens_grow() {
         client_at(&etcd.url(), Duration::from_secs(5)).await,
     ];
     assert_eq!(clients[0].store(), StoreKind::Etcd);
-    let checker = Arc::new(ExclusionChecker::new());
-    let counter = Arc::new(std::sync::Mutex::new(0_u64));
-    let mut tasks = Vec::new();
-    for (c, client) in clients.iter().enumerate() {
-        for t in 0..3 {
-            let lock = client.lock("etcd:contended").unwrap();
-            let (checker, counter) = (Arc::clone(&checker), Arc::clone(&counter));
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..8 {
-                    let guard = lock.lock().await.unwrap();
-                    let hold = checker.enter(guard.fencing_token(), format!("{c}/{t}"));
-                    let read = *counter.lock().unwrap();
-                    tokio::task::yield_now().await;
-                    *counter.lock().unwrap() = read + 1;
-                    hold.finish();
-                    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-                }
-            }));
-        }
-    }
-    join_bounded(LIMIT, tasks).await;
-    let report = checker.report();
+    let (report, count) = contend(&clients, "etcd:contended", 3, 8).await;
     assert_eq!(report.holds, 48);
     assert!(report.overlaps.is_empty(), "{:?}", report.overlaps);
     assert!(
@@ -69,7 +48,7 @@ async fn holders_on_two_clients_never_overlap_and_their_tokens_grow() {
         "{:?}",
         report.token_regressions
     );
-    assert_eq!(*counter.lock().unwrap(), 48, "an update was lost");
+    assert_eq!(count, 48, "an update was lost");
 }
 
 /// Waiters get the lock in the order they asked, and each is woken by its predecessor's

@@ -9,12 +9,11 @@ mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{bounded, join_bounded};
+use common::{bounded, contend, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreFailure};
-use distlock_testkit::{ExclusionChecker, FaultProxy, PostgresServer};
+use distlock_testkit::{FaultProxy, PostgresServer};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -47,30 +46,7 @@ async fn holders_on_two_clients_never_overlap_and_their_tokens_grow() {
         client_at(&server.url(), Duration::from_secs(5)).await,
         client_at(&server.url(), Duration::from_secs(5)).await,
     ];
-    let checker = Arc::new(ExclusionChecker::new());
-    let counter = Arc::new(std::sync::Mutex::new(0_u64));
-    let mut tasks = Vec::new();
-    for (c, client) in clients.iter().enumerate() {
-        for t in 0..4 {
-            let lock = client.lock("pg:contended").unwrap();
-            let (checker, counter) = (Arc::clone(&checker), Arc::clone(&counter));
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..12 {
-                    let guard = lock.lock().await.unwrap();
-                    let hold = checker.enter(guard.fencing_token(), format!("{c}/{t}"));
-                    // A read-modify-write with a yield in the middle: a second holder
-                    // would lose an update.
-                    let read = *counter.lock().unwrap();
-                    tokio::task::yield_now().await;
-                    *counter.lock().unwrap() = read + 1;
-                    hold.finish();
-                    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-                }
-            }));
-        }
-    }
-    join_bounded(LIMIT, tasks).await;
-    let report = checker.report();
+    let (report, count) = contend(&clients, "pg:contended", 4, 12).await;
     assert_eq!(report.holds, 96);
     assert!(report.overlaps.is_empty(), "{:?}", report.overlaps);
     assert!(
@@ -78,7 +54,7 @@ async fn holders_on_two_clients_never_overlap_and_their_tokens_grow() {
         "{:?}",
         report.token_regressions
     );
-    assert_eq!(*counter.lock().unwrap(), 96, "an update was lost");
+    assert_eq!(count, 96, "an update was lost");
 }
 
 #[tokio::test]

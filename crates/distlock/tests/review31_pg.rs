@@ -508,7 +508,6 @@ async fn break_a_restarted_sequence_hands_a_lock_a_smaller_token() {
     .await;
 }
 
-
 /// The same promise broken by a sequence setting a DBA may pick for throughput:
 /// `ALTER SEQUENCE distlock_tokens CACHE 50` gives each pooled connection a block of its
 /// own, so two clients (or two connections of one) hand out tokens out of order, and a
@@ -1826,7 +1825,6 @@ async fn holds_clients_that_come_and_go_leave_no_connections() {
     })
     .await;
 }
-
 
 /// A role or URL with `lock_timeout` (a common DBA guard, `ALTER ROLE app SET
 /// lock_timeout = '100ms'`): an attempt that waits on the lock's row longer than that

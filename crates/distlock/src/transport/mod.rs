@@ -28,6 +28,8 @@ pub(crate) mod endpoint;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod eviction;
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+pub(crate) mod on_runtime;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod probe;

@@ -6,8 +6,8 @@ pub mod redisson_fair;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use distlock::Client;
-use distlock_testkit::RedisServer;
+use distlock::{Client, ReleaseOutcome};
+use distlock_testkit::{ExclusionChecker, ExclusionReport, RedisServer};
 
 /// Fails the test, instead of hanging it, when `future` does not finish in `limit`.
 pub async fn bounded<T>(limit: Duration, future: impl Future<Output = T>) -> T {
@@ -330,4 +330,42 @@ pub async fn acquired_once_the_replica_is_back(
         .expect("within the wait");
     assert!(!guard.is_lost());
     guard.release().await.expect("release");
+}
+
+/// `tasks` tasks on each client take lock `name` `rounds` times each, doing a
+/// read-modify-write with a yield in the middle under it (a second holder would lose an
+/// update) and recording each hold. Returns what the holds showed and the count the
+/// updates reached (`clients × tasks × rounds` when none was lost).
+pub async fn contend(
+    clients: &[Client],
+    name: &str,
+    tasks: usize,
+    rounds: usize,
+) -> (ExclusionReport, u64) {
+    let checker = std::sync::Arc::new(ExclusionChecker::new());
+    let counter = std::sync::Arc::new(std::sync::Mutex::new(0_u64));
+    let mut running = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..tasks {
+            let lock = client.lock(name).expect("a valid name");
+            let (checker, counter) = (checker.clone(), counter.clone());
+            running.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = lock.lock().await.expect("lock");
+                    let hold = checker.enter(guard.fencing_token(), format!("{c}/{t}"));
+                    let read = *counter.lock().expect("counter");
+                    tokio::task::yield_now().await;
+                    *counter.lock().expect("counter") = read + 1;
+                    hold.finish();
+                    assert_eq!(
+                        guard.release().await.expect("release"),
+                        ReleaseOutcome::Released
+                    );
+                }
+            }));
+        }
+    }
+    join_bounded(Duration::from_secs(60), running).await;
+    let count = *counter.lock().expect("counter");
+    (checker.report(), count)
 }

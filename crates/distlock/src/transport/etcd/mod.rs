@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::error::{Error, Result, StoreFailure};
 use crate::transport::endpoint::EtcdSpec;
+use crate::transport::on_runtime::{self, StoreAt};
 
 /// The store's name in errors and logs.
 pub(crate) const STORE: &str = "etcd";
@@ -152,22 +153,11 @@ impl EtcdLink {
         T: Send + 'static,
     {
         let client = self.inner.client.clone();
-        let running = self
-            .inner
-            .runtime
-            .spawn(async move { tokio::time::timeout(limit, work(client)).await });
-        match running.await {
-            Ok(Ok(answer)) => answer.map_err(|err| classify(&self.inner.target, err)),
-            Ok(Err(_elapsed)) => Err(Error::Store {
-                store: STORE,
-                target: self.inner.target.clone(),
-                failure: StoreFailure::Connection,
-                detail: format!("no answer within {limit:?}"),
-            }),
-            Err(err) => Err(Error::Runtime(std::io::Error::other(format!(
-                "the client's runtime did not run the request (was the client shut down?): {err}"
-            )))),
-        }
+        let at = StoreAt {
+            store: STORE,
+            target: &self.inner.target,
+        };
+        on_runtime::run(&self.inner.runtime, at, limit, work(client), classify).await
     }
 
     /// The session lease every watchdog-mode key is attached to: the current one, or a

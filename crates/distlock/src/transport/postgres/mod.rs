@@ -23,6 +23,7 @@ use tokio::runtime::Handle;
 use crate::config::Config;
 use crate::error::{Error, Result, StoreFailure};
 use crate::transport::endpoint::mask_password;
+use crate::transport::on_runtime::{self, StoreAt, NO_ANSWER};
 
 /// The store's name in errors and logs.
 pub(crate) const STORE: &str = "PostgreSQL";
@@ -144,7 +145,10 @@ impl PgLink {
             Err(err) => return Err(err),
         }
         let owned = |statements: &[&str]| -> Vec<String> {
-            statements.iter().map(|statement| (*statement).to_owned()).collect()
+            statements
+                .iter()
+                .map(|statement| (*statement).to_owned())
+                .collect()
         };
         let (setup, check) = (owned(setup), owned(check));
         link.run(move |pool| set_up(pool, setup)).await?;
@@ -224,22 +228,11 @@ impl PgLink {
         Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let running = self
-            .inner
-            .runtime
-            .spawn(async move { tokio::time::timeout(limit, work(pool)).await });
-        match running.await {
-            Ok(Ok(answer)) => answer.map_err(|err| classify(&self.inner.target, err)),
-            Ok(Err(_elapsed)) => Err(Error::Store {
-                store: STORE,
-                target: self.inner.target.clone(),
-                failure: StoreFailure::Connection,
-                detail: format!("{NO_ANSWER} within {limit:?}"),
-            }),
-            Err(err) => Err(Error::Runtime(std::io::Error::other(format!(
-                "the client's runtime did not run the statement (was the client shut down?): {err}"
-            )))),
-        }
+        let at = StoreAt {
+            store: STORE,
+            target: &self.inner.target,
+        };
+        on_runtime::run(&self.inner.runtime, at, limit, work(pool), classify).await
     }
 
     /// Sends one renewal `statement` for a batch of leases: `$1` the lease in
@@ -366,12 +359,12 @@ fn session_settings(schema: &str) -> [(&'static str, String); 5] {
         ("lock_timeout", "0".to_owned()),
         ("idle_in_transaction_session_timeout", "0".to_owned()),
         // The space escaped: options are split at blanks.
-        ("default_transaction_isolation", "read\\ committed".to_owned()),
+        (
+            "default_transaction_isolation",
+            "read\\ committed".to_owned(),
+        ),
     ]
 }
-
-/// How a statement that got no answer in time is described (and recognised at connect).
-const NO_ANSWER: &str = "no answer";
 
 /// What a driver error means for the caller: the connection (try again later: the
 /// statement may or may not have run), a missing right (asking again will not help), or
