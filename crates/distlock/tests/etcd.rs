@@ -393,3 +393,55 @@ async fn a_cluster_out_of_reach_fires_the_lost_signal_before_anyone_else_holds()
     })
     .await;
 }
+
+/// Review (review31-etcd b2): a partial release on etcd rewrites the hold count only, so
+/// it must not move the holding's deadline: a holder cut off after one must still learn
+/// of its loss before another client holds the lock.
+#[tokio::test]
+async fn a_partial_release_does_not_stretch_trust_past_the_session_lease() {
+    use distlock_testkit::FaultProxy;
+    let etcd = cluster().await;
+    let mut proxies = Vec::new();
+    for port in etcd.client_ports() {
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        proxies.push(FaultProxy::start(upstream).await.unwrap());
+    }
+    let through: Vec<String> = proxies
+        .iter()
+        .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
+        .collect();
+    let lease = Duration::from_secs(3);
+    let holder = client_at(&format!("etcd://{}", through.join(",")), lease).await;
+    let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
+    bounded(LIMIT, async {
+        let guard = holder.lock("etcd:partial").unwrap().lock().await.unwrap();
+        let again = guard.reenter().await.unwrap();
+        // Late in the lease, so that a deadline moved by it would outlast the server's.
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+        for proxy in &proxies {
+            proxy.blackhole();
+        }
+        let lost = guard.lost_token();
+        let lock = other.lock("etcd:partial").unwrap();
+        let other_holds = tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        });
+        lost.cancelled().await;
+        let lost_at = Instant::now();
+        let other_at = other_holds.await.unwrap();
+        assert!(
+            lost_at < other_at,
+            "the holder learned of its loss {:?} after another client held the lock",
+            lost_at.duration_since(other_at)
+        );
+        for proxy in &proxies {
+            proxy.heal();
+        }
+        drop(guard);
+    })
+    .await;
+}

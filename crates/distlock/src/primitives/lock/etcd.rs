@@ -408,6 +408,12 @@ impl HoldOps for EtcdHold {
         })
     }
 
+    // A partial release rewrites the hold count only: the session lease, which the key
+    // lives on, is renewed by the watchdog alone.
+    fn partial_release_renews(&self) -> bool {
+        false
+    }
+
     fn renewal(&self, _owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
         (&ETCD_LOCK_RENEWAL, format!("{:x}", self.lease()).into())
     }

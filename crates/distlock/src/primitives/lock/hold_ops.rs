@@ -55,6 +55,12 @@ pub(crate) trait HoldOps: Send + Sync {
     /// Whether the owner holds it right now.
     fn verify<'a>(&'a self, core: &'a Core, name: &'a str, owner: &'a str) -> OpFuture<'a, bool>;
 
+    /// Whether a partial release sets a watchdog-mode lease again (the Redis scripts and
+    /// PostgreSQL's statement do), so that the holding may be trusted a lease from then.
+    fn partial_release_renews(&self) -> bool {
+        true
+    }
+
     /// After a final release freed the lock: lets go of what the release left to answer
     /// a retry (Redis's unlock latch).
     fn released(&self, core: &Core, latch: String) {

@@ -358,7 +358,8 @@ impl Holding {
                 Ok(ReleaseOutcome::Released)
             }
             Ok(_) => {
-                if !state.fixed {
+                // Trusted longer only where the partial release set the lease again.
+                if !state.fixed && self.release.partial_release_renews() {
                     self.lease_entry.extended(sent_at, state.lease);
                 }
                 Ok(ReleaseOutcome::Released)

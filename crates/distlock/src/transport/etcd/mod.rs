@@ -115,7 +115,44 @@ impl EtcdLink {
                 after: config.connection_timeout,
             }),
             Err(err) => Err(err),
-            Ok(_) => Ok(link),
+            Ok(_) => {
+                link.warn_if_stale_leader_renews().await;
+                Ok(link)
+            }
+        }
+    }
+
+    /// Warns when the member answering runs an etcd that renews leases on a leader that
+    /// has lost its leadership (etcd-io/etcd#15247, fixed in 3.4.25 and 3.5.8): a renewal
+    /// a frozen old leader answers can make a holder trust its lease past the one the new
+    /// leader keeps (docs/safety.md, etcd).
+    async fn warn_if_stale_leader_renews(&self) {
+        let Ok(status) = self
+            .run(|mut client| async move { client.status().await })
+            .await
+        else {
+            return;
+        };
+        let version = status.version().to_owned();
+        let parts: Vec<u32> = version
+            .split('.')
+            .filter_map(|part| part.parse().ok())
+            .collect();
+        let fixed = match parts.as_slice() {
+            [3, 4, patch, ..] => *patch >= 25,
+            [3, 5, patch, ..] => *patch >= 8,
+            [3, minor, ..] => *minor >= 6,
+            [major, ..] => *major > 3,
+            [] => true,
+        };
+        if !fixed {
+            tracing::warn!(
+                target = %self.inner.target,
+                %version,
+                "this etcd renews leases on a leader that lost its leadership (fixed in \
+                 3.4.25 and 3.5.8): a holder may trust its lease past the new leader's; \
+                 upgrade etcd (docs/safety.md)"
+            );
         }
     }
 
