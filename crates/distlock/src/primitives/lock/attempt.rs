@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::holding::{Acquired, Hold, PlainRelease};
+use super::hold_ops::PlainRelease;
+use super::holding::{Acquired, Hold};
 use super::scripts::{LOCK_ACQUIRE, LOCK_RELEASE, RELEASE_MESSAGE};
 use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::session::Core;

@@ -20,8 +20,8 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::hold_ops::{HoldOps, OpFuture};
-use super::holding::{Acquired, Hold, ReleaseArgs};
+use super::hold_ops::{HoldOps, OpFuture, ReleaseArgs};
+use super::holding::{Acquired, Hold};
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;

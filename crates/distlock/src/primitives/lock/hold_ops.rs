@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::holding::{HoldScripts, ReleaseArgs};
+use super::scripts::{LOCK_REENTER, LOCK_RELEASE, LOCK_RENEW, LOCK_RENEWAL, RELEASE_MESSAGE};
 use crate::engine::renewal::registry::RenewalKind;
 use crate::engine::session::Core;
 use crate::error::{Error, Result};
@@ -177,4 +177,86 @@ async fn send<T: redis::FromRedisValue>(core: &Core, call: &ScriptCall) -> Resul
         .background()
         .reply_unless_stalled(sent_on_home, call.invoke::<T>(&mut connection))
         .await?)
+}
+
+/// The scripts a Redis holding's calls send, given its key and owner: the lease lock's by
+/// default; a fair lock's release hands the lock to the head of its queue, and a
+/// read-write lock's read holds have scripts of their own. Every release takes the same
+/// arguments and answers alike: the holds left, or -1 when the owner no longer holds it.
+/// (Sent by the blanket [`HoldOps`] impl below.)
+pub(crate) trait HoldScripts: Send + Sync {
+    /// Gives back one hold (`args.left` are left).
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall;
+
+    /// Sets the hold count to `holds` (a re-entry); answers 1 while held, 0 if not.
+    fn reenter(&self, name: &str, owner: &str, holds: u32, lease_ms: u64) -> ScriptCall {
+        let _ = lease_ms;
+        let mut call = ScriptCall::new(&LOCK_REENTER, &[name], 2);
+        call.arg(owner).arg(holds);
+        call
+    }
+
+    /// Sets the lease to `lease_ms` from now (an extension); answers `[1]` while held,
+    /// `[0]` if not.
+    fn extend(&self, name: &str, owner: &str, lease_ms: u64) -> ScriptCall {
+        let mut call = ScriptCall::new(&LOCK_RENEW, &[name], 2);
+        call.arg(lease_ms).arg(owner);
+        call
+    }
+
+    /// A script that answers whether the owner still holds it (1 or 0), when a hash
+    /// field is not the whole answer; `None`: HEXISTS on the field.
+    fn verify(&self, name: &str, owner: &str) -> Option<ScriptCall> {
+        let _ = (name, owner);
+        None
+    }
+
+    /// How the renewal scheduler renews the holding, and the owner argument it renews
+    /// it with.
+    fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
+        (&LOCK_RENEWAL, Arc::clone(owner))
+    }
+
+    /// The channel that announces the lock's releases and force-unlocks. A holding whose
+    /// lost signal is asked for listens there, and asks the server whether it still
+    /// holds the lock at each message; `None`: it does not listen.
+    fn unlock_channel(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// The arguments every release script takes.
+pub(crate) struct ReleaseArgs<'a> {
+    /// The holds left after this release (0: give the lock up).
+    pub(crate) left: u32,
+    /// The lease a partial release sets again; 0 leaves a fixed lease's deadline.
+    pub(crate) lease_ms: u64,
+    /// How long the unlock latch is kept; 0 for none (a partial release).
+    pub(crate) latch_ttl_ms: u64,
+    /// A retry of a request whose latch may hold its answer.
+    pub(crate) retry: bool,
+    pub(crate) publish: &'a str,
+}
+
+/// The lease lock's release: `lock_release.lua`, waking one waiter on `channel`.
+pub(crate) struct PlainRelease {
+    pub(crate) channel: Arc<str>,
+}
+
+impl HoldScripts for PlainRelease {
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+        let mut call = ScriptCall::new(&LOCK_RELEASE, &[name, &self.channel, latch], 7);
+        call.arg(owner)
+            .arg(args.left)
+            .arg(args.lease_ms)
+            .arg(RELEASE_MESSAGE)
+            .arg(args.latch_ttl_ms)
+            .arg(if args.retry { "1" } else { "0" })
+            .arg(args.publish);
+        call
+    }
+
+    fn unlock_channel(&self) -> Option<&str> {
+        Some(&self.channel)
+    }
 }

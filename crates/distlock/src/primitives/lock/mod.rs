@@ -25,9 +25,9 @@ use std::time::Duration;
 pub(crate) use attempt::LockAttempt;
 pub use guard::LockGuard;
 pub(crate) use guard::{lease_set, listen_for_unlock};
-pub(crate) use hold_ops::HoldOps;
+pub(crate) use hold_ops::{HoldOps, HoldScripts, ReleaseArgs};
 pub use holding::ReleaseOutcome;
-pub(crate) use holding::{Acquired, Hold, HoldScripts, ReleaseArgs};
+pub(crate) use holding::{Acquired, Hold};
 
 use crate::duration::to_millis;
 use crate::engine::acquire::{acquire, Patience};

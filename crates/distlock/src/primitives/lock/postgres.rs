@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::hold_ops::{HoldOps, OpFuture};
-use super::holding::{Acquired, Hold, ReleaseArgs};
+use super::hold_ops::{HoldOps, OpFuture, ReleaseArgs};
+use super::holding::{Acquired, Hold};
 use crate::engine::acquire::Attempt;
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
