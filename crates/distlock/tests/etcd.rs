@@ -7,14 +7,12 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{bounded, contend, join_bounded};
+use common::{bounded, child_holding, contend, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreKind};
-use distlock_testkit::{EtcdCluster, ExclusionChecker};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use distlock_testkit::{EtcdCluster, ExclusionChecker, FaultProxy};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -254,26 +252,8 @@ async fn a_killed_holders_lock_is_free_when_its_lease_ends() {
     let etcd = cluster().await;
     let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "etcd_child_holder",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("DISTLOCK_ETCD_CHILD_URL", etcd.url())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let token = loop {
-            let line = lines.next_line().await.unwrap().expect("the child holds");
-            if let Some((_, token)) = line.split_once("HELD ") {
-                break token.trim().parse::<u64>().unwrap();
-            }
-        };
+        let (mut child, token) =
+            child_holding("etcd_child_holder", "DISTLOCK_ETCD_CHILD_URL", &etcd.url()).await;
         let lock = client.lock("etcd:orphaned").unwrap();
         assert!(lock.is_locked().await.unwrap());
         child.kill().await.unwrap();
@@ -349,19 +329,10 @@ async fn a_client_idle_past_its_session_lease_still_holds_what_it_takes() {
 /// on direct connections, can take the lock.
 #[tokio::test]
 async fn a_cluster_out_of_reach_fires_the_lost_signal_before_anyone_else_holds() {
-    use distlock_testkit::FaultProxy;
     let etcd = cluster().await;
-    let mut proxies = Vec::new();
-    for port in etcd.client_ports() {
-        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        proxies.push(FaultProxy::start(upstream).await.unwrap());
-    }
-    let through: Vec<String> = proxies
-        .iter()
-        .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
-        .collect();
+    let (proxies, through) = behind_proxies(&etcd).await;
     let lease = Duration::from_secs(2);
-    let holder = client_at(&format!("etcd://{}", through.join(",")), lease).await;
+    let holder = client_at(&through, lease).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
         let guard = holder.lock("etcd:cut-off").unwrap().lock().await.unwrap();
@@ -399,19 +370,10 @@ async fn a_cluster_out_of_reach_fires_the_lost_signal_before_anyone_else_holds()
 /// of its loss before another client holds the lock.
 #[tokio::test]
 async fn a_partial_release_does_not_stretch_trust_past_the_session_lease() {
-    use distlock_testkit::FaultProxy;
     let etcd = cluster().await;
-    let mut proxies = Vec::new();
-    for port in etcd.client_ports() {
-        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        proxies.push(FaultProxy::start(upstream).await.unwrap());
-    }
-    let through: Vec<String> = proxies
-        .iter()
-        .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
-        .collect();
+    let (proxies, through) = behind_proxies(&etcd).await;
     let lease = Duration::from_secs(3);
-    let holder = client_at(&format!("etcd://{}", through.join(",")), lease).await;
+    let holder = client_at(&through, lease).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
         let guard = holder.lock("etcd:partial").unwrap().lock().await.unwrap();
@@ -444,4 +406,18 @@ async fn a_partial_release_does_not_stretch_trust_past_the_session_lease() {
         drop(guard);
     })
     .await;
+}
+
+/// A fault proxy in front of every member, and the `etcd://` URL that goes through them.
+async fn behind_proxies(etcd: &EtcdCluster) -> (Vec<FaultProxy>, String) {
+    let mut proxies = Vec::new();
+    for port in etcd.client_ports() {
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        proxies.push(FaultProxy::start(upstream).await.unwrap());
+    }
+    let through: Vec<String> = proxies
+        .iter()
+        .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
+        .collect();
+    (proxies, format!("etcd://{}", through.join(",")))
 }

@@ -8,13 +8,11 @@
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{bounded, contend, join_bounded};
+use common::{bounded, child_holding, contend, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreFailure};
 use distlock_testkit::{FaultProxy, PostgresServer};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -245,31 +243,8 @@ async fn a_killed_holders_lock_is_free_when_its_lease_ends() {
     let server = database().await;
     let client = client_at(&server.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "pg_child_holder",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("DISTLOCK_PG_CHILD_URL", server.url())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let token = loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("the child announces its lock");
-            // The test harness may have written the test's name on the same line.
-            if let Some((_, token)) = line.split_once("HELD ") {
-                break token.trim().parse::<u64>().unwrap();
-            }
-        };
+        let (mut child, token) =
+            child_holding("pg_child_holder", "DISTLOCK_PG_CHILD_URL", &server.url()).await;
         let lock = client.lock("pg:orphaned").unwrap();
         assert!(lock.is_locked().await.unwrap());
         child.kill().await.unwrap();

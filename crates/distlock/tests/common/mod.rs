@@ -369,3 +369,37 @@ pub async fn contend(
     let count = *counter.lock().expect("counter");
     (checker.report(), count)
 }
+
+/// Runs this test binary's ignored test `child` as a child process (killed when the
+/// returned handle is dropped), with `variable` set to `url`, and waits until it says it
+/// holds its lock: `HELD <token>` on its stdout. Returns the process and the token.
+pub async fn child_holding(child: &str, variable: &str, url: &str) -> (tokio::process::Child, u64) {
+    use tokio::io::AsyncBufReadExt;
+    let mut process = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            child,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(variable, url)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("child process");
+    let stdout = process.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let token = loop {
+        let line = lines
+            .next_line()
+            .await
+            .expect("child's stdout")
+            .expect("the child says it holds its lock");
+        // The test harness may have written the test's name on the same line.
+        if let Some((_, token)) = line.split_once("HELD ") {
+            break token.trim().parse::<u64>().expect("a token");
+        }
+    };
+    (process, token)
+}
