@@ -421,3 +421,11 @@ async fn behind_proxies(etcd: &EtcdCluster) -> (Vec<FaultProxy>, String) {
         .collect();
     (proxies, format!("etcd://{}", through.join(",")))
 }
+
+/// The programs in examples/ run on etcd unchanged but for the URL (they read it from
+/// REDIS_URL, as on Redis). `cargo test -p distlock --features etcd` builds them first.
+#[tokio::test]
+async fn the_examples_run_unchanged_on_etcd() {
+    let etcd = cluster().await;
+    common::examples::all_run_unchanged(&etcd.url(), Some("etcd"));
+}

@@ -437,45 +437,5 @@ async fn a_release_retried_after_a_lost_reply_gets_the_first_answer() {
 #[tokio::test]
 async fn the_examples_run_unchanged_on_postgres() {
     let server = database().await;
-    let mut dir = std::env::current_exe().unwrap();
-    dir.pop();
-    dir.pop();
-    dir.push("examples");
-    let run = |name: &str| {
-        let output = std::process::Command::new(dir.join(name))
-            .env("REDIS_URL", server.url())
-            .output()
-            .unwrap_or_else(|err| {
-                panic!(
-                    "{name} is not built ({err}): run `cargo build -p distlock --features \
-                     postgres --examples` first"
-                )
-            });
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(
-            !stderr.contains("built without its `postgres` feature"),
-            "{name} was built without the `postgres` feature: run `cargo build -p distlock \
-             --features postgres --examples` first"
-        );
-        assert!(
-            output.status.success(),
-            "{name}: {}\n{stdout}{stderr}",
-            output.status
-        );
-        stdout
-    };
-    let first = run("cron_once");
-    assert!(first.contains("report done"), "{first}");
-    let second = run("cron_once");
-    assert!(second.contains("skipped"), "{second}");
-    let fenced = run("fenced_write");
-    assert!(
-        fenced.contains("A wakes and takes 100: refused"),
-        "{fenced}"
-    );
-    assert!(fenced.contains("A releases: AlreadyLost"), "{fenced}");
-    assert!(fenced.contains("balance: 110"), "{fenced}");
-    let pool = run("worker_pool");
-    assert!(pool.contains("12 jobs: 12 done, others: []"), "{pool}");
+    common::examples::all_run_unchanged(&server.url(), Some("postgres"));
 }

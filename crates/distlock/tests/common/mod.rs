@@ -1,6 +1,7 @@
 //! Shared fixtures: a private redis-server per test and clients on it.
 #![allow(dead_code)]
 
+pub mod examples;
 pub mod redisson_fair;
 
 use std::future::Future;

@@ -12,6 +12,7 @@
 //!   key of the client at once; a fixed lease moves its key to a lease of its own when it
 //!   takes the lock. Releasing deletes the key.
 
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +29,10 @@ use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
 use crate::transport::etcd::{is_lease_gone, EtcdLink};
+
+/// The shortest pause between a waiter's looks at its queue (it is woken by a watch; the
+/// looks keep the session lease alive).
+const MIN_RETRY: Duration = Duration::from_millis(250);
 
 /// A lock hold on etcd, renewed by keeping its lease alive.
 pub(crate) static ETCD_LOCK_RENEWAL: RenewalKind = RenewalKind {
@@ -76,6 +81,9 @@ pub(crate) struct EtcdAttempt {
     pub(crate) topic: String,
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
+    /// The create revision of this waiter's key once placed (0: not yet, or gone): a
+    /// waiter that has its place only reads the queue again, without a write.
+    placed: Arc<AtomicI64>,
 }
 
 impl EtcdAttempt {
@@ -99,6 +107,7 @@ impl EtcdAttempt {
             owner,
             lease,
             renew,
+            placed: Arc::new(AtomicI64::new(0)),
         }
     }
 
@@ -122,50 +131,61 @@ impl Acquire for EtcdAttempt {
             Arc::clone(&self.own_key),
             Arc::clone(&self.owner),
         );
-        let (lease, renew) = (self.lease, self.renew);
+        let (lease, renew, placed) = (self.lease, self.renew, Arc::clone(&self.placed));
         Box::pin(async move {
-            let (session, place) = match place(&link, &queue, &key).await {
+            let known = placed.load(Ordering::Acquire);
+            let (session, spot) = match place(&link, &queue, &key, known).await {
                 // The session lease expired between its check and the write: once more,
                 // on a new one.
-                Err(err) if is_lease_gone(&err) => place(&link, &queue, &key).await?,
+                Err(err) if is_lease_gone(&err) => place(&link, &queue, &key, 0).await?,
                 other => other?,
             };
-            let responses = place.op_responses();
-            let own_revision = if place.succeeded() {
-                place.header().map_or(0, |header| header.revision())
-            } else {
-                match responses.first() {
-                    Some(TxnOpResponse::Get(own)) => {
-                        own.kvs().first().map_or(0, |kv| kv.create_revision())
-                    }
-                    _ => 0,
-                }
+            placed.store(spot.own_revision, Ordering::Release);
+            // Woken by its predecessor's watch; the retry only keeps the session lease
+            // alive (and finds a lost watch's wake-up), so it comes a few times a TTL.
+            let busy = Attempt::Busy {
+                retry_after: Some((session.ttl / 4).max(MIN_RETRY)),
             };
-            let first = match responses.get(1) {
-                Some(TxnOpResponse::Get(first)) => first
-                    .kvs()
-                    .first()
-                    .map(|kv| (kv.key().to_vec(), kv.create_revision())),
-                _ => None,
-            };
-            let is_first =
-                first.is_some_and(|(first, _)| first == key.as_bytes()) && own_revision > 0;
-            if !is_first {
-                return Ok(Attempt::Busy { retry_after: None });
+            if !spot.is_first || spot.own_revision == 0 {
+                return Ok(busy);
             }
-            let token = own_revision.unsigned_abs();
-            let (lease_id, sent_at, lease) = if renew {
-                (session.id, session.confirmed_at, lease.min(session.ttl))
+            let (lease_id, sent_at, lease, token) = if renew && spot.created_now {
+                // Created just now: its create revision is the newest write, so no
+                // token handed out before is as large.
+                let token = spot.own_revision.unsigned_abs();
+                (
+                    session.id,
+                    session.confirmed_at,
+                    lease.min(session.ttl),
+                    token,
+                )
             } else {
-                // A fixed lease counts from the moment it is held: a lease of its own,
-                // granted now, and the key moved onto it.
+                // A waiter placed earlier (its create revision may be below a floor
+                // advanced since), or a fixed lease, which counts from the moment it is
+                // held on a lease of its own: the key is written again, and the token is
+                // that write's revision.
                 let sent_at = Instant::now();
-                let fixed = link.grant(lease).await?;
-                if !move_to(&link, &key, own_revision, fixed).await? {
-                    link.revoke(fixed).await;
-                    return Ok(Attempt::Busy { retry_after: None });
+                let own_lease = if renew {
+                    None
+                } else {
+                    Some(link.grant(lease).await?)
+                };
+                let Some(taken) = take(&link, &key, spot.own_revision, own_lease).await? else {
+                    if let Some(fixed) = own_lease {
+                        link.revoke(fixed).await;
+                    }
+                    placed.store(0, Ordering::Release);
+                    return Ok(busy);
+                };
+                match own_lease {
+                    Some(fixed) => (fixed, sent_at, lease, taken),
+                    None => (
+                        session.id,
+                        session.confirmed_at,
+                        lease.min(session.ttl),
+                        taken,
+                    ),
                 }
-                (fixed, sent_at, lease)
             };
             Ok(Attempt::Acquired(
                 Acquired {
@@ -176,8 +196,9 @@ impl Acquire for EtcdAttempt {
                         gone: format!("gone:{key}"),
                         link,
                         key,
-                        revision: own_revision,
+                        revision: spot.own_revision,
                         lease: Mutex::new(lease_id),
+                        ended: AtomicBool::new(false),
                     }),
                     token,
                     sent_at,
@@ -209,10 +230,21 @@ impl Acquire for EtcdAttempt {
 
     fn abandon(&self) -> Option<AbandonFuture> {
         let (link, key) = (self.link.clone(), self.own_key.to_string());
+        let revision = self.placed.load(Ordering::Acquire);
         Some(Box::pin(async move {
-            link.run(move |mut client| async move { client.delete(key, None).await })
-                .await
-                .map(drop)
+            let deleting = key.clone();
+            let deleted = link
+                .run(move |mut client| {
+                    let key = deleting.clone();
+                    async move { client.delete(key, None).await }
+                })
+                .await;
+            if deleted.is_err() {
+                // Left on the session lease, it would stay first in the queue for as
+                // long as this client renews anything: deleted before the next renewal.
+                link.doom(key, revision, Instant::now());
+            }
+            deleted.map(drop)
         }))
     }
 
@@ -221,18 +253,49 @@ impl Acquire for EtcdAttempt {
     }
 }
 
+/// Where a waiter stands in its queue.
+struct Spot {
+    /// Its key's create revision (0: the key is not there).
+    own_revision: i64,
+    /// The key was created by this call.
+    created_now: bool,
+    /// No older key is left in the queue.
+    is_first: bool,
+}
+
 /// Writes the waiter's `key` into `queue` unless it is there already (attached to the
-/// session lease), and reads the queue's first key, in one transaction. Forgets the
+/// session lease), and reads the queue's first key, in one transaction. A waiter whose
+/// key was placed at `known` only reads, so that waiting costs no write. Forgets the
 /// session lease when the cluster no longer knows it.
 async fn place(
     link: &EtcdLink,
     queue: &str,
     key: &str,
-) -> Result<(crate::transport::etcd::Session, etcd_client::TxnResponse)> {
+    known: i64,
+) -> Result<(crate::transport::etcd::Session, Spot)> {
     let session = link.session().await?;
     let (queue, key) = (queue.to_owned(), key.to_owned());
+    if known > 0 {
+        let (queue, own_key) = (queue.clone(), key.clone());
+        let read = link
+            .run(move |mut client| {
+                let (queue, first) = first_of(&queue);
+                let txn = Txn::new().and_then([
+                    TxnOp::get(own_key.clone(), None),
+                    TxnOp::get(queue, Some(first)),
+                ]);
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        let spot = spot_of(&read, &key, false);
+        // A key gone (its session lease expired) is placed again, at the queue's end.
+        if spot.own_revision == known {
+            return Ok((session, spot));
+        }
+    }
+    let own_key = key.clone();
     let placed = link
-        .run(move |mut client| async move {
+        .run(move |mut client| {
             let (queue, first) = first_of(&queue);
             let put = PutOptions::new().with_lease(session.id);
             let txn = Txn::new()
@@ -241,12 +304,18 @@ async fn place(
                     TxnOp::put(key.clone(), "1", Some(put)),
                     TxnOp::get(queue.clone(), Some(first.clone())),
                 ])
-                .or_else([TxnOp::get(key, None), TxnOp::get(queue, Some(first))]);
-            client.txn(txn).await
+                .or_else([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(queue, Some(first)),
+                ]);
+            async move { client.txn(txn).await }
         })
         .await;
     match placed {
-        Ok(placed) => Ok((session, placed)),
+        Ok(placed) => {
+            let created_now = placed.succeeded();
+            Ok((session, spot_of(&placed, &own_key, created_now)))
+        }
         Err(err) => {
             if is_lease_gone(&err) {
                 link.session_gone(session.id).await;
@@ -256,12 +325,72 @@ async fn place(
     }
 }
 
+/// Reads a placement's answer: `[own key or its put, the queue's first key]`.
+fn spot_of(answer: &etcd_client::TxnResponse, key: &str, created_now: bool) -> Spot {
+    let responses = answer.op_responses();
+    let own_revision = if created_now {
+        answer.header().map_or(0, |header| header.revision())
+    } else {
+        match responses.first() {
+            Some(TxnOpResponse::Get(own)) => own.kvs().first().map_or(0, |kv| kv.create_revision()),
+            _ => 0,
+        }
+    };
+    let is_first = match responses.get(1) {
+        Some(TxnOpResponse::Get(first)) => first
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.key() == key.as_bytes()),
+        _ => false,
+    };
+    Spot {
+        own_revision,
+        created_now,
+        is_first,
+    }
+}
+
+/// Takes the lock for the waiter whose `key` was created at `revision`: writes the key
+/// again (onto `lease` if given, else on the lease it has) so that the write's revision,
+/// newer than every token handed out or floor advanced before, is the holding's token.
+/// `None` when the key is not that one any more.
+async fn take(
+    link: &EtcdLink,
+    key: &str,
+    revision: i64,
+    lease: Option<i64>,
+) -> Result<Option<u64>> {
+    let key = key.to_owned();
+    let taken = link
+        .run(move |mut client| {
+            let put = match lease {
+                Some(lease) => PutOptions::new().with_lease(lease),
+                None => PutOptions::new().with_ignore_lease(),
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then([TxnOp::put(key.clone(), "1", Some(put))]);
+            async move { client.txn(txn).await }
+        })
+        .await?;
+    Ok(taken.succeeded().then(|| {
+        taken
+            .header()
+            .map_or(0, |header| header.revision())
+            .unsigned_abs()
+    }))
+}
+
 /// Moves `key` (created at `revision`) onto `lease`; false when the key is not that one
 /// any more.
 async fn move_to(link: &EtcdLink, key: &str, revision: i64, lease: i64) -> Result<bool> {
     let key = key.to_owned();
     let moved = link
-        .run(move |mut client| async move {
+        .run(move |mut client| {
             let put = PutOptions::new().with_lease(lease).with_ignore_value();
             let txn = Txn::new()
                 .when([Compare::create_revision(
@@ -269,8 +398,8 @@ async fn move_to(link: &EtcdLink, key: &str, revision: i64, lease: i64) -> Resul
                     CompareOp::Equal,
                     revision,
                 )])
-                .and_then([TxnOp::put(key, "", Some(put))]);
-            client.txn(txn).await
+                .and_then([TxnOp::put(key.clone(), "", Some(put))]);
+            async move { client.txn(txn).await }
         })
         .await?;
     Ok(moved.succeeded())
@@ -286,6 +415,26 @@ pub(crate) struct EtcdHold {
     revision: i64,
     /// The lease the key is attached to: the session's, or a fixed lease's own.
     lease: Mutex<i64>,
+    /// The server has answered the final release (or the holding was found lost), or the
+    /// key's deletion is left to the link: nothing is left to do when it is dropped.
+    ended: AtomicBool,
+}
+
+impl Drop for EtcdHold {
+    /// A holding that ends without its release reaching the server (left to expire, or
+    /// its client going away) must not outlive its lease because the session lease, which
+    /// the client renews for its other holdings, carries its key: the link deletes it
+    /// when the lease would have run out.
+    fn drop(&mut self) {
+        if self.ended.load(Ordering::Acquire) || !self.is_session_lease() {
+            return;
+        }
+        self.link.doom(
+            self.key.to_string(),
+            self.revision,
+            self.link.session_expiry(),
+        );
+    }
 }
 
 impl EtcdHold {
@@ -298,17 +447,30 @@ impl EtcdHold {
 
     /// Runs `ops` if the key is still this holding's; answers whether it was.
     async fn if_held(&self, ops: Vec<TxnOp>) -> Result<bool> {
+        Ok(self.if_held_tries(ops).await?.0)
+    }
+
+    /// [`Self::if_held`], and how many times it was sent (a member's failure sends it
+    /// to the next member: a second "no" may answer the first try's change).
+    async fn if_held_tries(&self, ops: Vec<TxnOp>) -> Result<(bool, u32)> {
         let (key, revision) = (self.key.to_string(), self.revision);
+        let tries = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&tries);
         let done = self
             .link
-            .run(move |mut client| async move {
+            .run(move |mut client| {
+                counted.fetch_add(1, Ordering::Relaxed);
                 let txn = Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-                    .and_then(ops);
-                client.txn(txn).await
+                    .when([Compare::create_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then(ops.clone());
+                async move { client.txn(txn).await }
             })
             .await?;
-        Ok(done.succeeded())
+        Ok((done.succeeded(), tries.load(Ordering::Relaxed)))
     }
 }
 
@@ -331,13 +493,32 @@ impl HoldOps for EtcdHold {
                 return Ok(if kept { i64::from(args.left) } else { -1 });
             }
             let fixed = (!self.is_session_lease()).then(|| self.lease());
-            let freed = self.if_held(vec![TxnOp::delete(key, None)]).await?;
+            let (freed, tries) = match self
+                .if_held_tries(vec![TxnOp::delete(key.clone(), None)])
+                .await
+            {
+                Ok(answer) => answer,
+                Err(err) => {
+                    if fixed.is_none() && !self.ended.swap(true, Ordering::AcqRel) {
+                        // Unanswered: the session lease must not keep the key alive for
+                        // the client's other holdings; the link deletes it before the
+                        // next renewal. (A fixed lease runs out by itself.)
+                        self.link.doom(key, self.revision, Instant::now());
+                    }
+                    return Err(err);
+                }
+            };
+            self.ended.store(true, Ordering::Release);
             if let Some(lease) = fixed {
                 self.link.revoke(lease).await;
             }
             // A retry after a lost reply finds the key gone: only this holding deletes
             // its own key while its lease lives, so the first try freed it.
-            Ok(if freed || args.retry { 0 } else { -1 })
+            Ok(if freed || args.retry || tries > 1 {
+                0
+            } else {
+                -1
+            })
         })
     }
 
@@ -399,7 +580,10 @@ impl HoldOps for EtcdHold {
             let (key, revision) = (self.key.to_string(), self.revision);
             let found = self
                 .link
-                .run(move |mut client| async move { client.get(key, None).await })
+                .run(move |mut client| {
+                    let key = key.clone();
+                    async move { client.get(key, None).await }
+                })
                 .await?;
             Ok(found
                 .kvs()
@@ -414,8 +598,15 @@ impl HoldOps for EtcdHold {
         false
     }
 
+    // The renewal keeps the lease alive and checks that the key is still there: a key
+    // deleted by a force-unlock or by hand leaves the lease alive.
     fn renewal(&self, _owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
-        (&ETCD_LOCK_RENEWAL, format!("{:x}", self.lease()).into())
+        let renewed_as = crate::transport::etcd::Renewed {
+            lease: self.lease(),
+            key: &self.key,
+            revision: self.revision,
+        };
+        (&ETCD_LOCK_RENEWAL, renewed_as.encode().into())
     }
 
     fn unlock_channel(&self) -> Option<&str> {
@@ -437,9 +628,9 @@ impl EtcdHold {
 pub(crate) async fn first(link: &EtcdLink, name: &str) -> Result<Option<(String, i64, i64)>> {
     let queue = queue_of(link, name);
     let found = link
-        .run(move |mut client| async move {
+        .run(move |mut client| {
             let (queue, first) = first_of(&queue);
-            client.get(queue, Some(first)).await
+            async move { client.get(queue, Some(first)).await }
         })
         .await?;
     Ok(found.kvs().first().map(|kv| {
@@ -489,15 +680,15 @@ pub(crate) async fn force_unlock(link: &EtcdLink, name: &str, owner: &str) -> Re
     }
     let key = format!("{}{holder}", queue_of(link, name));
     let deleted = link
-        .run(move |mut client| async move {
+        .run(move |mut client| {
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     key.clone(),
                     CompareOp::Equal,
                     revision,
                 )])
-                .and_then([TxnOp::delete(key, None)]);
-            client.txn(txn).await
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            async move { client.txn(txn).await }
         })
         .await?;
     Ok(deleted.succeeded())

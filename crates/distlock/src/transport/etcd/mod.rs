@@ -6,7 +6,11 @@
 //! lease, because a lease is how etcd ties keys to a live client: every key a client
 //! writes for a watchdog-mode holding is attached to it, and one keepalive renews them all.
 
+mod leases;
+mod members;
 pub(crate) mod watch;
+
+pub(crate) use leases::Renewed;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,6 +28,10 @@ use crate::transport::on_runtime::{self, StoreAt};
 /// The store's name in errors and logs.
 pub(crate) const STORE: &str = "etcd";
 
+/// How long past a request's limit its task may run before it counts as unanswered: the
+/// members' tries stop at the limit and report the last failure themselves.
+const LIMIT_SLACK: Duration = Duration::from_millis(50);
+
 /// The link to one etcd cluster, shared by the client's calls, its renewals and its hub.
 #[derive(Clone)]
 pub(crate) struct EtcdLink {
@@ -31,7 +39,7 @@ pub(crate) struct EtcdLink {
 }
 
 struct Inner {
-    client: Client,
+    members: members::Members,
     runtime: Handle,
     target: String,
     prefix: String,
@@ -42,6 +50,9 @@ struct Inner {
     session: tokio::sync::Mutex<Option<Session>>,
     /// The session lease's id, readable without waiting (0: none).
     current: std::sync::atomic::AtomicI64,
+    /// Keys on the session lease that must go although it is renewed (see
+    /// [`leases`]).
+    doomed: std::sync::Mutex<Vec<leases::Doomed>>,
 }
 
 /// The client's session lease, as last confirmed.
@@ -72,30 +83,12 @@ impl EtcdLink {
         if let Some((user, password)) = spec.user.clone() {
             options = options.with_user(user, password);
         }
-        let endpoints = spec.endpoints.clone();
-        let connect_timeout = config.connection_timeout;
-        let classify_at = target.clone();
-        // Built inside the client's runtime: the channel spawns its tasks where it is made.
-        let connecting = runtime.spawn(async move {
-            tokio::time::timeout(connect_timeout, Client::connect(endpoints, Some(options))).await
-        });
-        let client = match connecting.await {
-            Ok(Ok(Ok(client))) => client,
-            Ok(Ok(Err(err))) => return Err(classify(&classify_at, err)),
-            Ok(Err(_)) => {
-                return Err(Error::ConnectTimeout {
-                    target,
-                    after: connect_timeout,
-                })
-            }
-            Err(err) => return Err(Error::Runtime(std::io::Error::other(err.to_string()))),
-        };
         let session_ttl = i64::try_from(config.watchdog_timeout.as_millis().div_ceil(1000))
             .unwrap_or(i64::MAX)
             .max(1);
         let link = EtcdLink {
             inner: Arc::new(Inner {
-                client,
+                members: members::Members::new(&spec.endpoints, options),
                 runtime: runtime.clone(),
                 target,
                 prefix: spec.prefix,
@@ -103,6 +96,7 @@ impl EtcdLink {
                 session_ttl,
                 session: tokio::sync::Mutex::new(None),
                 current: std::sync::atomic::AtomicI64::new(0),
+                doomed: std::sync::Mutex::new(Vec::new()),
             }),
         };
         // The first request: the cluster answers (with a leader), and the session exists.
@@ -161,10 +155,11 @@ impl EtcdLink {
         &self.inner.target
     }
 
-    /// A clone of the gRPC client, for a stream that outlives the response timeout (a
-    /// watch); call it on the client's runtime.
-    pub(crate) fn client(&self) -> Client {
-        self.inner.client.clone()
+    /// A member's gRPC client, for a stream that outlives the response timeout (a
+    /// watch): the preferred member's, or the next one that connects. Call it on the
+    /// client's runtime.
+    pub(crate) async fn streaming_client(&self) -> std::result::Result<Client, etcd_client::Error> {
+        self.inner.members.streaming_client().await
     }
 
     /// The prefix every key distlock writes starts with.
@@ -172,11 +167,12 @@ impl EtcdLink {
         &self.inner.prefix
     }
 
-    /// Runs `work` on the client's runtime with a clone of the client, within the
-    /// response timeout; its failure is classified for the caller.
+    /// Runs `work` on the client's runtime with a member's client, within the response
+    /// timeout, on the next member after a member's failure (so `work` must be safe to
+    /// run twice); its failure is classified for the caller.
     pub(crate) async fn run<T, F, Fut>(&self, work: F) -> Result<T>
     where
-        F: FnOnce(Client) -> Fut + Send + 'static,
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
         T: Send + 'static,
     {
@@ -185,16 +181,27 @@ impl EtcdLink {
 
     async fn run_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<T>
     where
-        F: FnOnce(Client) -> Fut + Send + 'static,
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
         T: Send + 'static,
     {
-        let client = self.inner.client.clone();
         let at = StoreAt {
             store: STORE,
             target: &self.inner.target,
         };
-        on_runtime::run(&self.inner.runtime, at, limit, work(client), classify).await
+        let inner = Arc::clone(&self.inner);
+        let deadline = Instant::now() + limit;
+        // The members' tries end at the deadline with the last member's error; the outer
+        // limit only catches a try that overran it.
+        let tried = async move { inner.members.call(deadline, &work).await };
+        on_runtime::run(
+            &self.inner.runtime,
+            at,
+            limit + LIMIT_SLACK,
+            tried,
+            classify,
+        )
+        .await
     }
 
     /// The session lease every watchdog-mode key is attached to: the current one, or a
@@ -212,12 +219,13 @@ impl EtcdLink {
             if session.confirmed_at.elapsed() < session.ttl / 3 {
                 return Ok(session);
             }
+            self.delete_doomed().await;
             let sent_at = Instant::now();
             let id = session.id;
             let alive = self
                 .run_within(limit, move |client| keep_alive_once(client, id))
                 .await?;
-            if alive {
+            if alive.is_some() {
                 session.confirmed_at = sent_at;
                 *current = Some(session);
                 return Ok(session);
@@ -288,65 +296,38 @@ impl EtcdLink {
             tracing::debug!(error = %err, lease, "could not revoke a lease; it expires by itself");
         }
     }
-
-    /// Renews each lease in `leases` (given as the holdings' renewal owners: a lease id in
-    /// hex) with one keepalive per distinct lease; answers, per entry, whether its lease
-    /// is still alive. A session lease found expired is dropped, so that the next
-    /// acquisition grants a new one.
-    pub(crate) async fn keep_alive(&self, leases: &[Arc<str>]) -> Result<Vec<bool>> {
-        let mut alive: Vec<(i64, bool)> = Vec::new();
-        let mut answers = Vec::with_capacity(leases.len());
-        for lease in leases {
-            let Ok(id) = i64::from_str_radix(lease, 16) else {
-                answers.push(false);
-                continue;
-            };
-            let known = alive
-                .iter()
-                .find(|(seen, _)| *seen == id)
-                .map(|(_, ok)| *ok);
-            let ok = match known {
-                Some(ok) => ok,
-                None => {
-                    let sent_at = Instant::now();
-                    let ok = self.run(move |client| keep_alive_once(client, id)).await?;
-                    let mut session = self.inner.session.lock().await;
-                    match session.as_mut() {
-                        Some(current) if current.id == id && ok => {
-                            current.confirmed_at = current.confirmed_at.max(sent_at);
-                        }
-                        Some(current) if current.id == id => {
-                            *session = None;
-                            self.inner
-                                .current
-                                .store(0, std::sync::atomic::Ordering::Release);
-                        }
-                        _ => {}
-                    }
-                    alive.push((id, ok));
-                    ok
-                }
-            };
-            answers.push(ok);
-        }
-        Ok(answers)
-    }
 }
 
-/// One keepalive of lease `id`: true while the lease lives (its TTL is set again to the
-/// length it was granted with), false once it has expired.
-async fn keep_alive_once(
+/// One keepalive of lease `id`: the Raft term of the member that renewed it while the
+/// lease lives (its TTL is set again to the length it was granted with), `None` once it
+/// has expired.
+///
+/// The term is read from a second keepalive on the same stream (etcd-client keeps the
+/// first answer's header): a renewal answered by a leader that lost its leadership
+/// without knowing it (etcd before 3.4.25 and 3.5.8) carries an older term than a read
+/// confirmed by the cluster afterwards, which is how the renewal tells it apart.
+pub(super) async fn keep_alive_once(
     mut client: Client,
     id: i64,
-) -> std::result::Result<bool, etcd_client::Error> {
+) -> std::result::Result<Option<u64>, etcd_client::Error> {
     // Opening the stream sends the first keepalive and reads its answer; an expired lease
     // (TTL 0) is reported as this error.
-    match client.lease_keep_alive(id).await {
-        Ok(_) => Ok(true),
+    let (mut keeper, mut answers) = match client.lease_keep_alive(id).await {
+        Ok(opened) => opened,
         Err(etcd_client::Error::LeaseKeepAliveError(reason)) if reason.contains("not found") => {
-            Ok(false)
+            return Ok(None)
         }
-        Err(err) => Err(err),
+        Err(err) => return Err(err),
+    };
+    keeper.keep_alive().await?;
+    match answers.message().await? {
+        Some(answer) if answer.ttl() > 0 => {
+            Ok(Some(answer.header().map_or(0, |header| header.raft_term())))
+        }
+        Some(_) => Ok(None),
+        None => Err(etcd_client::Error::LeaseKeepAliveError(
+            "the keepalive stream ended without an answer".into(),
+        )),
     }
 }
 

@@ -16,9 +16,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{
-    Client, EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions,
-};
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -127,7 +125,7 @@ async fn follow(link: &EtcdLink, topic: &str) {
         match step {
             Ok(Step::Answer) => return,
             Ok(Step::DeletionOf { key, after }) => {
-                if deleted(link.client(), key, after).await {
+                if deleted(link, key, after).await {
                     pause = Duration::from_millis(20);
                     continue;
                 }
@@ -148,50 +146,59 @@ async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
         return Ok(Step::Answer);
     };
     let queue = key[..=end].to_vec();
-    link.run(move |mut client| async move {
-        let own = client.get(key, None).await?;
-        let Some(own) = own.kvs().first() else {
-            return Ok(Step::Answer);
-        };
-        let older = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(own.create_revision() - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_keys_only();
-        let before = client.get(queue, Some(older)).await?;
-        let read_at = before.header().map_or(0, |header| header.revision());
-        Ok(match before.kvs().first() {
-            None => Step::Answer,
-            Some(predecessor) => Step::DeletionOf {
-                key: predecessor.key().to_vec(),
-                after: read_at,
-            },
-        })
+    link.run(move |mut client| {
+        let (key, queue) = (key.clone(), queue.clone());
+        async move {
+            let own = client.get(key, None).await?;
+            let Some(own) = own.kvs().first() else {
+                return Ok(Step::Answer);
+            };
+            let older = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(own.create_revision() - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_keys_only();
+            let before = client.get(queue, Some(older)).await?;
+            let read_at = before.header().map_or(0, |header| header.revision());
+            Ok(match before.kvs().first() {
+                None => Step::Answer,
+                Some(predecessor) => Step::DeletionOf {
+                    key: predecessor.key().to_vec(),
+                    after: read_at,
+                },
+            })
+        }
     })
     .await
 }
 
 /// `gone:<key>`: answered when the key is gone; otherwise its deletion.
 async fn gone_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
-    link.run(move |mut client| async move {
-        let own = client.get(key.clone(), None).await?;
-        let read_at = own.header().map_or(0, |header| header.revision());
-        Ok(if own.kvs().is_empty() {
-            Step::Answer
-        } else {
-            Step::DeletionOf {
-                key,
-                after: read_at,
-            }
-        })
+    link.run(move |mut client| {
+        let key = key.clone();
+        async move {
+            let own = client.get(key.clone(), None).await?;
+            let read_at = own.header().map_or(0, |header| header.revision());
+            Ok(if own.kvs().is_empty() {
+                Step::Answer
+            } else {
+                Step::DeletionOf {
+                    key,
+                    after: read_at,
+                }
+            })
+        }
     })
     .await
 }
 
 /// Watches `key` from the revision after `after` until it is deleted (true), or until the
 /// watch fails (false: the caller reads the state again).
-async fn deleted(mut client: Client, key: Vec<u8>, after: i64) -> bool {
+async fn deleted(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
+    let Ok(mut client) = link.streaming_client().await else {
+        return false;
+    };
     let options = WatchOptions::new()
         .with_start_revision(after + 1)
         .with_filters([WatchFilterType::NoPut]);
