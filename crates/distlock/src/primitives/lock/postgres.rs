@@ -94,12 +94,12 @@ pub(crate) async fn attempt(
     let owner = core.next_owner();
     let reply = {
         let (name, owner) = (name.to_string(), owner.to_string());
-        link.run(move |pool| async move {
+        link.run(move |mut conn| async move {
             sqlx::query_as::<_, (Option<i64>, Option<i64>)>(ACQUIRE)
                 .bind(name)
                 .bind(owner)
                 .bind(lease_ms as f64)
-                .fetch_optional(&pool)
+                .fetch_optional(&mut *conn)
                 .await
         })
         .await
@@ -179,13 +179,13 @@ impl HoldOps for PgHold {
         Box::pin(async move {
             let freed = self
                 .link
-                .run_upkeep(move |pool| async move {
+                .run_upkeep(move |mut conn| async move {
                     let rows = sqlx::query(RELEASE)
                         .bind(name)
                         .bind(owner)
                         .bind(request)
                         .bind(channel)
-                        .fetch_all(&pool)
+                        .fetch_all(&mut *conn)
                         .await?;
                     Ok(rows.len())
                 })
@@ -220,12 +220,12 @@ impl HoldOps for PgHold {
         Box::pin(async move {
             let extended = self
                 .link
-                .run_upkeep(move |pool| async move {
+                .run_upkeep(move |mut conn| async move {
                     sqlx::query_scalar::<_, i32>(EXTEND)
                         .bind(name)
                         .bind(owner)
                         .bind(lease_ms as f64)
-                        .fetch_optional(&pool)
+                        .fetch_optional(&mut *conn)
                         .await
                 })
                 .await?;
@@ -237,11 +237,11 @@ impl HoldOps for PgHold {
         let (name, owner) = (name.to_owned(), owner.to_owned());
         Box::pin(async move {
             self.link
-                .run_upkeep(move |pool| async move {
+                .run_upkeep(move |mut conn| async move {
                     sqlx::query_scalar::<_, bool>(VERIFY)
                         .bind(name)
                         .bind(owner)
-                        .fetch_one(&pool)
+                        .fetch_one(&mut *conn)
                         .await
                 })
                 .await
@@ -270,13 +270,13 @@ async fn set_holds(
         what: "hold count",
         reason: format!("{holds} is more than PostgreSQL's integer holds"),
     })?;
-    link.run_upkeep(move |pool| async move {
+    link.run_upkeep(move |mut conn| async move {
         sqlx::query_scalar::<_, i32>(SET_HOLDS)
             .bind(name)
             .bind(owner)
             .bind(holds)
             .bind(lease_ms)
-            .fetch_optional(&pool)
+            .fetch_optional(&mut *conn)
             .await
     })
     .await
@@ -286,10 +286,10 @@ async fn set_holds(
 pub(crate) async fn lease_left(link: &PgLink, name: &str) -> Result<Option<Duration>> {
     let name = name.to_owned();
     let left = link
-        .run(move |pool| async move {
+        .run(move |mut conn| async move {
             sqlx::query_scalar::<_, i64>(LEASE_LEFT)
                 .bind(name)
-                .fetch_optional(&pool)
+                .fetch_optional(&mut *conn)
                 .await
         })
         .await?;
@@ -299,10 +299,10 @@ pub(crate) async fn lease_left(link: &PgLink, name: &str) -> Result<Option<Durat
 /// Who holds the lock right now (at most one owner).
 pub(crate) async fn owners(link: &PgLink, name: &str) -> Result<Vec<String>> {
     let name = name.to_owned();
-    link.run(move |pool| async move {
+    link.run(move |mut conn| async move {
         sqlx::query_scalar::<_, String>(OWNERS)
             .bind(name)
-            .fetch_all(&pool)
+            .fetch_all(&mut *conn)
             .await
     })
     .await
@@ -311,9 +311,9 @@ pub(crate) async fn owners(link: &PgLink, name: &str) -> Result<Vec<String>> {
 /// The highest token handed out so far, by any lock of the database.
 pub(crate) async fn last_token(link: &PgLink) -> Result<u64> {
     let token = link
-        .run(|pool| async move {
+        .run(|mut conn| async move {
             sqlx::query_scalar::<_, i64>(LAST_TOKEN)
-                .fetch_one(&pool)
+                .fetch_one(&mut *conn)
                 .await
         })
         .await?;
@@ -329,12 +329,12 @@ pub(crate) async fn force_unlock(
 ) -> Result<bool> {
     let (name, owner, channel) = (name.to_owned(), owner.to_owned(), channel.to_owned());
     let ended = link
-        .run(move |pool| async move {
+        .run(move |mut conn| async move {
             let rows = sqlx::query(FORCE_UNLOCK)
                 .bind(name)
                 .bind(owner)
                 .bind(channel)
-                .fetch_all(&pool)
+                .fetch_all(&mut *conn)
                 .await?;
             Ok(rows.len())
         })
@@ -346,8 +346,8 @@ pub(crate) async fn force_unlock(
 /// caller): see `sql/advance_tokens.sql`.
 pub(crate) async fn advance_tokens(link: &PgLink, floor: i64) -> Result<u64> {
     let counter = link
-        .run(move |pool| async move {
-            let mut raising = pool.begin().await?;
+        .run(move |mut conn| async move {
+            let mut raising = sqlx::Connection::begin(&mut *conn).await?;
             sqlx::query("LOCK TABLE distlock_locks IN SHARE ROW EXCLUSIVE MODE")
                 .execute(&mut *raising)
                 .await?;

@@ -17,7 +17,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Postgres;
 use tokio::runtime::Handle;
 
 use crate::config::Config;
@@ -42,6 +44,27 @@ const PING_AFTER_IDLE: Duration = Duration::from_millis(250);
 /// own; taken out before the driver reads the URL).
 const SCHEMA_PARAMETER: &str = "distlock_schema";
 
+/// A pool, and a gate with as many permits as it has connections: a call waits at the
+/// gate for a free connection, so that the wait (a burst of calls larger than the pool)
+/// does not count against the call's response timeout, which is for the database's
+/// answer.
+#[derive(Clone)]
+struct Gated {
+    pool: PgPool,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gated {
+    fn new(pool: PgPool, size: u32) -> Gated {
+        Gated {
+            pool,
+            gate: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(size).unwrap_or(1),
+            )),
+        }
+    }
+}
+
 /// The link to one database, shared by the client's calls, its renewals and its hub.
 #[derive(Clone)]
 pub(crate) struct PgLink {
@@ -49,9 +72,12 @@ pub(crate) struct PgLink {
 }
 
 struct Inner {
-    pool: PgPool,
+    pool: Gated,
     /// Renewals, releases and verifications: never queued behind acquisitions.
-    upkeep: PgPool,
+    upkeep: Gated,
+    /// How long a call may wait for one of its pool's connections to be free (the
+    /// connection timeout), before its response timeout starts.
+    queue_limit: Duration,
     /// For the connection that LISTENs, which opens its own one-connection pool.
     options: PgConnectOptions,
     runtime: Handle,
@@ -117,17 +143,18 @@ impl PgLink {
             .map_err(|err| Error::Runtime(std::io::Error::other(err.to_string())))?;
         let link = PgLink {
             inner: Arc::new(Inner {
-                pool,
-                upkeep,
+                pool: Gated::new(pool, POOL_SIZE),
+                upkeep: Gated::new(upkeep, UPKEEP_POOL_SIZE),
+                queue_limit: config.connection_timeout,
                 options,
                 runtime: runtime.clone(),
                 target,
                 response_timeout: config.response_timeout,
             }),
         };
-        let probe = link.run_within(config.connection_timeout, |pool| async move {
+        let probe = link.run_within(config.connection_timeout, |mut conn| async move {
             sqlx::query_scalar::<_, i32>("SELECT 1")
-                .fetch_one(&pool)
+                .fetch_one(&mut *conn)
                 .await
         });
         match probe.await {
@@ -151,10 +178,10 @@ impl PgLink {
                 .collect()
         };
         let (setup, check) = (owned(setup), owned(check));
-        link.run(move |pool| set_up(pool, setup)).await?;
-        link.run(move |pool| async move {
+        link.run(move |conn| set_up(conn, setup)).await?;
+        link.run(move |mut conn| async move {
             for statement in check {
-                sqlx::query(&statement).execute(&pool).await?;
+                sqlx::query(&statement).execute(&mut *conn).await?;
             }
             Ok(())
         })
@@ -192,12 +219,12 @@ impl PgLink {
     /// [`PgLink::run`] on the upkeep pool: for what keeps a holding alive or ends it.
     pub(crate) async fn run_upkeep<T, F, Fut>(&self, work: F) -> Result<T>
     where
-        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
         Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let pool = self.inner.upkeep.clone();
-        self.spawn_within(self.inner.response_timeout, pool, work)
+        let upkeep = self.inner.upkeep.clone();
+        self.spawn_within(self.inner.response_timeout, upkeep, work)
             .await
     }
 
@@ -205,7 +232,7 @@ impl PgLink {
     /// timeout; its failure is classified for the caller (see [`classify`]).
     pub(crate) async fn run<T, F, Fut>(&self, work: F) -> Result<T>
     where
-        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
         Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
@@ -214,7 +241,7 @@ impl PgLink {
 
     async fn run_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<T>
     where
-        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
         Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
@@ -222,9 +249,11 @@ impl PgLink {
         self.spawn_within(limit, pool, work).await
     }
 
-    async fn spawn_within<T, F, Fut>(&self, limit: Duration, pool: PgPool, work: F) -> Result<T>
+    /// Runs `work` on `pooled`'s pool once one of its connections is free (waiting at
+    /// most the connection timeout, else the pool's timeout error), then within `limit`.
+    async fn spawn_within<T, F, Fut>(&self, limit: Duration, pooled: Gated, work: F) -> Result<T>
     where
-        F: FnOnce(PgPool) -> Fut + Send + 'static,
+        F: FnOnce(PoolConnection<Postgres>) -> Fut + Send + 'static,
         Fut: Future<Output = sqlx::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
@@ -232,7 +261,34 @@ impl PgLink {
             store: STORE,
             target: &self.inner.target,
         };
-        on_runtime::run(&self.inner.runtime, at, limit, work(pool), classify).await
+        let queue_limit = self.inner.queue_limit;
+        let gated = async move {
+            let Ok(Ok(_permit)) =
+                tokio::time::timeout(queue_limit, pooled.gate.acquire_owned()).await
+            else {
+                return Err(Some(sqlx::Error::PoolTimedOut));
+            };
+            // Taking the connection (opening one if the pool has none idle) is still
+            // the wait: bounded by the pool's own timeout, the connection timeout.
+            let connection = pooled.pool.acquire().await.map_err(Some)?;
+            match tokio::time::timeout(limit, work(connection)).await {
+                Ok(answer) => answer.map_err(Some),
+                Err(_elapsed) => Err(None),
+            }
+        };
+        // The outer limit only catches a runtime that stopped driving the task.
+        let outer = queue_limit + limit + Duration::from_millis(50);
+        on_runtime::run(
+            &self.inner.runtime,
+            at,
+            outer,
+            gated,
+            |target, failed| match failed {
+                Some(err) => classify(target, err),
+                None => on_runtime::no_answer(at, limit),
+            },
+        )
+        .await
     }
 
     /// Sends one renewal `statement` for a batch of leases: `$1` the lease in
@@ -250,12 +306,12 @@ impl PgLink {
         // Milliseconds as a double: exact far past any lease (2^53 ms).
         let lease_ms = lease_ms as f64;
         let renewed: Vec<(String, String)> = self
-            .run_upkeep(move |pool| async move {
+            .run_upkeep(move |mut conn| async move {
                 sqlx::query_as(statement)
                     .bind(lease_ms)
                     .bind(names)
                     .bind(owners)
-                    .fetch_all(&pool)
+                    .fetch_all(&mut *conn)
                     .await
             })
             .await?;
@@ -273,10 +329,9 @@ impl PgLink {
 /// Runs `setup` in one transaction. Two clients creating the same table at once can
 /// collide on the catalog's unique index; a transaction-scoped advisory lock on a fixed
 /// key makes them take turns.
-async fn set_up(pool: PgPool, setup: Vec<String>) -> sqlx::Result<()> {
+async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) -> sqlx::Result<()> {
     use sqlx::Executor;
 
-    let mut connection = pool.acquire().await?;
     // What exists is used as it is: creating it again (even IF NOT EXISTS) needs CREATE
     // on the schema, which a least-privileged user does not have.
     let present: bool = sqlx::query_scalar(
