@@ -4,16 +4,26 @@
 //! - A waiter's key is `<prefix><name>\0<owner>`, created once for the whole acquisition
 //!   (its owner lives as long as the wait, as a Redis fair waiter's does), attached to
 //!   the client's session lease. NUL ends the name, so no lock's queue holds another's.
-//! - It holds the lock when no older key is left; its create revision, which etcd raises
-//!   on every write of the cluster, is its fencing token.
+//! - It holds the lock when no older key is left. Its fencing token is the revision of
+//!   the write that took it (its creation, or a write of its key when a waiter's turn
+//!   comes), which etcd raises on every write of the cluster.
 //! - A waiter waits for its predecessor's deletion only (`first:<key>` topics, see
 //!   `transport/etcd/watch.rs`): a release wakes the next waiter alone, in FIFO order.
 //! - A watchdog-mode holding lives on the session lease, whose keepalive renews every
 //!   key of the client at once; a fixed lease moves its key to a lease of its own when it
 //!   takes the lock. Releasing deletes the key.
+//!
+//! Here: the acquisition. [`hold`]: what a holding does with its key. [`inspect`]: what
+//! the lock's other calls read or change (its holder, the cluster's revision, a
+//! force-unlock).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+mod hold;
+mod inspect;
+
+pub(crate) use inspect::{first, force_unlock, lease_left, revision};
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -21,7 +31,6 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::hold_ops::{HoldOps, OpFuture, ReleaseArgs};
 use super::holding::{Acquired, Hold};
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
@@ -29,6 +38,7 @@ use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
 use crate::transport::etcd::{is_lease_gone, EtcdLink};
+use hold::EtcdHold;
 
 /// The shortest pause between a waiter's looks at its queue (it is woken by a watch; the
 /// looks keep the session lease alive).
@@ -192,14 +202,7 @@ impl Acquire for EtcdAttempt {
                     core,
                     name,
                     owner,
-                    release: Arc::new(EtcdHold {
-                        gone: format!("gone:{key}"),
-                        link,
-                        key,
-                        revision: spot.own_revision,
-                        lease: Mutex::new(lease_id),
-                        ended: AtomicBool::new(false),
-                    }),
+                    release: Arc::new(EtcdHold::new(link, key, spot.own_revision, lease_id)),
                     token,
                     sent_at,
                     lease,
@@ -383,313 +386,4 @@ async fn take(
             .map_or(0, |header| header.revision())
             .unsigned_abs()
     }))
-}
-
-/// Moves `key` (created at `revision`) onto `lease`; false when the key is not that one
-/// any more.
-async fn move_to(link: &EtcdLink, key: &str, revision: i64, lease: i64) -> Result<bool> {
-    let key = key.to_owned();
-    let moved = link
-        .run(move |mut client| {
-            let put = PutOptions::new().with_lease(lease).with_ignore_value();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    revision,
-                )])
-                .and_then([TxnOp::put(key.clone(), "", Some(put))]);
-            async move { client.txn(txn).await }
-        })
-        .await?;
-    Ok(moved.succeeded())
-}
-
-/// A holding's calls on etcd: every change compares the key's create revision, so it
-/// never touches another holding's key of the same owner name.
-pub(crate) struct EtcdHold {
-    link: EtcdLink,
-    key: Arc<str>,
-    /// `gone:<key>`: the topic a holding listening for a force-unlock waits on.
-    gone: String,
-    revision: i64,
-    /// The lease the key is attached to: the session's, or a fixed lease's own.
-    lease: Mutex<i64>,
-    /// The server has answered the final release (or the holding was found lost), or the
-    /// key's deletion is left to the link: nothing is left to do when it is dropped.
-    ended: AtomicBool,
-}
-
-impl Drop for EtcdHold {
-    /// A holding that ends without its release reaching the server (left to expire, or
-    /// its client going away) must not outlive its lease because the session lease, which
-    /// the client renews for its other holdings, carries its key: the link deletes it
-    /// when the lease would have run out.
-    fn drop(&mut self) {
-        if self.ended.load(Ordering::Acquire) || !self.is_session_lease() {
-            return;
-        }
-        self.link.doom(
-            self.key.to_string(),
-            self.revision,
-            self.link.session_expiry(),
-        );
-    }
-}
-
-impl EtcdHold {
-    fn lease(&self) -> i64 {
-        *self
-            .lease
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Runs `ops` if the key is still this holding's; answers whether it was.
-    async fn if_held(&self, ops: Vec<TxnOp>) -> Result<bool> {
-        Ok(self.if_held_tries(ops).await?.0)
-    }
-
-    /// [`Self::if_held`], and how many times it was sent (a member's failure sends it
-    /// to the next member: a second "no" may answer the first try's change).
-    async fn if_held_tries(&self, ops: Vec<TxnOp>) -> Result<(bool, u32)> {
-        let (key, revision) = (self.key.to_string(), self.revision);
-        let tries = Arc::new(AtomicU32::new(0));
-        let counted = Arc::clone(&tries);
-        let done = self
-            .link
-            .run(move |mut client| {
-                counted.fetch_add(1, Ordering::Relaxed);
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        key.clone(),
-                        CompareOp::Equal,
-                        revision,
-                    )])
-                    .and_then(ops.clone());
-                async move { client.txn(txn).await }
-            })
-            .await?;
-        Ok((done.succeeded(), tries.load(Ordering::Relaxed)))
-    }
-}
-
-impl HoldOps for EtcdHold {
-    fn release<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        _latch: &'a str,
-        args: &'a ReleaseArgs<'a>,
-    ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let key = self.key.to_string();
-            if args.left > 0 {
-                let count = PutOptions::new().with_ignore_lease();
-                let kept = self
-                    .if_held(vec![TxnOp::put(key, args.left.to_string(), Some(count))])
-                    .await?;
-                return Ok(if kept { i64::from(args.left) } else { -1 });
-            }
-            let fixed = (!self.is_session_lease()).then(|| self.lease());
-            let (freed, tries) = match self
-                .if_held_tries(vec![TxnOp::delete(key.clone(), None)])
-                .await
-            {
-                Ok(answer) => answer,
-                Err(err) => {
-                    if fixed.is_none() && !self.ended.swap(true, Ordering::AcqRel) {
-                        // Unanswered: the session lease must not keep the key alive for
-                        // the client's other holdings; the link deletes it before the
-                        // next renewal. (A fixed lease runs out by itself.)
-                        self.link.doom(key, self.revision, Instant::now());
-                    }
-                    return Err(err);
-                }
-            };
-            self.ended.store(true, Ordering::Release);
-            if let Some(lease) = fixed {
-                self.link.revoke(lease).await;
-            }
-            // A retry after a lost reply finds the key gone: only this holding deletes
-            // its own key while its lease lives, so the first try freed it.
-            Ok(if freed || args.retry || tries > 1 {
-                0
-            } else {
-                -1
-            })
-        })
-    }
-
-    fn reenter<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        holds: u32,
-        _lease_ms: u64,
-    ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let count = PutOptions::new().with_ignore_lease();
-            let held = self
-                .if_held(vec![TxnOp::put(
-                    self.key.to_string(),
-                    holds.to_string(),
-                    Some(count),
-                )])
-                .await?;
-            Ok(i64::from(held))
-        })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        lease_ms: u64,
-    ) -> OpFuture<'a, bool> {
-        Box::pin(async move {
-            let fresh = self.link.grant(Duration::from_millis(lease_ms)).await?;
-            if !move_to(&self.link, &self.key, self.revision, fresh).await? {
-                self.link.revoke(fresh).await;
-                return Ok(false);
-            }
-            let old = std::mem::replace(
-                &mut *self
-                    .lease
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                fresh,
-            );
-            if self.link.current_session() != Some(old) {
-                self.link.revoke(old).await;
-            }
-            Ok(true)
-        })
-    }
-
-    fn verify<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-    ) -> OpFuture<'a, bool> {
-        Box::pin(async move {
-            let (key, revision) = (self.key.to_string(), self.revision);
-            let found = self
-                .link
-                .run(move |mut client| {
-                    let key = key.clone();
-                    async move { client.get(key, None).await }
-                })
-                .await?;
-            Ok(found
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == revision))
-        })
-    }
-
-    // A partial release rewrites the hold count only: the session lease, which the key
-    // lives on, is renewed by the watchdog alone.
-    fn partial_release_renews(&self) -> bool {
-        false
-    }
-
-    // The renewal keeps the lease alive and checks that the key is still there: a key
-    // deleted by a force-unlock or by hand leaves the lease alive.
-    fn renewal(&self, _owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
-        let renewed_as = crate::transport::etcd::Renewed {
-            lease: self.lease(),
-            key: &self.key,
-            revision: self.revision,
-        };
-        (&ETCD_LOCK_RENEWAL, renewed_as.encode().into())
-    }
-
-    fn unlock_channel(&self) -> Option<&str> {
-        Some(&self.gone)
-    }
-}
-
-impl EtcdHold {
-    /// Whether the key's lease is the client's session lease (never revoked by a
-    /// release), as far as this holding knows without asking.
-    fn is_session_lease(&self) -> bool {
-        self.link
-            .current_session()
-            .is_some_and(|session| session == self.lease())
-    }
-}
-
-/// Whether the lock is held, and by whom: the first key of its queue.
-pub(crate) async fn first(link: &EtcdLink, name: &str) -> Result<Option<(String, i64, i64)>> {
-    let queue = queue_of(link, name);
-    let found = link
-        .run(move |mut client| {
-            let (queue, first) = first_of(&queue);
-            async move { client.get(queue, Some(first)).await }
-        })
-        .await?;
-    Ok(found.kvs().first().map(|kv| {
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        let owner = key
-            .rsplit_once('\0')
-            .map_or("", |(_, owner)| owner)
-            .to_owned();
-        (owner, kv.create_revision(), kv.lease())
-    }))
-}
-
-/// How long the holder's lease has left, whole seconds as etcd keeps them.
-pub(crate) async fn lease_left(link: &EtcdLink, name: &str) -> Result<Option<Duration>> {
-    let Some((_, _, lease)) = first(link, name).await? else {
-        return Ok(None);
-    };
-    let left = link
-        .run(move |mut client| async move { client.lease_time_to_live(lease, None).await })
-        .await?;
-    Ok(Some(Duration::from_secs(left.ttl().max(0).unsigned_abs())))
-}
-
-/// The cluster's revision: every later acquisition's token is larger.
-pub(crate) async fn revision(link: &EtcdLink) -> Result<u64> {
-    let now = link
-        .run(|mut client| async move {
-            client
-                .get("\0", Some(GetOptions::new().with_count_only()))
-                .await
-        })
-        .await?;
-    Ok(now
-        .header()
-        .map_or(0, |header| header.revision())
-        .unsigned_abs())
-}
-
-/// Deletes the holder's key (only `owner`'s, unless it is empty): the next waiter's
-/// watch wakes it.
-pub(crate) async fn force_unlock(link: &EtcdLink, name: &str, owner: &str) -> Result<bool> {
-    let Some((holder, revision, _)) = first(link, name).await? else {
-        return Ok(false);
-    };
-    if !owner.is_empty() && holder != owner {
-        return Ok(false);
-    }
-    let key = format!("{}{holder}", queue_of(link, name));
-    let deleted = link
-        .run(move |mut client| {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    revision,
-                )])
-                .and_then([TxnOp::delete(key.clone(), None)]);
-            async move { client.txn(txn).await }
-        })
-        .await?;
-    Ok(deleted.succeeded())
 }
