@@ -66,8 +66,7 @@ async fn holders_on_two_clients_never_overlap_and_their_tokens_grow() {
 }
 
 /// Tokens grow across clients and sessions: a later client's first acquisition gets a
-/// larger token than every earlier one's, and a stale holder's write is refused by a
-/// resource that keeps the largest token it saw.
+/// larger token than every earlier one's, and than the last token an operator read.
 #[tokio::test]
 async fn tokens_grow_across_clients_and_sessions() {
     let zk = ensemble(1).await;
@@ -78,17 +77,13 @@ async fn tokens_grow_across_clients_and_sessions() {
             let guard = client.lock("zk:tokens").unwrap().lock().await.unwrap();
             let token = guard.fencing_token();
             assert!(token > last, "round {round}: {token} after {last}");
-            assert!(
-                client
-                    .lock("zk:tokens")
-                    .unwrap()
-                    .last_fencing_token()
-                    .await
-                    .unwrap()
-                    >= token
-            );
-            last = token;
+            let lock = client.lock("zk:tokens").unwrap();
+            // Below the holder's (which may not hold yet, for all the reader knows)...
+            assert_eq!(lock.last_fencing_token().await.unwrap(), token - 1);
             guard.release().await.unwrap();
+            // ...and at least it once the queue is empty.
+            last = lock.last_fencing_token().await.unwrap();
+            assert!(last >= token, "{last} after {token}");
             client.shutdown().await;
         }
     })
@@ -174,6 +169,103 @@ async fn a_force_unlock_fires_the_lost_signal_at_its_deletion() {
         bounded(Duration::from_secs(5), lost.cancelled()).await;
         assert!(forced_at.elapsed() < Duration::from_secs(2));
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
+    })
+    .await;
+}
+
+/// A force-unlock is noticed by the watchdog too: a holder that never asked for its
+/// lost signal finds itself lost at the next renewal, which reads its node.
+#[tokio::test]
+async fn a_force_unlocked_holder_that_never_listened_is_lost_at_the_next_renewal() {
+    let zk = ensemble(1).await;
+    let holder = client_at(&zk.url(), Duration::from_secs(2)).await;
+    let operator = client_at(&zk.url(), Duration::from_secs(30)).await;
+    bounded(LIMIT, async {
+        let guard = holder
+            .lock("zk:forced-quietly")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let lock = operator.lock("zk:forced-quietly").unwrap();
+        assert!(lock.force_unlock().await.unwrap());
+        let forced_at = Instant::now();
+        while !guard.is_lost() {
+            assert!(
+                forced_at.elapsed() < Duration::from_secs(2),
+                "still trusted after a renewal interval"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
+    })
+    .await;
+}
+
+/// A guard left to expire keeps the lock as a crashed holder's would: its node goes a
+/// session timeout later, though the client's session lives on.
+#[tokio::test]
+async fn a_guard_left_to_expire_frees_the_lock_a_session_timeout_later() {
+    let zk = ensemble(1).await;
+    let session = Duration::from_secs(2);
+    let holder = client_at(&zk.url(), session).await;
+    let other = client_at(&zk.url(), Duration::from_secs(30)).await;
+    bounded(LIMIT, async {
+        let guard = holder.lock("zk:left").unwrap().lock().await.unwrap();
+        let token = guard.fencing_token();
+        let left_at = Instant::now();
+        guard.leave_to_expire();
+        let lock = other.lock("zk:left").unwrap();
+        assert!(lock.try_lock().await.unwrap().is_none());
+        let next = lock.lock().await.unwrap();
+        let freed_after = left_at.elapsed();
+        assert!(
+            freed_after > session - Duration::from_millis(300),
+            "{freed_after:?}"
+        );
+        assert!(freed_after < session * 3, "{freed_after:?}");
+        assert!(next.fencing_token() > token);
+        next.release().await.unwrap();
+    })
+    .await;
+}
+
+/// A waiter that gives up while the ensemble is out of its reach cannot delete its node
+/// then; it is deleted once the ensemble answers again, so the lock does not stay taken
+/// behind it while its client's session lives.
+#[tokio::test]
+async fn a_waiter_that_gives_up_out_of_reach_deletes_its_node_later() {
+    let zk = ensemble(1).await;
+    let (proxies, through) = behind_proxies(&zk).await;
+    let waiting = client_at(&through, Duration::from_secs(10)).await;
+    let holder = client_at(&zk.url(), Duration::from_secs(30)).await;
+    bounded(LIMIT, async {
+        let guard = holder.lock("zk:blip").unwrap().lock().await.unwrap();
+        let lock = waiting.lock("zk:blip").unwrap();
+        let waiter = tokio::spawn(async move { lock.lock().await.map(drop) });
+        while queue_len(&zk, "zk:blip").await < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for proxy in &proxies {
+            proxy.blackhole();
+        }
+        waiter.abort();
+        let _ = waiter.await;
+        // Longer than the response timeout: the give-up's delete has failed.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(queue_len(&zk, "zk:blip").await, 2);
+        for proxy in &proxies {
+            proxy.heal();
+        }
+        let healed_at = Instant::now();
+        while queue_len(&zk, "zk:blip").await != 1 {
+            assert!(
+                healed_at.elapsed() < Duration::from_secs(8),
+                "the waiter's node is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        guard.release().await.unwrap();
     })
     .await;
 }

@@ -23,6 +23,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
@@ -342,6 +343,7 @@ impl State {
                         path,
                         czxid: placed.czxid,
                         session: placed.session,
+                        done: AtomicBool::new(false),
                     }),
                     token: placed.czxid.unsigned_abs(),
                     // The listing was answered in the node's session: the ensemble
@@ -362,7 +364,9 @@ impl State {
     async fn abandon(&self) -> Result<()> {
         let (parent, prefix) = (self.parent.to_string(), self.prefix.to_string());
         let placed = self.placed();
-        self.link
+        let session = placed.as_ref().map(|placed| placed.session);
+        let deleted = self
+            .link
             .run(move |client| async move {
                 if let Some(placed) = placed {
                     match client.delete(&placed.path, None).await {
@@ -378,7 +382,26 @@ impl State {
                 }
                 Ok(())
             })
-            .await
+            .await;
+        if let Err(err) = &deleted {
+            if err.is_connection_error() {
+                // Left behind, the node would keep its place (and then the lock) for as
+                // long as the client's session lives: deleted once the ensemble answers.
+                let session = session.unwrap_or_else(|| self.link_session());
+                self.link.reap(
+                    self.parent.to_string(),
+                    self.prefix.to_string(),
+                    session,
+                    Duration::ZERO,
+                );
+            }
+        }
+        deleted
+    }
+
+    /// The current session's id, as far as known without asking.
+    fn link_session(&self) -> i64 {
+        self.link.session_id()
     }
 }
 
@@ -391,6 +414,28 @@ pub(crate) struct ZkHold {
     gone: String,
     czxid: i64,
     session: i64,
+    /// A final release was answered (the node deleted, or found gone).
+    done: AtomicBool,
+}
+
+impl Drop for ZkHold {
+    /// A holding that ends without an answered release (left to expire, or its release
+    /// failed) leaves its node to its session, which the client keeps alive: the node is
+    /// deleted a session timeout later, when a crashed holder's would have gone.
+    fn drop(&mut self) {
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        let Some((parent, node)) = self.path.rsplit_once('/') else {
+            return;
+        };
+        self.link.reap(
+            parent.to_owned(),
+            node.to_owned(),
+            self.session,
+            self.link.lease(),
+        );
+    }
 }
 
 impl HoldOps for ZkHold {
@@ -405,7 +450,8 @@ impl HoldOps for ZkHold {
         Box::pin(async move {
             let path = self.path.to_string();
             let (left, retry) = (args.left, args.retry);
-            self.link
+            let answer = self
+                .link
                 .run(move |client| async move {
                     if left > 0 {
                         return match client
@@ -426,7 +472,11 @@ impl HoldOps for ZkHold {
                         Err(err) => Err(err),
                     }
                 })
-                .await
+                .await;
+            if left == 0 && answer.is_ok() {
+                self.done.store(true, Ordering::Release);
+            }
+            answer
         })
     }
 
@@ -522,20 +572,40 @@ pub(crate) async fn first(link: &ZkLink, name: &str) -> Result<Option<(String, S
     .await
 }
 
-/// The zxid of the last change under the lock's node or the prefix: every later
-/// acquisition's token (the czxid of a node created after it) is larger.
+/// A token below every later acquisition's: while the queue has nodes, one less than its
+/// first node's czxid (that node holds, or holds next, and every node behind it was
+/// created later); with none, the zxid of the queue's last change (a node created later
+/// gets a larger czxid). Previous holders' tokens are never larger.
 pub(crate) async fn last_token(link: &ZkLink, name: &str) -> Result<u64> {
     let (parent, root) = (node_of(link, name), link.prefix().to_owned());
-    let stats = link
+    let token = link
         .run(move |client| async move {
-            let own = client.check_stat(&parent).await?;
-            let root = client.check_stat(&root).await?;
-            Ok((own, root))
+            // A first node deleted between the listing and its read: read again.
+            loop {
+                let children = match client.list_children(&parent).await {
+                    Ok(children) => children,
+                    Err(ZkError::NoNode) => Vec::new(),
+                    Err(err) => return Err(err),
+                };
+                if let Some((_, first)) = queue(&children).first() {
+                    match client.check_stat(&format!("{parent}/{first}")).await? {
+                        Some(stat) => return Ok(stat.czxid - 1),
+                        None => continue,
+                    }
+                }
+                let changed = match client.check_stat(&parent).await? {
+                    Some(stat) => stat.pzxid.max(stat.czxid),
+                    // No queue: the prefix's last change is at least its deletion.
+                    None => client
+                        .check_stat(&root)
+                        .await?
+                        .map_or(0, |stat| stat.pzxid.max(stat.czxid)),
+                };
+                return Ok(changed);
+            }
         })
         .await?;
-    let pzxid =
-        |stat: Option<zookeeper_client::Stat>| stat.map_or(0, |stat| stat.pzxid.max(stat.czxid));
-    Ok(pzxid(stats.0).max(pzxid(stats.1)).unsigned_abs())
+    Ok(token.max(0).unsigned_abs())
 }
 
 /// Deletes the holder's node (only `owner`'s, unless it is empty): the next waiter's

@@ -130,6 +130,14 @@ impl ZkLink {
         Ok(fresh)
     }
 
+    /// The current session's id, without waiting (0 while another task replaces it).
+    pub(crate) fn session_id(&self) -> i64 {
+        self.inner
+            .session
+            .try_lock()
+            .map_or(0, |session| session.session_id().0)
+    }
+
     /// The session timeout a holding may count on from a request its session answered:
     /// the watchdog timeout, which the negotiated timeout was checked to cover.
     pub(crate) fn lease(&self) -> Duration {
@@ -201,6 +209,56 @@ impl ZkLink {
     }
 }
 
+impl ZkLink {
+    /// Deletes, `after` from now, the children of `parent` whose names start with
+    /// `prefix`, as long as session `session` (theirs: they are ephemeral) is the current
+    /// one; connection failures are waited out with backoff. For nodes no request
+    /// managed to delete (a give-up or a release during a network blip): the session
+    /// lives on with the client, and so would they, keeping the lock taken.
+    pub(crate) fn reap(&self, parent: String, prefix: String, session: i64, after: Duration) {
+        let link = self.clone();
+        self.inner.runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let (parent, prefix) = (parent.clone(), prefix.clone());
+                let reaped = link
+                    .run(move |client| async move {
+                        if client.session_id().0 != session {
+                            // Gone with their session.
+                            return Ok(());
+                        }
+                        let children = match client.list_children(&parent).await {
+                            Ok(children) => children,
+                            Err(zookeeper_client::Error::NoNode) => return Ok(()),
+                            Err(err) => return Err(err),
+                        };
+                        for child in children.iter().filter(|child| child.starts_with(&prefix)) {
+                            match client.delete(&format!("{parent}/{child}"), None).await {
+                                Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                                Err(err) => return Err(err),
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await;
+                match reaped {
+                    Ok(()) => return,
+                    Err(err) if err.is_connection_error() => {
+                        tracing::debug!(error = %err, "a node left behind could not be deleted yet; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "a node left behind could not be deleted; the lock stays taken until this client's session ends");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// Opens a session: at most `connect_within` for the ensemble to answer. A session task
 /// runs on `runtime`, where zookeeper-client spawns it.
 async fn open_session(
@@ -267,7 +325,11 @@ pub(crate) fn classify(target: &str, err: zookeeper_client::Error) -> Error {
         | E::NoHosts
         | E::ClientClosed
         | E::Throttled
-        | E::NotReadOnly => StoreFailure::Connection,
+        | E::NotReadOnly
+        // zookeeper-client's own failures of the connection under a request ("no
+        // response from connection in …", an I/O error): the server's refusals all have
+        // variants of their own.
+        | E::Custom(_) => StoreFailure::Connection,
         _ => StoreFailure::Request,
     };
     let detail = match failure {

@@ -235,15 +235,21 @@ async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
                 return Ok(None);
             };
             let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
-            Ok(Some((stat.is_some(), watcher)))
+            if stat.is_none() {
+                // The predecessor went between the listing and the watch, which now
+                // waits for a creation that never comes (a sequence is not reused):
+                // dropped (zookeeper-client removes a dropped watch), and the queue
+                // listed again.
+                drop(watcher);
+                return Ok(Some(None));
+            }
+            Ok(Some(Some(watcher)))
         })
         .await?;
     Ok(match watched {
         None => Step::Answer,
-        // The predecessor went between the listing and the watch: list again (the
-        // watch, set on a missing node, waits for its creation; it is dropped).
-        Some((false, _)) => Step::Again,
-        Some((true, watcher)) => Step::Watch(watcher),
+        Some(None) => Step::Again,
+        Some(Some(watcher)) => Step::Watch(watcher),
     })
 }
 
