@@ -542,6 +542,18 @@ async fn bad_input_and_a_down_ensemble_are_typed_errors() {
         lock.advance_fencing_counter(1 << 62).await,
         Err(Error::Unsupported { .. })
     ));
+    // The testkit's servers grant sessions of at most 60 s: a longer watchdog timeout
+    // would let the ensemble free a lock its holder still trusts.
+    assert!(matches!(
+        Client::builder()
+            .watchdog_timeout(Duration::from_secs(120))
+            .connect(&zk.url())
+            .await,
+        Err(Error::InvalidConfig {
+            what: "watchdog_timeout",
+            ..
+        })
+    ));
     // Nothing listens there.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();

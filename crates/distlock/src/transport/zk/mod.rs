@@ -60,20 +60,6 @@ impl ZkLink {
             config.response_timeout,
         )
         .await?;
-        let negotiated = client.session_timeout();
-        if negotiated < asked {
-            // The ensemble keeps a session for less than the watchdog timeout (its
-            // maxSessionTimeout): the holdings' leases must be no longer than that.
-            return Err(Error::InvalidConfig {
-                what: "watchdog_timeout",
-                reason: format!(
-                    "is {asked:?}, and this ZooKeeper ensemble grants sessions of at most \
-                     {negotiated:?} (its maxSessionTimeout): a lock would be freed by the \
-                     ensemble before its holder stops trusting it; set the watchdog timeout \
-                     to {negotiated:?} or less, or raise maxSessionTimeout"
-                ),
-            });
-        }
         let link = ZkLink {
             inner: Arc::new(Inner {
                 runtime: runtime.clone(),
@@ -260,7 +246,8 @@ impl ZkLink {
 }
 
 /// Opens a session: at most `connect_within` for the ensemble to answer. A session task
-/// runs on `runtime`, where zookeeper-client spawns it.
+/// runs on `runtime`, where zookeeper-client spawns it. A session the ensemble grants for
+/// less than `session_timeout` is refused: every holding counts on that long.
 async fn open_session(
     runtime: &Handle,
     target: &str,
@@ -293,7 +280,25 @@ async fn open_session(
         }
     });
     match connecting.await {
-        Ok(Ok(Ok(client))) => Ok(client),
+        Ok(Ok(Ok(client))) => {
+            let negotiated = client.session_timeout();
+            if negotiated < session_timeout {
+                // The ensemble keeps a session for less than the watchdog timeout (its
+                // maxSessionTimeout): a lock would be freed by the ensemble before its
+                // holder stops trusting it. The session is closed as the client drops.
+                return Err(Error::InvalidConfig {
+                    what: "watchdog_timeout",
+                    reason: format!(
+                        "is {session_timeout:?}, and this ZooKeeper ensemble grants sessions \
+                         of at most {negotiated:?} (its maxSessionTimeout): a lock would be \
+                         freed by the ensemble before its holder stops trusting it; set the \
+                         watchdog timeout to {negotiated:?} or less, or raise \
+                         maxSessionTimeout"
+                    ),
+                });
+            }
+            Ok(client)
+        }
         Ok(Ok(Err(err))) => Err(match err {
             zookeeper_client::Error::NoHosts | zookeeper_client::Error::Timeout => {
                 Error::ConnectTimeout {
