@@ -61,4 +61,10 @@ async fn run_holds_the_lock_passes_the_token_and_conflicts_like_on_redis() {
         .parse()
         .unwrap();
     assert!(token > first_token, "{token} after {first_token}");
+
+    // ZooKeeper has no fixed lease: refused as a usage error, before anything is taken.
+    let mut fixed = distlock(&url);
+    fixed.args(["run", "job", "--lease", "5s", "--", "true"]);
+    let fixed = run_to_end(fixed).await;
+    assert_eq!(code(&fixed), 2, "{}", stderr(&fixed));
 }
