@@ -312,14 +312,34 @@ async fn a_waiter_that_gives_up_leaves_no_node_behind() {
     .await;
 }
 
+/// How many client connections server `index` serves (`cons`, one line each).
+async fn connections_on(zk: &ZkEnsemble, index: usize) -> usize {
+    let cons = zk.four_letter_word(index, "cons").await.unwrap();
+    cons.lines().filter(|line| line.contains("queued=")).count()
+}
+
 /// The leader of three servers is killed while locks change hands, and while one is
-/// held: no overlap, tokens still grow, and the held lock stays held (its session lives
+/// held by a client connected to that leader: no overlap, tokens still grow, and the
+/// held lock stays held (its client reconnects to a follower, and its session lives
 /// through the election).
 #[tokio::test]
 async fn a_killed_leader_breaks_no_exclusion_and_keeps_a_held_lock() {
     let mut zk = ensemble(3).await;
-    let client = client_at(&zk.url(), Duration::from_secs(6)).await;
-    let keeper = client_at(&zk.url(), Duration::from_secs(6)).await;
+    let session = Duration::from_secs(4);
+    let leader = zk.leader().await.unwrap();
+    // A client connected to the leader (each picks a server at random).
+    let mut keeper = None;
+    for _ in 0..30 {
+        let before = connections_on(&zk, leader).await;
+        let candidate = client_at(&zk.url(), session).await;
+        if connections_on(&zk, leader).await > before {
+            keeper = Some(candidate);
+            break;
+        }
+        candidate.shutdown().await;
+    }
+    let keeper = keeper.expect("no client connected to the leader in 30 tries");
+    let client = client_at(&zk.url(), session).await;
     let kept = keeper.lock("zk:kept").unwrap().lock().await.unwrap();
     let kept_lost = kept.lost_token();
     let checker = Arc::new(ExclusionChecker::new());
@@ -344,7 +364,7 @@ async fn a_killed_leader_breaks_no_exclusion_and_keeps_a_held_lock() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let leader = zk.leader().await.unwrap();
+    assert_eq!(zk.leader().await.unwrap(), leader);
     zk.kill(leader).await.unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
