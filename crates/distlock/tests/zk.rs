@@ -527,6 +527,55 @@ async fn an_ensemble_out_of_reach_fires_the_lost_signal_before_anyone_else_holds
     .await;
 }
 
+/// A client cut off past its session timeout finds its session expired once it is back:
+/// its old holding is lost, and it opens a new session for what it takes next, which
+/// holds (with a larger token than the lock's holder meanwhile).
+#[tokio::test]
+async fn a_client_whose_session_expired_opens_a_new_one_and_locks_again() {
+    let zk = ensemble(1).await;
+    let (proxies, through) = behind_proxies(&zk).await;
+    let client = client_at(&through, Duration::from_secs(2)).await;
+    let other = client_at(&zk.url(), Duration::from_secs(30)).await;
+    bounded(LIMIT, async {
+        let guard = client.lock("zk:expired").unwrap().lock().await.unwrap();
+        for proxy in &proxies {
+            proxy.blackhole();
+        }
+        guard.lost().await;
+        let meanwhile = other.lock("zk:expired").unwrap().lock().await.unwrap();
+        for proxy in &proxies {
+            proxy.heal();
+        }
+        // Back: the first calls may still fail while the client reconnects.
+        let lock = client.lock("zk:expired").unwrap();
+        let waiting = tokio::spawn(async move {
+            loop {
+                match lock.lock().await {
+                    Ok(guard) => return guard,
+                    Err(err) => assert!(err.is_connection_error(), "{err:?}"),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let meanwhile_token = meanwhile.fencing_token();
+        meanwhile.release().await.unwrap();
+        let again = bounded(Duration::from_secs(20), waiting).await.unwrap();
+        assert!(again.fencing_token() > meanwhile_token);
+        assert!(again.verify().await.unwrap());
+        tokio::select! {
+            _ = again.lost() => panic!("a holding of the new session was reported lost"),
+            _ = tokio::time::sleep(Duration::from_millis(2500)) => {}
+        }
+        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+        assert!(matches!(
+            guard.release().await,
+            Ok(ReleaseOutcome::AlreadyLost) | Err(Error::NotHeld { .. })
+        ));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn bad_input_and_a_down_ensemble_are_typed_errors() {
     let zk = ensemble(1).await;
