@@ -114,8 +114,8 @@ impl ZkEvents {
 
 /// What a topic waits for next.
 enum Step {
-    /// It happened.
-    Answer,
+    /// It happened; for a queue, as its children were then (sorted; `None`: no queue).
+    Answer(Option<Vec<String>>),
     /// It may have happened once this watch fires.
     Watch(OneshotWatcher),
     /// Read the state again at once.
@@ -131,10 +131,10 @@ async fn follow(link: &ZkLink, topic: &str, answers: &mpsc::UnboundedSender<(Str
         let step = match topic.split_once(':') {
             Some(("first", node)) => first_step(link, node).await,
             Some(("gone", path)) => gone_step(link, path.to_owned()).await,
-            _ => Ok(Step::Answer),
+            _ => Ok(Step::Answer(None)),
         };
         match step {
-            Ok(Step::Answer) => {
+            Ok(Step::Answer(seen)) => {
                 if answers.send((topic.to_owned(), b"0".to_vec())).is_err() {
                     return;
                 }
@@ -142,10 +142,13 @@ async fn follow(link: &ZkLink, topic: &str, answers: &mpsc::UnboundedSender<(Str
                     return;
                 };
                 // The waiter looks now; it may find it must wait on (its node was made
-                // again, behind others): the next change of its queue is answered too.
+                // again, behind others): the next change of its queue is answered too,
+                // and one that came before the watch was set is looked at at once.
                 match queue_changed(link, node).await {
-                    Ok(watcher) => {
-                        watcher.changed().await;
+                    Ok((now, watcher)) => {
+                        if now == seen {
+                            watcher.changed().await;
+                        }
                         pause = Duration::from_millis(20);
                         continue;
                     }
@@ -176,19 +179,23 @@ async fn follow(link: &ZkLink, topic: &str, answers: &mpsc::UnboundedSender<(Str
     }
 }
 
-/// A watch on the children of a waiter's queue (`node` is `<parent>/<node prefix>`).
-async fn queue_changed(link: &ZkLink, node: &str) -> Result<OneshotWatcher> {
+/// A watch on the children of a waiter's queue (`node` is `<parent>/<node prefix>`), and
+/// the children it was set on (sorted; `None`: no queue, whose creation is watched).
+async fn queue_changed(link: &ZkLink, node: &str) -> Result<(Option<Vec<String>>, OneshotWatcher)> {
     let parent = node
         .rsplit_once('/')
         .map_or("", |(parent, _)| parent)
         .to_owned();
     link.run(move |client| async move {
         match client.list_and_watch_children(&parent).await {
-            Ok((_, watcher)) => Ok(watcher),
+            Ok((mut children, watcher)) => {
+                children.sort_unstable();
+                Ok((Some(children), watcher))
+            }
             // No queue at all: its creation is watched instead.
             Err(zookeeper_client::Error::NoNode) => {
                 let (_, watcher) = client.check_and_watch_stat(&parent).await?;
-                Ok(watcher)
+                Ok((None, watcher))
             }
             Err(err) => Err(err),
         }
@@ -207,50 +214,45 @@ pub(crate) fn sequence_of(node: &str) -> Option<i64> {
 /// sibling with the largest smaller sequence).
 async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
     let Some((parent, prefix)) = node.rsplit_once('/') else {
-        return Ok(Step::Answer);
+        return Ok(Step::Answer(None));
     };
     let (parent, prefix) = (parent.to_owned(), prefix.to_owned());
-    let watched = link
-        .run(move |client| async move {
-            let children = match client.list_children(&parent).await {
-                Ok(children) => children,
-                Err(zookeeper_client::Error::NoNode) => return Ok(None),
-                Err(err) => return Err(err),
-            };
-            let Some(own) = children
-                .iter()
-                .filter(|child| child.starts_with(prefix.as_str()))
-                .find_map(|child| sequence_of(child))
-            else {
-                return Ok(None);
-            };
-            let predecessor = children
-                .iter()
-                .filter(|child| child.starts_with("lock-"))
-                .filter_map(|child| sequence_of(child).map(|sequence| (sequence, child)))
-                .filter(|(sequence, _)| *sequence < own)
-                .max_by_key(|(sequence, _)| *sequence)
-                .map(|(_, child)| format!("{parent}/{child}"));
-            let Some(predecessor) = predecessor else {
-                return Ok(None);
-            };
-            let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
-            if stat.is_none() {
-                // The predecessor went between the listing and the watch, which now
-                // waits for a creation that never comes (a sequence is not reused):
-                // dropped (zookeeper-client removes a dropped watch), and the queue
-                // listed again.
-                drop(watcher);
-                return Ok(Some(None));
-            }
-            Ok(Some(Some(watcher)))
-        })
-        .await?;
-    Ok(match watched {
-        None => Step::Answer,
-        Some(None) => Step::Again,
-        Some(Some(watcher)) => Step::Watch(watcher),
+    link.run(move |client| async move {
+        let mut children = match client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => return Ok(Step::Answer(None)),
+            Err(err) => return Err(err),
+        };
+        children.sort_unstable();
+        let Some(own) = children
+            .iter()
+            .filter(|child| child.starts_with(prefix.as_str()))
+            .find_map(|child| sequence_of(child))
+        else {
+            return Ok(Step::Answer(Some(children)));
+        };
+        let predecessor = children
+            .iter()
+            .filter(|child| child.starts_with("lock-"))
+            .filter_map(|child| sequence_of(child).map(|sequence| (sequence, child)))
+            .filter(|(sequence, _)| *sequence < own)
+            .max_by_key(|(sequence, _)| *sequence)
+            .map(|(_, child)| format!("{parent}/{child}"));
+        let Some(predecessor) = predecessor else {
+            return Ok(Step::Answer(Some(children)));
+        };
+        let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
+        if stat.is_none() {
+            // The predecessor went between the listing and the watch, which now
+            // waits for a creation that never comes (a sequence is not reused):
+            // dropped (zookeeper-client removes a dropped watch), and the queue
+            // listed again.
+            drop(watcher);
+            return Ok(Step::Again);
+        }
+        Ok(Step::Watch(watcher))
     })
+    .await
 }
 
 /// `gone:<path>`: answered when the node is gone; otherwise an exists-watch on it.
@@ -262,7 +264,7 @@ async fn gone_step(link: &ZkLink, path: String) -> Result<Step> {
         })
         .await?;
     Ok(match watched {
-        (false, _) => Step::Answer,
+        (false, _) => Step::Answer(None),
         (true, watcher) => Step::Watch(watcher),
     })
 }
