@@ -57,6 +57,7 @@ pub async fn connect(
                 "connected{}",
                 match client.store() {
                     distlock::StoreKind::Postgres => " to PostgreSQL",
+                    distlock::StoreKind::Zk => " to ZooKeeper",
                     _ if client.is_cluster() => " to a Redis Cluster",
                     _ => "",
                 }

@@ -51,6 +51,10 @@ enum Place {
     Lease {
         lock: Option<distlock::Lock>,
         guard: Option<distlock::LockGuard>,
+        /// On ZooKeeper, which has no fixed lease: the mark is a lock held in watchdog
+        /// mode, alive as long as the holder's session, and trusted (its expiry, by the
+        /// local clock) as long as the guard says.
+        session: bool,
     },
 }
 
@@ -84,9 +88,10 @@ impl Mark {
         let key = key(name);
         let place = match client.store() {
             distlock::StoreKind::Redis => Place::Redis(client.connection()),
-            _ => Place::Lease {
+            store => Place::Lease {
                 lock: client.lock(key.clone()).ok(),
                 guard: None,
+                session: store == distlock::StoreKind::Zk,
             },
         };
         Mark {
@@ -171,7 +176,11 @@ impl Mark {
     ) -> Result<Option<Duration>, Failure> {
         let connection = match &mut self.place {
             Place::Redis(connection) => connection,
-            Place::Lease { lock, guard } => {
+            Place::Lease {
+                lock,
+                guard,
+                session,
+            } => {
                 let Some(lock) = lock else {
                     return Err(Failure::new(
                         crate::exit::USAGE,
@@ -182,9 +191,16 @@ impl Mark {
                     ));
                 };
                 let sent_at = Instant::now();
-                let claimed = lease_claim(lock, guard, self.shared, ttl).await;
+                let claimed = if *session {
+                    session_claim(lock, guard, self.shared).await
+                } else {
+                    lease_claim(lock, guard, self.shared, ttl).await
+                };
                 if claimed.as_ref().is_ok_and(Option::is_none) && !self.shared {
-                    self.expires_at = Some(sent_at + ttl);
+                    self.expires_at = Some(match guard {
+                        Some(held) if *session => Instant::now() + held.lease_remaining(),
+                        _ => sent_at + ttl,
+                    });
                     self.may_exist = true;
                 }
                 return claimed.map_err(|err| self.failure(err.into()));
@@ -301,6 +317,35 @@ async fn lease_claim(
             Ok(None)
         }
         // Taken just now and released at once: look again soon.
+        None => Ok(Some(
+            lock.remaining_ttl()
+                .await?
+                .unwrap_or(Duration::from_millis(1)),
+        )),
+    }
+}
+
+/// [`Mark::claim_once`] on ZooKeeper: the mark is a lock held in watchdog mode (a node
+/// of the holder's session; ZooKeeper has no fixed lease), kept while it is not lost, or
+/// taken if free; `Some` of how long another holder's mark may live (its session
+/// timeout) when it is taken. A shared holder only looks.
+async fn session_claim(
+    lock: &distlock::Lock,
+    guard: &mut Option<distlock::LockGuard>,
+    shared: bool,
+) -> Result<Option<Duration>, distlock::Error> {
+    if shared {
+        return Ok(lock.remaining_ttl().await?.filter(|left| !left.is_zero()));
+    }
+    if guard.as_ref().is_some_and(|held| !held.is_lost()) {
+        return Ok(None);
+    }
+    *guard = None;
+    match lock.try_lock().await? {
+        Some(taken) => {
+            *guard = Some(taken);
+            Ok(None)
+        }
         None => Ok(Some(
             lock.remaining_ttl()
                 .await?

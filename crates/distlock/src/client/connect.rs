@@ -58,7 +58,10 @@ impl ClientBuilder {
     /// - `postgres://[user:password@]host[:port]/database[?sslmode=…]` (feature
     ///   `postgres`): locks kept in a table of that database;
     /// - `etcd://[user:password@]host1:port1,host2:port2[/prefix]` (feature `etcd`): locks
-    ///   kept as keys under the prefix (`distlock/` by default).
+    ///   kept as keys under the prefix (`distlock/` by default);
+    /// - `zk://host1:port1,host2:port2[/prefix]` (feature `zk`): locks kept as ephemeral
+    ///   nodes under the prefix node (`/distlock` by default), alive with the client's
+    ///   ZooKeeper session.
     ///
     /// The connections reconnect by themselves after a failure. The lock API is the same
     /// whatever the deployment.
@@ -88,6 +91,7 @@ impl ClientBuilder {
             Endpoint::Sentinel(spec) => self.connect_sentinel(spec).await,
             Endpoint::Postgres(url) => self.connect_postgres(url).await,
             Endpoint::Etcd(spec) => self.connect_etcd(spec).await,
+            Endpoint::Zk(spec) => self.connect_zk(spec).await,
         }
     }
 

@@ -40,6 +40,9 @@ pub enum StoreKind {
     Postgres,
     /// etcd (the `etcd` feature): the lease lock, FIFO.
     Etcd,
+    /// ZooKeeper (the `zk` feature): the lease lock, FIFO, alive with the client's
+    /// session.
+    Zk,
 }
 
 /// A handle on one Redis deployment, shared by every lock of a process.
@@ -229,6 +232,8 @@ impl Client {
             Store::Postgres(_) => StoreKind::Postgres,
             #[cfg(feature = "etcd")]
             Store::Etcd(_) => StoreKind::Etcd,
+            #[cfg(feature = "zk")]
+            Store::Zk(_) => StoreKind::Zk,
         }
     }
 

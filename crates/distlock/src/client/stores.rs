@@ -79,6 +79,44 @@ impl ClientBuilder {
         })
     }
 
+    /// `zk://host1:port1,host2:port2[/prefix]`: the client's session is opened at
+    /// connect, asking for the watchdog timeout as its timeout.
+    #[cfg(feature = "zk")]
+    pub(super) async fn connect_zk(
+        self,
+        spec: crate::transport::endpoint::ZkSpec,
+    ) -> Result<Client> {
+        use crate::transport::pubsub::FeedSource;
+        use crate::transport::zk::{ZkLink, STORE};
+        use crate::transport::Store;
+
+        let config = self.validate()?;
+        self.refuse_redis_settings(STORE)?;
+        let background = crate::runtime::Background::start()?;
+        let link = ZkLink::connect(spec, &config, background.handle()).await?;
+        let target = link.target().to_owned();
+        Ok(assemble_other(
+            config,
+            background,
+            target,
+            Store::Zk(link.clone()),
+            FeedSource::Zk(link),
+            STORE,
+        ))
+    }
+
+    /// Built without the `zk` feature: a ZooKeeper URL is refused.
+    #[cfg(not(feature = "zk"))]
+    pub(super) async fn connect_zk(
+        self,
+        spec: crate::transport::endpoint::ZkSpec,
+    ) -> Result<Client> {
+        Err(Error::InvalidUrl {
+            url: format!("zk://{}{}", spec.hosts.join(","), spec.prefix),
+            reason: "a ZooKeeper URL, but distlock was built without its `zk` feature".into(),
+        })
+    }
+
     /// Built without the `postgres` feature: a PostgreSQL URL is refused.
     #[cfg(not(feature = "postgres"))]
     pub(super) async fn connect_postgres(self, url: String) -> Result<Client> {
@@ -92,7 +130,10 @@ impl ClientBuilder {
     /// Settings that only mean something on Redis, refused rather than ignored on
     /// `store`: certificates the connection would not use, or replica counts it would not
     /// wait for, must not pass for protection.
-    #[cfg_attr(not(any(feature = "postgres", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "etcd", feature = "zk")),
+        allow(dead_code)
+    )]
     fn refuse_redis_settings(&self, store: &'static str) -> Result<()> {
         let redis_only = |what: &'static str| Error::InvalidConfig {
             what,
@@ -121,7 +162,7 @@ impl ClientBuilder {
 /// The session of a client on a store other than Redis: the same engine (the renewal
 /// scheduler, the subscription hub, the client's runtime), with `store`'s link where
 /// Redis has its connections.
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
 fn assemble_other(
     config: crate::config::Config,
     background: crate::runtime::Background,

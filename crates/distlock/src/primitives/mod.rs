@@ -56,5 +56,7 @@ pub(crate) fn validate_name_for(store: &Store, name: &str) -> crate::error::Resu
         Store::Postgres(_) => lock::postgres::validate_name(name),
         #[cfg(feature = "etcd")]
         Store::Etcd(_) => lock::etcd::validate_name(name),
+        #[cfg(feature = "zk")]
+        Store::Zk(_) => lock::zk::validate_name(name),
     }
 }

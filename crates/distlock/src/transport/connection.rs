@@ -79,19 +79,19 @@ pub(crate) enum Link {
     #[cfg(feature = "cluster")]
     Cluster(ClusterLink),
     /// No Redis at all: the client is on another store, and every command fails.
-    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    #[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
     Absent(NoRedis),
 }
 
 /// The command connection of a client on a store other than Redis: every call fails,
 /// naming the store, so a Redis-only call reached by mistake says why instead of panicking.
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
 #[derive(Clone, Copy)]
 pub(crate) struct NoRedis {
     pub(crate) store: &'static str,
 }
 
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
 impl NoRedis {
     fn refusal(self) -> RedisError {
         RedisError::from((
@@ -105,7 +105,7 @@ impl NoRedis {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
 impl ConnectionLike for NoRedis {
     fn req_packed_command<'a>(&'a mut self, _cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let refusal = self.refusal();
@@ -144,7 +144,7 @@ impl Link {
             Link::Sentinel(conn) => conn,
             #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn,
-            #[cfg(any(feature = "postgres", feature = "etcd"))]
+            #[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
             Link::Absent(conn) => conn,
         }
     }
@@ -362,7 +362,7 @@ impl ConnectionLike for Connection {
             Link::Sentinel(conn) => conn.get_db(),
             #[cfg(feature = "cluster")]
             Link::Cluster(conn) => conn.get_db(),
-            #[cfg(any(feature = "postgres", feature = "etcd"))]
+            #[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
             Link::Absent(conn) => conn.get_db(),
         }
     }

@@ -29,6 +29,18 @@ pub(crate) enum Endpoint {
     Postgres(String),
     /// An etcd cluster: `etcd://[user:password@]host1:port1,host2:port2[/prefix]`.
     Etcd(EtcdSpec),
+    /// A ZooKeeper ensemble: `zk://host1:port1,host2:port2[/prefix]`.
+    Zk(ZkSpec),
+}
+
+/// Where a ZooKeeper URL points, parsed whether or not the `zk` feature is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZkSpec {
+    /// `host:port` for each server.
+    pub(crate) hosts: Vec<String>,
+    /// The node every lock's node lives under: the URL's path without a trailing `/`, or
+    /// `/distlock` when the URL gives none (or only `/`: the root is ZooKeeper's own).
+    pub(crate) prefix: String,
 }
 
 /// Where an etcd URL points, parsed whether or not the `etcd` feature is built.
@@ -72,10 +84,11 @@ pub(crate) fn parse_endpoint(url: &str) -> Result<Endpoint> {
         "redis+sentinel" | "rediss+sentinel" => return parse_sentinel(url, scheme, rest),
         "postgres" | "postgresql" => return Ok(Endpoint::Postgres(url.to_owned())),
         "etcd" => return parse_etcd(url, rest),
+        "zk" | "zookeeper" => return parse_zk(url, rest),
         _ => {
             return Err(invalid(
                 "unsupported scheme; use redis://, rediss://, redis+cluster://, \
-                 redis+sentinel:// (or their rediss+ forms), postgres:// or etcd://",
+                 redis+sentinel:// (or their rediss+ forms), postgres://, etcd:// or zk://",
             ))
         }
     };
@@ -150,6 +163,66 @@ fn parse_etcd(url: &str, rest: &str) -> Result<Endpoint> {
         prefix,
         user,
     }))
+}
+
+/// `zk://host1:port1,host2:port2[/prefix]`. Credentials are refused rather than ignored:
+/// the store does not authenticate yet, and a URL with them must not pass for protected.
+fn parse_zk(url: &str, rest: &str) -> Result<Endpoint> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: mask_password(url),
+        reason: reason.to_owned(),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err(invalid(
+            "credentials in a zk:// URL are not supported (ZooKeeper authentication is not \
+             implemented yet)",
+        ));
+    }
+    if path.contains(['?', '#']) {
+        return Err(invalid("a zk:// URL takes no query or fragment"));
+    }
+    let hosts = authority
+        .split(',')
+        .map(|host| {
+            let host = host.trim();
+            if host.is_empty() || host.contains([' ', '?', '#']) {
+                return Err(invalid("a host in the list is empty or malformed"));
+            }
+            Ok(if host.contains(':') {
+                host.to_owned()
+            } else {
+                format!("{host}:2181")
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let trimmed = path.trim_end_matches('/');
+    let prefix = if trimmed.is_empty() {
+        "/distlock".to_owned()
+    } else {
+        trimmed.to_owned()
+    };
+    // ZooKeeper's own rules for a path: no empty, `.` or `..` element, no control
+    // character.
+    let bad_element = prefix
+        .split('/')
+        .skip(1)
+        .any(|element| element.is_empty() || element == "." || element == "..");
+    if bad_element || prefix.chars().any(char::is_control) {
+        return Err(invalid(
+            "the prefix must be a ZooKeeper path: no empty, `.` or `..` element and no \
+             control character",
+        ));
+    }
+    if prefix == "/zookeeper" || prefix.starts_with("/zookeeper/") {
+        return Err(invalid(
+            "the prefix must not be under /zookeeper, ZooKeeper's own node",
+        ));
+    }
+    Ok(Endpoint::Zk(ZkSpec { hosts, prefix }))
 }
 
 /// `text` with its `%XX` escapes decoded; `None` if one is malformed or the result is not
@@ -380,6 +453,36 @@ mod tests {
                 matches!(parse_endpoint(bad), Err(Error::InvalidUrl { .. })),
                 "{bad}"
             );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn parses_zookeeper_urls() -> Result<()> {
+        let Endpoint::Zk(spec) = parse_endpoint("zk://h1:2181,h2/locks/app/")? else {
+            panic!("not a ZooKeeper endpoint");
+        };
+        assert_eq!(spec.hosts, ["h1:2181", "h2:2181"]);
+        assert_eq!(spec.prefix, "/locks/app");
+        for (url, prefix) in [("zk://h1", "/distlock"), ("zk://h1/", "/distlock")] {
+            let Endpoint::Zk(spec) = parse_endpoint(url)? else {
+                panic!("not a ZooKeeper endpoint");
+            };
+            assert_eq!(spec.prefix, prefix);
+        }
+        for bad in [
+            "zk://",
+            "zk://h1,,h2",
+            "zk://u:secret@h1",
+            "zk://h1/a//b",
+            "zk://h1/a/../b",
+            "zk://h1/zookeeper",
+            "zk://h1/a?x=1",
+        ] {
+            match parse_endpoint(bad) {
+                Err(Error::InvalidUrl { url, .. }) => assert!(!url.contains("secret"), "{url}"),
+                other => panic!("{bad}: {other:?}"),
+            }
         }
         Ok(())
     }

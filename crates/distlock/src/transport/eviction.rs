@@ -71,7 +71,7 @@ impl EvictionWatch {
 
     /// For a store that never evicts what it was told to keep (PostgreSQL, etcd): every
     /// acquisition may go ahead.
-    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    #[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
     pub(crate) fn not_applicable(target: &str) -> Self {
         Self {
             target: target.to_owned(),

@@ -16,7 +16,9 @@
 //! - [`tls`]: TLS set-up;
 //! - `postgres` (feature `postgres`): the PostgreSQL pool, its statements' failures, and
 //!   the connection that LISTENs;
-//! - `etcd` (feature `etcd`): the etcd client, the session lease, and the watches.
+//! - `etcd` (feature `etcd`): the etcd client, the session lease, and the watches;
+//! - `zk` (feature `zk`): the ZooKeeper session, its replacement after an expiry, and the
+//!   watches.
 //!
 //! [`Store`] says which of them a client's primitives talk to.
 
@@ -28,7 +30,7 @@ pub(crate) mod endpoint;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod eviction;
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zk"))]
 pub(crate) mod on_runtime;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -40,6 +42,8 @@ pub(crate) mod script;
 pub(crate) mod sentinel;
 pub(crate) mod servers;
 pub(crate) mod tls;
+#[cfg(feature = "zk")]
+pub(crate) mod zk;
 
 /// The store a client's primitives talk to: Redis (any deployment, through the client's
 /// command connection), or another store through its link.
@@ -50,6 +54,8 @@ pub(crate) enum Store {
     Postgres(postgres::PgLink),
     #[cfg(feature = "etcd")]
     Etcd(etcd::EtcdLink),
+    #[cfg(feature = "zk")]
+    Zk(zk::ZkLink),
 }
 
 impl Store {
@@ -61,6 +67,8 @@ impl Store {
             Store::Postgres(_) => postgres::STORE,
             #[cfg(feature = "etcd")]
             Store::Etcd(_) => etcd::STORE,
+            #[cfg(feature = "zk")]
+            Store::Zk(_) => zk::STORE,
         }
     }
 

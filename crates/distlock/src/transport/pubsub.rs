@@ -32,9 +32,14 @@ use crate::transport::postgres::{
     PgLink,
 };
 use crate::transport::servers::Servers;
+#[cfg(feature = "zk")]
+use crate::transport::zk::{
+    watch::{self as zk_watch, ZkEvents, ZkSink},
+    ZkLink,
+};
 
-/// Where the hub's connection goes: a Redis deployment's pub/sub, or a PostgreSQL
-/// database's LISTEN/NOTIFY.
+/// Where the hub's connection goes: a Redis deployment's pub/sub, a PostgreSQL
+/// database's LISTEN/NOTIFY, etcd's or ZooKeeper's watches.
 #[derive(Clone)]
 pub(crate) enum FeedSource {
     Redis(Box<Servers>),
@@ -42,6 +47,8 @@ pub(crate) enum FeedSource {
     Postgres(PgLink),
     #[cfg(feature = "etcd")]
     Etcd(EtcdLink),
+    #[cfg(feature = "zk")]
+    Zk(ZkLink),
 }
 
 /// The sending half of the hub's connection.
@@ -51,6 +58,8 @@ pub(crate) enum Sink {
     Postgres(PgSink),
     #[cfg(feature = "etcd")]
     Etcd(EtcdSink),
+    #[cfg(feature = "zk")]
+    Zk(ZkSink),
     #[cfg(feature = "cluster")]
     Cluster {
         connection: ClusterConnection,
@@ -65,6 +74,8 @@ pub(crate) enum Events {
     Postgres(PgEvents),
     #[cfg(feature = "etcd")]
     Etcd(EtcdEvents),
+    #[cfg(feature = "zk")]
+    Zk(ZkEvents),
     #[cfg(feature = "cluster")]
     Cluster(mpsc::UnboundedReceiver<PushInfo>),
 }
@@ -105,6 +116,8 @@ impl Sink {
             Sink::Postgres(sink) => sink.set(channels, on).await,
             #[cfg(feature = "etcd")]
             Sink::Etcd(sink) => sink.set(channels, on).await,
+            #[cfg(feature = "zk")]
+            Sink::Zk(sink) => sink.set(channels, on).await,
             // One channel per command: the channels of one SSUBSCRIBE must share a slot.
             #[cfg(feature = "cluster")]
             Sink::Cluster {
@@ -138,6 +151,8 @@ impl Sink {
             Sink::Postgres(sink) => sink.healthy(timeout).await,
             #[cfg(feature = "etcd")]
             Sink::Etcd(sink) => sink.healthy(timeout).await,
+            #[cfg(feature = "zk")]
+            Sink::Zk(sink) => sink.healthy(timeout).await,
         }
     }
 }
@@ -157,6 +172,11 @@ impl Events {
                 .map(|(channel, payload)| Event::Message { channel, payload }),
             #[cfg(feature = "etcd")]
             Events::Etcd(events) => events
+                .next()
+                .await
+                .map(|(channel, payload)| Event::Message { channel, payload }),
+            #[cfg(feature = "zk")]
+            Events::Zk(events) => events
                 .next()
                 .await
                 .map(|(channel, payload)| Event::Message { channel, payload }),
@@ -205,6 +225,11 @@ pub(crate) async fn open(source: &FeedSource) -> Result<(Sink, Events)> {
         FeedSource::Etcd(link) => {
             let (sink, events) = etcd_watch::open(link).await?;
             Ok((Sink::Etcd(sink), Events::Etcd(events)))
+        }
+        #[cfg(feature = "zk")]
+        FeedSource::Zk(link) => {
+            let (sink, events) = zk_watch::open(link).await?;
+            Ok((Sink::Zk(sink), Events::Zk(events)))
         }
     }
 }

@@ -43,6 +43,12 @@ pub(crate) enum Renewal {
     /// attached to, and one keepalive per distinct lease renews every key on it.
     #[cfg(feature = "etcd")]
     Leases,
+    /// ZooKeeper nodes: each lease's owner is the path of its ephemeral node. The
+    /// session's own heartbeats keep every node alive; a renewal reads the batch's nodes
+    /// in one multi-read, and a node found (still of the current session) proves the
+    /// session lived when the read was sent.
+    #[cfg(feature = "zk")]
+    Nodes,
 }
 
 pub(super) struct Entry {

@@ -254,6 +254,12 @@ async fn renew(shared: &Shared, batch: &[Due]) -> Result<Vec<i64>> {
             let renewed = link.keep_alive(&leases).await?;
             renewed.into_iter().map(i64::from).collect()
         }
+        #[cfg(feature = "zk")]
+        (Renewal::Nodes, Store::Zk(link)) => {
+            let paths: Vec<Arc<str>> = batch.iter().map(|due| Arc::clone(&due.owner)).collect();
+            let renewed = link.still_held(&paths).await?;
+            renewed.into_iter().map(i64::from).collect()
+        }
         #[allow(unreachable_patterns)]
         (_, store) => {
             return Err(Error::Unsupported {

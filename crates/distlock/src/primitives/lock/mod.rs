@@ -17,6 +17,8 @@ mod holding;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod scripts;
+#[cfg(feature = "zk")]
+pub(crate) mod zk;
 
 use std::fmt;
 use std::sync::Arc;
@@ -110,6 +112,9 @@ impl Lock {
             // Each waiter waits on a topic of its own (etcd.rs); this one is unused.
             #[cfg(feature = "etcd")]
             Store::Etcd(_) => String::new(),
+            // Likewise on ZooKeeper (zk.rs).
+            #[cfg(feature = "zk")]
+            Store::Zk(_) => String::new(),
         }
         .into();
         Self {
@@ -220,6 +225,21 @@ impl Lock {
             );
             return acquire(attempt.core(), &attempt, patience).await;
         }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            if self.lease.is_some() {
+                return Err(Error::Unsupported {
+                    store: crate::transport::zk::STORE,
+                    what: zk::NO_FIXED_LEASE,
+                });
+            }
+            let attempt = zk::ZkAttempt::new(
+                Arc::clone(self.session.core()),
+                link.clone(),
+                Arc::clone(&self.name),
+            );
+            return acquire(attempt.core(), &attempt, patience).await;
+        }
         let attempt = self.attempt()?;
         acquire(attempt.core(), &attempt, patience).await
     }
@@ -237,6 +257,10 @@ impl Lock {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             return Ok(etcd::first(link, &self.name).await?.is_some());
+        }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            return Ok(zk::first(link, &self.name).await?.is_some());
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
@@ -256,6 +280,11 @@ impl Lock {
             let first = etcd::first(link, &self.name).await?;
             return Ok(first.into_iter().map(|(owner, _, _)| owner).collect());
         }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            let first = zk::first(link, &self.name).await?;
+            return Ok(first.into_iter().map(|(owner, _)| owner).collect());
+        }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             return postgres::owners(link, &self.name).await;
@@ -273,6 +302,13 @@ impl Lock {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             return etcd::lease_left(link, &self.name).await;
+        }
+        // A holder's node lives as long as its session: at most the session timeout
+        // after its holder stops answering.
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            let held = zk::first(link, &self.name).await?.is_some();
+            return Ok(held.then(|| link.lease()));
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
@@ -298,6 +334,10 @@ impl Lock {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             return etcd::revision(link).await;
+        }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            return zk::last_token(link, &self.name).await;
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
@@ -348,6 +388,10 @@ impl Lock {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             return etcd::force_unlock(link, &self.name, owner).await;
+        }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            return zk::force_unlock(link, &self.name, owner).await;
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
@@ -406,6 +450,18 @@ impl Lock {
                 what: "raising the fencing tokens above the cluster's revision",
             });
         }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            // Tokens are the ensemble's zxids, which only writes raise.
+            let last = zk::last_token(link, &self.name).await?;
+            if floor <= last {
+                return Ok(last);
+            }
+            return Err(Error::Unsupported {
+                store: crate::transport::zk::STORE,
+                what: "raising the fencing tokens above the ensemble's zxid",
+            });
+        }
         let counter: u64 = self
             .session
             .core()
@@ -442,6 +498,14 @@ impl Lock {
             // key for the whole wait, which that does not do yet.
             return Err(Error::Unsupported {
                 store: "etcd",
+                what: "a MultiLock",
+            });
+        }
+        #[cfg(feature = "zk")]
+        if let Store::Zk(_) = self.session.core().store() {
+            // As on etcd: a waiter's node lives for the whole wait.
+            return Err(Error::Unsupported {
+                store: crate::transport::zk::STORE,
                 what: "a MultiLock",
             });
         }
