@@ -429,3 +429,51 @@ async fn the_examples_run_unchanged_on_etcd() {
     let etcd = cluster().await;
     common::examples::all_run_unchanged(&etcd.url(), Some("etcd"));
 }
+
+/// A member down when the client connects (listed first in the URL); later, with it
+/// back, the member the client then talks to frozen (SIGSTOP: its connection open,
+/// nothing coming back): the client connects, and every call answers from the members
+/// that are up, none failing.
+#[tokio::test]
+async fn members_down_or_frozen_cost_no_call() {
+    let mut etcd = cluster().await;
+    let ports = etcd.client_ports();
+    let leader = etcd.leader().await.unwrap();
+    let (dead, frozen) = ((leader + 1) % 3, (leader + 2) % 3);
+    etcd.kill(dead).await.unwrap();
+    // The dead member first, then the one to be frozen, then the leader.
+    let url = format!(
+        "etcd://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        ports[dead], ports[frozen], ports[leader]
+    );
+    bounded(LIMIT, async {
+        let client = client_at(&url, Duration::from_secs(5)).await;
+        let lock = client.lock("etcd:members").unwrap();
+        let mut failed = Vec::new();
+        for round in 0..10 {
+            if round == 5 {
+                // The dead member back, the other frozen: still a majority.
+                etcd.restart(dead).await.unwrap();
+                etcd.stop(frozen).unwrap();
+            }
+            match lock.lock().await {
+                Ok(guard) => {
+                    if let Err(err) = lock.is_locked().await {
+                        failed.push(err.to_string());
+                    }
+                    if let Err(err) = guard.release().await {
+                        failed.push(err.to_string());
+                    }
+                }
+                Err(err) => failed.push(err.to_string()),
+            }
+        }
+        etcd.resume(frozen).unwrap();
+        assert!(
+            failed.is_empty(),
+            "{} calls failed: {failed:?}",
+            failed.len()
+        );
+    })
+    .await;
+}

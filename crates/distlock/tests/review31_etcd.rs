@@ -741,6 +741,10 @@ async fn h_auth_on_a_member_restart_keeps_the_client_working() {
     let before = client.lock("b9:before").unwrap().try_lock().await;
     assert!(matches!(before, Ok(Some(_))), "{before:?}");
     drop(before);
+    // A user with rights on the prefix only reads the token floor too (the revision is
+    // read on a key under the prefix).
+    let floor = client.lock("b9:before").unwrap().last_fencing_token().await;
+    assert!(matches!(floor, Ok(n) if n > 0), "{floor:?}");
     // A maintenance restart (the testkit's readiness probe reads without a token under
     // auth, so it is not waited for: the member's status is).
     let pid = etcd.pid(0);

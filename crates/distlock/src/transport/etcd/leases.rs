@@ -49,18 +49,42 @@ fn decode(owner: &str) -> Option<(i64, i64, &str)> {
     ))
 }
 
-/// A key to delete once `due`, unless it was created at another revision (0: any).
+/// A key to delete once `due`, unless it was created at another revision (0: any); or,
+/// with `recheck_until`, a key to look for at every renewal until then and delete if it
+/// is there (a late copy of its creation, sent to a member that was slow to answer, may
+/// write it again after it was deleted).
 pub(super) struct Doomed {
     key: String,
     revision: i64,
     due: Instant,
+    recheck_until: Option<Instant>,
 }
 
 impl EtcdLink {
     /// Leaves `key` (created at `revision`) to be deleted once `due`, before the session
     /// lease is renewed again after that.
     pub(crate) fn doom(&self, key: String, revision: i64, due: Instant) {
-        self.doomed_list().push(Doomed { key, revision, due });
+        self.doomed_list().push(Doomed {
+            key,
+            revision,
+            due,
+            recheck_until: None,
+        });
+    }
+
+    /// Looks for `key` at every renewal for a session TTL and deletes it if it is there:
+    /// for a key deleted after its creation was sent twice, whose first send may still be
+    /// applied late and bring it back, where it would stay (on the renewed session lease)
+    /// and block the lock's queue.
+    pub(crate) fn watch_for_late_copy(&self, key: String) {
+        let now = Instant::now();
+        let window = std::time::Duration::from_secs(self.inner.session_ttl.unsigned_abs());
+        self.doomed_list().push(Doomed {
+            key,
+            revision: 0,
+            due: now,
+            recheck_until: Some(now + window),
+        });
     }
 
     /// When the session lease, as last confirmed, runs out on the server if nothing
@@ -99,29 +123,62 @@ impl EtcdLink {
             due
         };
         for entry in due {
-            let (key, revision) = (entry.key.clone(), entry.revision);
-            let deleted = self
-                .run(move |mut client| {
-                    let guard = if revision > 0 {
-                        vec![Compare::create_revision(
-                            key.clone(),
-                            CompareOp::Equal,
-                            revision,
-                        )]
-                    } else {
-                        Vec::new()
-                    };
-                    let txn = Txn::new()
-                        .when(guard)
-                        .and_then([TxnOp::delete(key.clone(), None)]);
-                    async move { client.txn(txn).await }
-                })
-                .await;
-            if let Err(err) = deleted {
-                tracing::debug!(error = %err, "could not delete a key left behind; trying again at the next renewal");
-                self.doomed_list().push(entry);
+            let gone = match entry.recheck_until {
+                Some(_) => self.delete_if_there(&entry.key).await,
+                None => self.delete_guarded(&entry.key, entry.revision).await,
+            };
+            match (gone, entry.recheck_until) {
+                (Err(err), _) => {
+                    tracing::debug!(error = %err, "could not delete a key left behind; trying again at the next renewal");
+                    self.doomed_list().push(entry);
+                }
+                (Ok(()), Some(until)) if until > Instant::now() => self.doomed_list().push(entry),
+                (Ok(()), _) => {}
             }
         }
+    }
+
+    /// Deletes `key` if it was created at `revision` (0: whatever its revision).
+    async fn delete_guarded(&self, key: &str, revision: i64) -> Result<()> {
+        let key = key.to_owned();
+        self.run(move |mut client| {
+            let guard = if revision > 0 {
+                vec![Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )]
+            } else {
+                Vec::new()
+            };
+            let txn = Txn::new()
+                .when(guard)
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            async move { client.txn(txn).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Reads whether `key` is there (a read, so checking costs no Raft write), and
+    /// deletes it if it is.
+    async fn delete_if_there(&self, key: &str) -> Result<()> {
+        let looked_for = key.to_owned();
+        let found = self
+            .run(move |mut client| {
+                let key = looked_for.clone();
+                async move {
+                    client
+                        .get(key, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            })
+            .await?;
+        if found.count() > 0 {
+            tracing::debug!("a late copy of a waiter's placement wrote its key again; deleting it");
+            self.delete_guarded(key, 0).await?;
+        }
+        Ok(())
     }
 
     /// Renews the holdings named by `renewed` (their renewal owners, [`Renewed`]): one
@@ -209,9 +266,6 @@ impl EtcdLink {
         match session.as_mut() {
             Some(current) if current.id == id => {
                 *session = None;
-                self.inner
-                    .current
-                    .store(0, std::sync::atomic::Ordering::Release);
             }
             _ => {}
         }

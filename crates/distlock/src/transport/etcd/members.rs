@@ -89,17 +89,23 @@ impl Members {
     /// preferred member first, then each next one on a member's failure, in rounds with a
     /// pause between them. A failure of the request itself (a compare's refusal is an
     /// answer; a missing right, an unknown lease) ends it at once.
+    ///
+    /// Answers, with the answer, whether an earlier try may have been applied (it timed
+    /// out, or broke after it may have been sent): a caller that reads the answer of a
+    /// guarded change ("the key was not there") must then allow that its own earlier
+    /// try made it so.
     pub(super) async fn call<T, F, Fut>(
         &self,
         deadline: Instant,
         work: &F,
-    ) -> Result<T, etcd_client::Error>
+    ) -> Result<(T, bool), etcd_client::Error>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let count = self.members.len();
         let mut pause = Duration::from_millis(10);
+        let mut maybe_applied = false;
         loop {
             let mut last = None;
             for _ in 0..count {
@@ -118,16 +124,22 @@ impl Members {
                 })
                 .await;
                 let err = match tried {
-                    Ok(Ok(answer)) => return Ok(answer),
+                    Ok(Ok(answer)) => return Ok((answer, maybe_applied)),
                     Ok(Err(err)) if !is_member_failure(&err) => return Err(err),
-                    Ok(Err(err)) => err,
-                    Err(_) => etcd_client::Error::IoError(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "member {} gave no answer within {share:?}",
-                            self.members[index].endpoint
-                        ),
-                    )),
+                    Ok(Err(err)) => {
+                        maybe_applied |= !surely_not_applied(&err);
+                        err
+                    }
+                    Err(_) => {
+                        maybe_applied = true;
+                        etcd_client::Error::IoError(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "member {} gave no answer within {share:?}",
+                                self.members[index].endpoint
+                            ),
+                        ))
+                    }
                 };
                 // The next request goes to the next member, unless another request
                 // moved on already.
@@ -156,6 +168,23 @@ impl Members {
             pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
+}
+
+/// Whether `err` says the request never reached the cluster: no connection to the
+/// member, or a member without a leader (refused before it was proposed).
+fn surely_not_applied(err: &etcd_client::Error) -> bool {
+    const UNAVAILABLE: i32 = 14;
+    let text = match err {
+        etcd_client::Error::GRpcStatus(status) if i32::from(status.code()) == UNAVAILABLE => {
+            status.message().to_owned()
+        }
+        etcd_client::Error::TransportError(err) => err.to_string(),
+        _ => return false,
+    };
+    let text = text.to_ascii_lowercase();
+    ["no leader", "tcp connect error", "connection refused"]
+        .iter()
+        .any(|refusal| text.contains(refusal))
 }
 
 /// Whether `err` is a member's failure (another member may answer) rather than the

@@ -48,8 +48,6 @@ struct Inner {
     /// rounded up (etcd's TTLs are seconds; the server may grant more).
     session_ttl: i64,
     session: tokio::sync::Mutex<Option<Session>>,
-    /// The session lease's id, readable without waiting (0: none).
-    current: std::sync::atomic::AtomicI64,
     /// Keys on the session lease that must go although it is renewed (see
     /// [`leases`]).
     doomed: std::sync::Mutex<Vec<leases::Doomed>>,
@@ -79,7 +77,11 @@ impl EtcdLink {
             .with_timeout(config.response_timeout)
             // A dead peer is noticed by HTTP/2 pings, not only by a request timing out.
             .with_keep_alive(Duration::from_secs(5), config.response_timeout)
-            .with_require_leader(true);
+            .with_require_leader(true)
+            // etcd drops an auth token unused for --auth-token-ttl (5 min): a member's
+            // client idle that long (the others answering) must sign in again, not fail
+            // every call. etcd-client resends only the request the token was refused for.
+            .with_auto_token_refresh(true);
         if let Some((user, password)) = spec.user.clone() {
             options = options.with_user(user, password);
         }
@@ -95,7 +97,6 @@ impl EtcdLink {
                 response_timeout: config.response_timeout,
                 session_ttl,
                 session: tokio::sync::Mutex::new(None),
-                current: std::sync::atomic::AtomicI64::new(0),
                 doomed: std::sync::Mutex::new(Vec::new()),
             }),
         };
@@ -179,7 +180,28 @@ impl EtcdLink {
         self.run_within(self.inner.response_timeout, work).await
     }
 
+    /// [`EtcdLink::run`], answering also whether an earlier send of `work` may have been
+    /// applied before the one that answered: a guarded change answered "not done" may
+    /// then have been done by that earlier send.
+    pub(crate) async fn run_noting_resends<T, F, Fut>(&self, work: F) -> Result<(T, bool)>
+    where
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.call_within(self.inner.response_timeout, work).await
+    }
+
     async fn run_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        Ok(self.call_within(limit, work).await?.0)
+    }
+
+    async fn call_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<(T, bool)>
     where
         F: Fn(Client) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
@@ -220,20 +242,41 @@ impl EtcdLink {
                 return Ok(session);
             }
             self.delete_doomed().await;
-            let sent_at = Instant::now();
             let id = session.id;
-            let alive = self
-                .run_within(limit, move |client| keep_alive_once(client, id))
-                .await?;
-            if alive.is_some() {
-                session.confirmed_at = sent_at;
-                *current = Some(session);
-                return Ok(session);
+            // A renewal answered in an older Raft term than a read confirmed after it may
+            // come from a leader that lost its leadership (etcd before 3.4.25 / 3.5.8),
+            // which the new leader never saw: not counted, and asked again (the second
+            // goes where the first read went).
+            let mut stale = false;
+            for _ in 0..2 {
+                let sent_at = Instant::now();
+                let Some(term) = self
+                    .run_within(limit, move |client| keep_alive_once(client, id))
+                    .await?
+                else {
+                    // Expired: a new session lease below.
+                    stale = false;
+                    break;
+                };
+                if term >= self.cluster_term(limit).await? {
+                    session.confirmed_at = sent_at;
+                    *current = Some(session);
+                    return Ok(session);
+                }
+                stale = true;
+            }
+            if stale {
+                return Err(Error::Store {
+                    store: STORE,
+                    target: self.target().to_owned(),
+                    failure: StoreFailure::Connection,
+                    detail: "the session lease was renewed twice in an older Raft term than \
+                             the cluster's (a leader change, or an old leader renewing on \
+                             its own): not counted"
+                        .into(),
+                });
             }
             *current = None;
-            self.inner
-                .current
-                .store(0, std::sync::atomic::Ordering::Release);
         }
         let sent_at = Instant::now();
         let ttl = self.inner.session_ttl;
@@ -248,10 +291,24 @@ impl EtcdLink {
             ttl: Duration::from_secs(granted.ttl().max(0).unsigned_abs()),
         };
         *current = Some(session);
-        self.inner
-            .current
-            .store(session.id, std::sync::atomic::Ordering::Release);
         Ok(session)
+    }
+
+    /// The cluster's Raft term, from a linearizable read (confirmed by a majority) of a
+    /// key under the prefix, where the client's user has rights.
+    pub(super) async fn cluster_term(&self, limit: Duration) -> Result<u64> {
+        let key = self.prefix().to_owned();
+        let read = self
+            .run_within(limit, move |mut client| {
+                let key = key.clone();
+                async move {
+                    client
+                        .get(key, Some(etcd_client::GetOptions::new().with_count_only()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(read.header().map_or(0, |header| header.raft_term()))
     }
 
     /// Forgets session lease `id`, which the cluster said it does not know (it expired):
@@ -260,19 +317,7 @@ impl EtcdLink {
         let mut current = self.inner.session.lock().await;
         if current.is_some_and(|session| session.id == id) {
             *current = None;
-            self.inner
-                .current
-                .store(0, std::sync::atomic::Ordering::Release);
         }
-    }
-
-    /// The session lease's id, if there is one.
-    pub(crate) fn current_session(&self) -> Option<i64> {
-        let id = self
-            .inner
-            .current
-            .load(std::sync::atomic::Ordering::Acquire);
-        (id != 0).then_some(id)
     }
 
     /// A lease of its own for a fixed-lease holding: `lease` rounded up to whole seconds.

@@ -1,7 +1,7 @@
 //! A holding's calls on etcd: give back (all or one hold), re-enter, extend, verify, and
 //! what its renewal names.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +45,12 @@ pub(crate) struct EtcdHold {
     revision: i64,
     /// The lease the key is attached to: the session's, or a fixed lease's own.
     lease: Mutex<i64>,
+    /// The key is on a lease of its own (a fixed lease, or one `extend` moved it to),
+    /// not on the session lease, which its release must never revoke.
+    own_lease: AtomicBool,
+    /// The key's placement was sent more than once: after its delete, the link looks
+    /// for a late copy of it writing the key again.
+    late_copy_risk: bool,
     /// The server has answered the final release (or the holding was found lost), or the
     /// key's deletion is left to the link: nothing is left to do when it is dropped.
     ended: AtomicBool,
@@ -69,13 +75,22 @@ impl Drop for EtcdHold {
 
 impl EtcdHold {
     /// The holding of `key`, created at `revision`, on lease `lease`.
-    pub(super) fn new(link: EtcdLink, key: Arc<str>, revision: i64, lease: i64) -> EtcdHold {
+    pub(super) fn new(
+        link: EtcdLink,
+        key: Arc<str>,
+        revision: i64,
+        lease: i64,
+        own_lease: bool,
+        late_copy_risk: bool,
+    ) -> EtcdHold {
         EtcdHold {
             gone: format!("gone:{key}"),
             link,
             key,
             revision,
             lease: Mutex::new(lease),
+            own_lease: AtomicBool::new(own_lease),
+            late_copy_risk,
             ended: AtomicBool::new(false),
         }
     }
@@ -89,19 +104,17 @@ impl EtcdHold {
 
     /// Runs `ops` if the key is still this holding's; answers whether it was.
     async fn if_held(&self, ops: Vec<TxnOp>) -> Result<bool> {
-        Ok(self.if_held_tries(ops).await?.0)
+        Ok(self.if_held_noting_resends(ops).await?.0)
     }
 
-    /// [`Self::if_held`], and how many times it was sent (a member's failure sends it
-    /// to the next member: a second "no" may answer the first try's change).
-    async fn if_held_tries(&self, ops: Vec<TxnOp>) -> Result<(bool, u32)> {
+    /// [`Self::if_held`], and whether an earlier send of it may have been applied (a
+    /// member's failure sends it to the next member: a second "no" may answer the
+    /// first send's change).
+    async fn if_held_noting_resends(&self, ops: Vec<TxnOp>) -> Result<(bool, bool)> {
         let (key, revision) = (self.key.to_string(), self.revision);
-        let tries = Arc::new(AtomicU32::new(0));
-        let counted = Arc::clone(&tries);
-        let done = self
+        let (done, resent) = self
             .link
-            .run(move |mut client| {
-                counted.fetch_add(1, Ordering::Relaxed);
+            .run_noting_resends(move |mut client| {
                 let txn = Txn::new()
                     .when([Compare::create_revision(
                         key.clone(),
@@ -112,7 +125,7 @@ impl EtcdHold {
                 async move { client.txn(txn).await }
             })
             .await?;
-        Ok((done.succeeded(), tries.load(Ordering::Relaxed)))
+        Ok((done.succeeded(), resent))
     }
 }
 
@@ -135,8 +148,8 @@ impl HoldOps for EtcdHold {
                 return Ok(if kept { i64::from(args.left) } else { -1 });
             }
             let fixed = (!self.is_session_lease()).then(|| self.lease());
-            let (freed, tries) = match self
-                .if_held_tries(vec![TxnOp::delete(key.clone(), None)])
+            let (freed, resent) = match self
+                .if_held_noting_resends(vec![TxnOp::delete(key.clone(), None)])
                 .await
             {
                 Ok(answer) => answer,
@@ -151,16 +164,15 @@ impl HoldOps for EtcdHold {
                 }
             };
             self.ended.store(true, Ordering::Release);
+            if self.late_copy_risk {
+                self.link.watch_for_late_copy(key);
+            }
             if let Some(lease) = fixed {
                 self.link.revoke(lease).await;
             }
             // A retry after a lost reply finds the key gone: only this holding deletes
             // its own key while its lease lives, so the first try freed it.
-            Ok(if freed || args.retry || tries > 1 {
-                0
-            } else {
-                -1
-            })
+            Ok(if freed || args.retry || resent { 0 } else { -1 })
         })
     }
 
@@ -205,7 +217,9 @@ impl HoldOps for EtcdHold {
                     .unwrap_or_else(|poisoned| poisoned.into_inner()),
                 fresh,
             );
-            if self.link.current_session() != Some(old) {
+            // The session lease carries the client's other keys: only a lease of the
+            // holding's own is revoked.
+            if self.own_lease.swap(true, Ordering::AcqRel) {
                 self.link.revoke(old).await;
             }
             Ok(true)
@@ -257,11 +271,9 @@ impl HoldOps for EtcdHold {
 }
 
 impl EtcdHold {
-    /// Whether the key's lease is the client's session lease (never revoked by a
-    /// release), as far as this holding knows without asking.
+    /// Whether the key is on the client's session lease (never revoked by a release),
+    /// as the holding was made and extended.
     fn is_session_lease(&self) -> bool {
-        self.link
-            .current_session()
-            .is_some_and(|session| session == self.lease())
+        !self.own_lease.load(Ordering::Acquire)
     }
 }

@@ -39,13 +39,19 @@ pub(crate) async fn lease_left(link: &EtcdLink, name: &str) -> Result<Option<Dur
     Ok(Some(Duration::from_secs(left.ttl().max(0).unsigned_abs())))
 }
 
-/// The cluster's revision: every later acquisition's token is larger.
+/// The cluster's revision: every later acquisition's token is larger. (Read on a key
+/// under the prefix, where a least-privileged user has rights; the revision in the
+/// answer is the cluster's.)
 pub(crate) async fn revision(link: &EtcdLink) -> Result<u64> {
+    let key = link.prefix().to_owned();
     let now = link
-        .run(|mut client| async move {
-            client
-                .get("\0", Some(GetOptions::new().with_count_only()))
-                .await
+        .run(move |mut client| {
+            let key = key.clone();
+            async move {
+                client
+                    .get(key, Some(GetOptions::new().with_count_only()))
+                    .await
+            }
         })
         .await?;
     Ok(now
@@ -64,8 +70,8 @@ pub(crate) async fn force_unlock(link: &EtcdLink, name: &str, owner: &str) -> Re
         return Ok(false);
     }
     let key = format!("{}{holder}", queue_of(link, name));
-    let deleted = link
-        .run(move |mut client| {
+    let (deleted, resent) = link
+        .run_noting_resends(move |mut client| {
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     key.clone(),
@@ -76,5 +82,8 @@ pub(crate) async fn force_unlock(link: &EtcdLink, name: &str, owner: &str) -> Re
             async move { client.txn(txn).await }
         })
         .await?;
-    Ok(deleted.succeeded())
+    // A send answered "not there" after an earlier send that may have been applied:
+    // that earlier send deleted it (nothing else deletes a key at that revision so fast
+    // that telling it apart would matter more than not deleting the next holder's).
+    Ok(deleted.succeeded() || resent)
 }

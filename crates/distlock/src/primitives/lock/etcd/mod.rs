@@ -22,7 +22,7 @@ mod inspect;
 
 pub(crate) use inspect::{first, force_unlock, lease_left, revision};
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,6 +94,9 @@ pub(crate) struct EtcdAttempt {
     /// The create revision of this waiter's key once placed (0: not yet, or gone): a
     /// waiter that has its place only reads the queue again, without a write.
     placed: Arc<AtomicI64>,
+    /// The placement was sent more than once, an earlier send maybe applied late: once
+    /// the key is deleted, the link looks for it coming back (see `place`).
+    resent: Arc<AtomicBool>,
 }
 
 impl EtcdAttempt {
@@ -118,6 +121,7 @@ impl EtcdAttempt {
             lease,
             renew,
             placed: Arc::new(AtomicI64::new(0)),
+            resent: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -142,12 +146,13 @@ impl Acquire for EtcdAttempt {
             Arc::clone(&self.owner),
         );
         let (lease, renew, placed) = (self.lease, self.renew, Arc::clone(&self.placed));
+        let resent = Arc::clone(&self.resent);
         Box::pin(async move {
             let known = placed.load(Ordering::Acquire);
-            let (session, spot) = match place(&link, &queue, &key, known).await {
+            let (session, spot) = match place(&link, &queue, &key, known, &resent).await {
                 // The session lease expired between its check and the write: once more,
                 // on a new one.
-                Err(err) if is_lease_gone(&err) => place(&link, &queue, &key, 0).await?,
+                Err(err) if is_lease_gone(&err) => place(&link, &queue, &key, 0, &resent).await?,
                 other => other?,
             };
             placed.store(spot.own_revision, Ordering::Release);
@@ -202,7 +207,14 @@ impl Acquire for EtcdAttempt {
                     core,
                     name,
                     owner,
-                    release: Arc::new(EtcdHold::new(link, key, spot.own_revision, lease_id)),
+                    release: Arc::new(EtcdHold::new(
+                        link,
+                        key,
+                        spot.own_revision,
+                        lease_id,
+                        !renew,
+                        resent.load(Ordering::Acquire),
+                    )),
                     token,
                     sent_at,
                     lease,
@@ -234,6 +246,9 @@ impl Acquire for EtcdAttempt {
     fn abandon(&self) -> Option<AbandonFuture> {
         let (link, key) = (self.link.clone(), self.own_key.to_string());
         let revision = self.placed.load(Ordering::Acquire);
+        if self.resent.load(Ordering::Acquire) {
+            link.watch_for_late_copy(key.clone());
+        }
         Some(Box::pin(async move {
             let deleting = key.clone();
             let deleted = link
@@ -270,11 +285,16 @@ struct Spot {
 /// session lease), and reads the queue's first key, in one transaction. A waiter whose
 /// key was placed at `known` only reads, so that waiting costs no write. Forgets the
 /// session lease when the cluster no longer knows it.
+///
+/// A placement sent again after a member's failure (the first send maybe still on its
+/// way through a slow member) sets `resent`: its compare (the key does not exist) would
+/// let that first send write the key again after a give-up or a release deleted it.
 async fn place(
     link: &EtcdLink,
     queue: &str,
     key: &str,
     known: i64,
+    resent: &AtomicBool,
 ) -> Result<(crate::transport::etcd::Session, Spot)> {
     let session = link.session().await?;
     let (queue, key) = (queue.to_owned(), key.to_owned());
@@ -298,7 +318,7 @@ async fn place(
     }
     let own_key = key.clone();
     let placed = link
-        .run(move |mut client| {
+        .run_noting_resends(move |mut client| {
             let (queue, first) = first_of(&queue);
             let put = PutOptions::new().with_lease(session.id);
             let txn = Txn::new()
@@ -315,7 +335,10 @@ async fn place(
         })
         .await;
     match placed {
-        Ok(placed) => {
+        Ok((placed, sent_twice)) => {
+            if sent_twice {
+                resent.store(true, Ordering::Release);
+            }
             let created_now = placed.succeeded();
             Ok((session, spot_of(&placed, &own_key, created_now)))
         }
