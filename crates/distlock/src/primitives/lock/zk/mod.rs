@@ -140,9 +140,9 @@ struct State {
     tried: AtomicBool,
     /// The fixed lease asked for (`None`: watchdog mode), in milliseconds too.
     fixed: Option<(Duration, u64)>,
-    /// When the first conversion into a fixed-lease holding was sent, and the token it
-    /// carries: the holding may exist even if no reply said so, and its lease counts
-    /// from then.
+    /// When the first conversion of the waiter's node into a fixed-lease holding was
+    /// sent, and that node's czxid (the holding's token): the holding may exist even if
+    /// no reply said so, and its lease counts from then.
     converting: Mutex<Option<(Instant, i64)>>,
 }
 
@@ -389,12 +389,19 @@ impl State {
                 return Ok(Attempt::Acquired(self.session_hold(placed, sent_at)));
             };
             // The local deadline counts from before the write whose mtime starts the
-            // ensemble's: the holder stops trusting the lock before anyone can take it.
-            let sent_at = *self
-                .converting
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .get_or_insert((Instant::now(), placed.czxid));
+            // ensemble's: the holder stops trusting the lock before anyone can take it. A
+            // conversion of the same node sent before (its reply lost) may be the one
+            // that lands: the earliest counts.
+            let sent_at = {
+                let mut converting = self
+                    .converting
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                match *converting {
+                    Some(earlier) if earlier.1 == placed.czxid => earlier,
+                    _ => *converting.insert((Instant::now(), placed.czxid)),
+                }
+            };
             let (parent, owner, path) = (
                 self.parent.to_string(),
                 self.owner.to_string(),
@@ -410,6 +417,12 @@ impl State {
             if converted {
                 return Ok(Attempt::Acquired(self.fixed_hold(sent_at, lease)));
             }
+            // The waiter's node was gone, and the multi-op changed nothing: a node
+            // placed again converts with its own token.
+            *self
+                .converting
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         }
         Ok(Attempt::Busy { retry_after: None })
     }
