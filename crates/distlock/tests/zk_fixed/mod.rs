@@ -2,12 +2,14 @@
 //! end by the ensemble's clock, outlives its client, moves with `extend`, and frees the
 //! lock at once when released; and the examples, which take fixed leases, run unchanged.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock::ReleaseOutcome;
+use distlock_testkit::ExclusionChecker;
 
-use super::common::{self, bounded};
-use super::{client_at, ensemble, LIMIT};
+use super::common::{self, bounded, join_bounded};
+use super::{client_at, ensemble, queue_len, LIMIT};
 
 /// The programs in examples/ run on ZooKeeper unchanged but for the URL (they read it
 /// from REDIS_URL, as on Redis): cron_once and fenced_write take fixed leases.
@@ -177,6 +179,95 @@ async fn a_watchdog_waiter_behind_a_fixed_lease_gets_the_lock_at_its_end() {
         assert!(next.verify().await.unwrap());
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
         assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+    })
+    .await;
+}
+
+/// Fixed-lease and watchdog-mode holders of one lock on two clients never overlap, and
+/// their tokens grow: each fixed-lease holding is a node of its own, yet holds in its
+/// queue's order.
+#[tokio::test]
+async fn fixed_and_watchdog_holders_never_overlap_and_their_tokens_grow() {
+    let zk = ensemble(1).await;
+    let clients = [
+        client_at(&zk.url(), Duration::from_secs(10)).await,
+        client_at(&zk.url(), Duration::from_secs(10)).await,
+    ];
+    let checker = Arc::new(ExclusionChecker::new());
+    let count = Arc::new(std::sync::Mutex::new(0_u64));
+    let mut tasks = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..3 {
+            let lock = client.lock("zk:mixed-contended").unwrap();
+            let (checker, count) = (Arc::clone(&checker), Arc::clone(&count));
+            tasks.push(tokio::spawn(async move {
+                for round in 0..6 {
+                    let lock = if (c + t + round) % 2 == 0 {
+                        lock.with_lease(Duration::from_secs(20))
+                    } else {
+                        lock.with_watchdog()
+                    };
+                    let guard = lock.lock().await.unwrap();
+                    let hold = checker.enter(guard.fencing_token(), format!("{c}/{t}"));
+                    let read = *count.lock().unwrap();
+                    tokio::task::yield_now().await;
+                    *count.lock().unwrap() = read + 1;
+                    hold.finish();
+                    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+                }
+            }));
+        }
+    }
+    join_bounded(LIMIT, tasks).await;
+    let report = checker.report();
+    assert_eq!(report.holds, 36);
+    assert!(report.overlaps.is_empty(), "{:?}", report.overlaps);
+    assert!(
+        report.token_regressions.is_empty(),
+        "{:?}",
+        report.token_regressions
+    );
+    assert_eq!(*count.lock().unwrap(), 36, "an update was lost");
+}
+
+/// A waiter queued before a fixed-lease holding was made (its node is older than that
+/// holding's node) still gets a larger token when it holds after it: the holding's
+/// token is its waiter's node's czxid, not the zxid of the write that made it.
+#[tokio::test]
+async fn a_waiter_queued_before_a_fixed_lease_was_taken_gets_a_larger_token_after_it() {
+    let zk = ensemble(1).await;
+    let first = client_at(&zk.url(), Duration::from_secs(30)).await;
+    let fixed = client_at(&zk.url(), Duration::from_secs(30)).await;
+    let last = client_at(&zk.url(), Duration::from_secs(30)).await;
+    bounded(LIMIT, async {
+        let name = "zk:queued-before";
+        let guard = first.lock(name).unwrap().lock().await.unwrap();
+        let lock = fixed
+            .lock(name)
+            .unwrap()
+            .with_lease(Duration::from_millis(500));
+        let taking = tokio::spawn(async move { lock.lock().await.unwrap() });
+        while queue_len(&zk, name).await < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let lock = last.lock(name).unwrap();
+        let waiting = tokio::spawn(async move { lock.lock().await.unwrap() });
+        while queue_len(&zk, name).await < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        let held = bounded(Duration::from_secs(10), taking).await.unwrap();
+        assert!(held.fencing_token() > token);
+        let fixed_token = held.fencing_token();
+        held.leave_to_expire();
+        let next = bounded(Duration::from_secs(10), waiting).await.unwrap();
+        assert!(
+            next.fencing_token() > fixed_token,
+            "{} after {fixed_token}",
+            next.fencing_token()
+        );
+        next.release().await.unwrap();
     })
     .await;
 }
