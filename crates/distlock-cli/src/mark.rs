@@ -51,9 +51,10 @@ enum Place {
     Lease {
         lock: Option<distlock::Lock>,
         guard: Option<distlock::LockGuard>,
-        /// On ZooKeeper, which has no fixed lease: the mark is a lock held in watchdog
-        /// mode, alive as long as the holder's session, and trusted (its expiry, by the
-        /// local clock) as long as the guard says.
+        /// On ZooKeeper: the mark is a lock held in watchdog mode, alive as long as the
+        /// holder's session (a distlock that dies takes its mark with it when the
+        /// session ends), and trusted (its expiry, by the local clock) as long as the
+        /// guard says.
         session: bool,
     },
 }
@@ -326,7 +327,7 @@ async fn lease_claim(
 }
 
 /// [`Mark::claim_once`] on ZooKeeper: the mark is a lock held in watchdog mode (a node
-/// of the holder's session; ZooKeeper has no fixed lease), kept while it is not lost, or
+/// of the holder's session, gone with it), kept while it is not lost, or
 /// taken if free; `Some` of how long another holder's mark may live (its session
 /// timeout) when it is taken. A shared holder only looks.
 async fn session_claim(

@@ -62,9 +62,27 @@ async fn run_holds_the_lock_passes_the_token_and_conflicts_like_on_redis() {
         .unwrap();
     assert!(token > first_token, "{token} after {first_token}");
 
-    // ZooKeeper has no fixed lease: refused as a usage error, before anything is taken.
+    // A fixed lease works as on the other stores: held, with a larger token, and freed.
     let mut fixed = distlock(&url);
-    fixed.args(["run", "job", "--lease", "5s", "--", "true"]);
+    fixed.args([
+        "run",
+        "job",
+        "--lease",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        "echo $DISTLOCK_FENCING_TOKEN",
+    ]);
     let fixed = run_to_end(fixed).await;
-    assert_eq!(code(&fixed), 2, "{}", stderr(&fixed));
+    assert_eq!(code(&fixed), 0, "{}", stderr(&fixed));
+    let fixed_token: u64 = String::from_utf8_lossy(&fixed.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(fixed_token > token, "{fixed_token} after {token}");
+    let mut after = distlock(&url);
+    after.args(["run", "job", "--no-wait", "--lease", "5s", "--", "true"]);
+    let after = run_to_end(after).await;
+    assert_eq!(code(&after), 0, "{}", stderr(&after));
 }

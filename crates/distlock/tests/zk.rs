@@ -8,6 +8,8 @@
 //! typed errors for bad input.
 
 mod common;
+// Holdings on a fixed lease (`Lock::with_lease`), and the examples that take them.
+mod zk_fixed;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -604,8 +606,8 @@ async fn bad_input_and_a_down_ensemble_are_typed_errors() {
     ));
     let lock = client.lock("zk:fixed").unwrap();
     assert!(matches!(
-        lock.with_lease(Duration::from_secs(5)).try_lock().await,
-        Err(Error::Unsupported { .. })
+        lock.with_lease(Duration::ZERO).try_lock().await,
+        Err(Error::InvalidDuration { what: "lease", .. })
     ));
     assert!(matches!(
         lock.advance_fencing_counter(1 << 62).await,

@@ -227,16 +227,15 @@ impl Lock {
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
-            if self.lease.is_some() {
-                return Err(Error::Unsupported {
-                    store: crate::transport::zk::STORE,
-                    what: zk::NO_FIXED_LEASE,
-                });
-            }
+            let fixed = match self.lease {
+                Some(lease) => Some((lease, to_millis("lease", lease)?)),
+                None => None,
+            };
             let attempt = zk::ZkAttempt::new(
                 Arc::clone(self.session.core()),
                 link.clone(),
                 Arc::clone(&self.name),
+                fixed,
             );
             return acquire(attempt.core(), &attempt, patience).await;
         }
@@ -303,12 +302,9 @@ impl Lock {
         if let Store::Etcd(link) = self.session.core().store() {
             return etcd::lease_left(link, &self.name).await;
         }
-        // A holder's node lives as long as its session: at most the session timeout
-        // after its holder stops answering.
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
-            let held = zk::first(link, &self.name).await?.is_some();
-            return Ok(held.then(|| link.lease()));
+            return zk::lease_left(link, &self.name).await;
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {

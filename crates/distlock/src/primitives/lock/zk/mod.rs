@@ -1,5 +1,6 @@
 //! The lease lock on ZooKeeper: a queue of ephemeral sequential nodes under the lock's
-//! node, one per acquisition, the lowest sequence holding it.
+//! node, one per acquisition, the lowest sequence holding it unless a holding on a fixed
+//! lease is live.
 //!
 //! - The lock's node is `<prefix>/<name>` (a container node, which ZooKeeper deletes
 //!   once its last child is gone; `%` and `/` in the name are escaped as `%25` and
@@ -7,19 +8,35 @@
 //!   `<prefix>/<name>/lock-<owner>-<sequence>`, created once for the whole acquisition
 //!   (its owner lives as long as the wait), ephemeral: it lives as long as the client's
 //!   session. The owner in the node's name lets a create whose reply was lost be found.
-//! - It holds the lock when no sibling has a smaller sequence; its `czxid` (the zxid of
-//!   its creation, which every write of the ensemble raises, across sessions and
-//!   leaders) is its fencing token.
+//! - An acquisition holds the lock when no sibling has a smaller sequence and no live
+//!   fixed-lease holding (`held-<owner>`, see [`fixed`]) is left; its node's `czxid`
+//!   (the zxid of its creation, which every write of the ensemble raises, across
+//!   sessions and leaders) is its fencing token. Nodes hold in the order they were
+//!   created, so tokens grow.
 //! - A waiter waits for its predecessor's deletion only (`first:` topics, see
-//!   `transport/zk/watch.rs`): a release wakes the next waiter alone, in FIFO order.
-//! - The session is the lease. zookeeper-client's heartbeats keep it alive; the watchdog
-//!   reads the client's nodes (one multi-read per batch), and each answer proves the
-//!   session was alive when the read was sent, so a holding is trusted until then plus
-//!   the session timeout (less the usual margin). A client cut off from the ensemble
-//!   stops trusting its holdings before the ensemble can expire its session; an expired
-//!   session (its nodes gone) ends them at the next read or watch event.
-//! - A fixed lease (`Lock::with_lease`) cannot be honoured: a node has no lifetime of its
-//!   own shorter than its session's. It is refused with `Error::Unsupported`.
+//!   `transport/zk/watch.rs`): a release wakes the next waiter alone, in FIFO order. The
+//!   first waiter behind a fixed-lease holding waits for that node's deletion (a change
+//!   of the queue) or for its lease's end, whichever comes first.
+//! - In watchdog mode the session is the lease. zookeeper-client's heartbeats keep it
+//!   alive; the watchdog reads the client's nodes (one multi-read per batch), and each
+//!   answer proves the session was alive when the read was sent, so a holding is
+//!   trusted until then plus the session timeout (less the usual margin). A client cut
+//!   off from the ensemble stops trusting its holdings before the ensemble can expire
+//!   its session; an expired session (its nodes gone) ends them at the next read or
+//!   watch event.
+//! - A fixed lease (`Lock::with_lease`) must outlive its holder's session (a holder may
+//!   leave it to expire and exit): when its turn comes, the waiter's node is turned into
+//!   a persistent `held-<owner>` node, whose lease the ensemble's clock judges
+//!   ([`fixed`]). Its token stays its waiter's node's czxid.
+//!
+//! Here: the acquisition. [`hold`]: what a holding does with its node. [`inspect`]: what
+//! the lock's other calls read or change (its holder, its last token, a force-unlock).
+
+mod fixed;
+mod hold;
+mod inspect;
+
+pub(crate) use inspect::{first, force_unlock, last_token, lease_left};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +45,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
-use super::hold_ops::{HoldOps, OpFuture, ReleaseArgs};
 use super::holding::{Acquired, Hold};
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
@@ -36,17 +52,15 @@ use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
 use crate::transport::zk::watch::sequence_of;
-use crate::transport::zk::{ZkLink, STORE};
+use crate::transport::zk::ZkLink;
+use fixed::Clear;
+use hold::{FixedHold, ZkHold};
 
 /// A lock hold on ZooKeeper, renewed by reading its node in the client's session.
 pub(crate) static ZK_LOCK_RENEWAL: RenewalKind = RenewalKind {
     name: "lock hold",
     renew: Renewal::Nodes,
 };
-
-/// What a ZooKeeper client cannot do with a fixed lease.
-pub(crate) const NO_FIXED_LEASE: &str =
-    "a fixed lease (Lock::with_lease): a ZooKeeper node lives exactly as long as its session";
 
 /// The lock's node: the prefix, then the escaped name.
 pub(crate) fn node_of(link: &ZkLink, name: &str) -> String {
@@ -124,10 +138,23 @@ struct State {
     placed: Mutex<Option<Placed>>,
     /// A create was sent: its node may exist even if no reply said so.
     tried: AtomicBool,
+    /// The fixed lease asked for (`None`: watchdog mode), in milliseconds too.
+    fixed: Option<(Duration, u64)>,
+    /// When the first conversion of the waiter's node into a fixed-lease holding was
+    /// sent, and that node's czxid (the holding's token): the holding may exist even if
+    /// no reply said so, and its lease counts from then.
+    converting: Mutex<Option<(Instant, i64)>>,
 }
 
 impl ZkAttempt {
-    pub(crate) fn new(core: Arc<Core>, link: ZkLink, name: Arc<str>) -> Self {
+    /// An acquisition of lock `name`, on a fixed lease of `fixed` (checked to be whole
+    /// milliseconds by the caller), or in watchdog mode.
+    pub(crate) fn new(
+        core: Arc<Core>,
+        link: ZkLink,
+        name: Arc<str>,
+        fixed: Option<(Duration, u64)>,
+    ) -> Self {
         let owner = core.next_owner();
         let parent: Arc<str> = node_of(&link, &name).into();
         let prefix: Arc<str> = node_prefix(&owner).into();
@@ -142,6 +169,8 @@ impl ZkAttempt {
                 prefix,
                 placed: Mutex::new(None),
                 tried: AtomicBool::new(false),
+                fixed,
+                converting: Mutex::new(None),
             }),
         }
     }
@@ -304,11 +333,16 @@ impl Acquire for ZkAttempt {
 }
 
 impl State {
-    /// One try: the waiter's node placed (once), then whether it is the first.
+    /// One try: the waiter's node placed (once), then whether it is the first and no
+    /// live fixed-lease holding is left; the turn taken in watchdog mode, or turned into
+    /// a fixed-lease holding.
     async fn attempt(&self) -> Result<Attempt<Hold>> {
         let client = self.link.client().await?;
         // A node found gone (a force-unlock of a waiter) is made once more.
         for _ in 0..2 {
+            if let Some(held) = self.converted(&client).await? {
+                return Ok(Attempt::Acquired(held));
+            }
             let placed = self.place(&client).await?;
             let parent = self.parent.to_string();
             let sent_at = Instant::now();
@@ -330,41 +364,149 @@ impl State {
             if queue.first().map(|(_, node)| *node) != Some(own) {
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            let lease = self.link.lease();
-            let path: Arc<str> = placed.path.into();
-            return Ok(Attempt::Acquired(
-                Acquired {
-                    core: Arc::clone(&self.core),
-                    name: Arc::clone(&self.name),
-                    owner: Arc::clone(&self.owner),
-                    release: Arc::new(ZkHold {
-                        gone: format!("gone:{path}"),
-                        link: self.link.clone(),
-                        path,
-                        czxid: placed.czxid,
-                        session: placed.session,
-                        done: AtomicBool::new(false),
-                    }),
-                    token: placed.czxid.unsigned_abs(),
-                    // The listing was answered in the node's session: the ensemble
-                    // keeps that session at least a timeout from when it was sent.
-                    sent_at,
-                    lease,
-                    lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                    renew: true,
+            let (parent, path) = (self.parent.to_string(), placed.path.clone());
+            let clear = self
+                .link
+                .run_on(client.clone(), move |client| async move {
+                    fixed::clear(&client, &parent, &path, &children).await
+                })
+                .await?;
+            match clear {
+                Clear::Free => {}
+                // Woken by the holding's deletion (a change of the queue), or tried
+                // again at its lease's end.
+                Clear::Live(left) => {
+                    return Ok(Attempt::Busy {
+                        retry_after: Some(left),
+                    })
                 }
-                .into_hold(),
-            ));
+                Clear::Gone => {
+                    self.set_placed(None);
+                    continue;
+                }
+            }
+            let Some((lease, lease_ms)) = self.fixed else {
+                return Ok(Attempt::Acquired(self.session_hold(placed, sent_at)));
+            };
+            // The local deadline counts from before the write whose mtime starts the
+            // ensemble's: the holder stops trusting the lock before anyone can take it. A
+            // conversion of the same node sent before (its reply lost) may be the one
+            // that lands: the earliest counts.
+            let sent_at = {
+                let mut converting = self
+                    .converting
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                match *converting {
+                    Some(earlier) if earlier.1 == placed.czxid => earlier,
+                    _ => *converting.insert((Instant::now(), placed.czxid)),
+                }
+            };
+            let (parent, owner, path) = (
+                self.parent.to_string(),
+                self.owner.to_string(),
+                placed.path.clone(),
+            );
+            let converted = self
+                .link
+                .run_on(client.clone(), move |client| async move {
+                    fixed::convert(&client, &parent, &path, &owner, lease_ms).await
+                })
+                .await?;
+            self.set_placed(None);
+            if converted {
+                return Ok(Attempt::Acquired(self.fixed_hold(sent_at, lease)));
+            }
+            // The waiter's node was gone, and the multi-op changed nothing: a node
+            // placed again converts with its own token.
+            *self
+                .converting
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
         }
         Ok(Attempt::Busy { retry_after: None })
     }
 
+    /// The fixed-lease holding an earlier try made, if its reply was lost.
+    async fn converted(&self, client: &Client) -> Result<Option<Hold>> {
+        let converting = *self
+            .converting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (Some(sent_at), Some((lease, _))) = (converting, self.fixed) else {
+            return Ok(None);
+        };
+        let held = fixed::held_path(&self.parent, &self.owner);
+        let found = self
+            .link
+            .run_on(client.clone(), move |client| async move {
+                client.check_stat(&held).await
+            })
+            .await?;
+        Ok(found.map(|_| self.fixed_hold(sent_at, lease)))
+    }
+
+    /// The watchdog-mode holding of `placed`, trusted from `sent_at` (a request its
+    /// session answered).
+    fn session_hold(&self, placed: Placed, sent_at: Instant) -> Hold {
+        let lease = self.link.lease();
+        let path: Arc<str> = placed.path.into();
+        Acquired {
+            core: Arc::clone(&self.core),
+            name: Arc::clone(&self.name),
+            owner: Arc::clone(&self.owner),
+            release: Arc::new(ZkHold::new(
+                self.link.clone(),
+                path,
+                placed.czxid,
+                placed.session,
+            )),
+            token: placed.czxid.unsigned_abs(),
+            // The listing was answered in the node's session: the ensemble keeps that
+            // session at least a timeout from when it was sent.
+            sent_at,
+            lease,
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            renew: true,
+        }
+        .into_hold()
+    }
+
+    /// The fixed-lease holding of `lease` whose conversion was first sent at `sent_at`
+    /// (with the token of the waiter's node it replaced).
+    fn fixed_hold(&self, (sent_at, token): (Instant, i64), lease: Duration) -> Hold {
+        let path: Arc<str> = fixed::held_path(&self.parent, &self.owner).into();
+        Acquired {
+            core: Arc::clone(&self.core),
+            name: Arc::clone(&self.name),
+            owner: Arc::clone(&self.owner),
+            release: Arc::new(FixedHold::new(
+                self.link.clone(),
+                path,
+                self.parent.to_string(),
+            )),
+            token: token.unsigned_abs(),
+            sent_at,
+            lease,
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            renew: false,
+        }
+        .into_hold()
+    }
+
     /// Deletes the node this acquisition knows, and any a create whose reply was lost
-    /// made.
+    /// made; and a fixed-lease holding a conversion whose reply was lost made (it was
+    /// never handed out).
     async fn abandon(&self) -> Result<()> {
         let (parent, prefix) = (self.parent.to_string(), self.prefix.to_string());
         let placed = self.placed();
         let session = placed.as_ref().map(|placed| placed.session);
+        let converted = self
+            .converting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_some()
+            .then(|| fixed::held_path(&self.parent, &self.owner));
         let deleted = self
             .link
             .run(move |client| async move {
@@ -380,6 +522,12 @@ impl State {
                         Err(err) => return Err(err),
                     }
                 }
+                if let Some(held) = converted {
+                    match client.delete(&held, None).await {
+                        Ok(()) | Err(ZkError::NoNode) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
                 Ok(())
             })
             .await;
@@ -387,6 +535,7 @@ impl State {
             if err.is_connection_error() {
                 // Left behind, the node would keep its place (and then the lock) for as
                 // long as the client's session lives: deleted once the ensemble answers.
+                // (A fixed-lease holding left behind ends with its lease.)
                 let session = session.unwrap_or_else(|| self.link_session());
                 self.link.reap(
                     self.parent.to_string(),
@@ -403,226 +552,4 @@ impl State {
     fn link_session(&self) -> i64 {
         self.link.session_id()
     }
-}
-
-/// A holding's calls on ZooKeeper, on its own node (whose path no other acquisition
-/// ever has: it carries the owner).
-pub(crate) struct ZkHold {
-    link: ZkLink,
-    path: Arc<str>,
-    /// `gone:<path>`: the topic a holding listening for a force-unlock waits on.
-    gone: String,
-    czxid: i64,
-    session: i64,
-    /// A final release was answered (the node deleted, or found gone).
-    done: AtomicBool,
-}
-
-impl Drop for ZkHold {
-    /// A holding that ends without an answered release (left to expire, or its release
-    /// failed) leaves its node to its session, which the client keeps alive: the node is
-    /// deleted a session timeout later, when a crashed holder's would have gone.
-    fn drop(&mut self) {
-        if self.done.load(Ordering::Acquire) {
-            return;
-        }
-        let Some((parent, node)) = self.path.rsplit_once('/') else {
-            return;
-        };
-        self.link.reap(
-            parent.to_owned(),
-            node.to_owned(),
-            self.session,
-            self.link.lease(),
-        );
-    }
-}
-
-impl HoldOps for ZkHold {
-    fn release<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        _latch: &'a str,
-        args: &'a ReleaseArgs<'a>,
-    ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let path = self.path.to_string();
-            let (left, retry) = (args.left, args.retry);
-            let answer = self
-                .link
-                .run(move |client| async move {
-                    if left > 0 {
-                        return match client
-                            .set_data(&path, left.to_string().as_bytes(), None)
-                            .await
-                        {
-                            Ok(_) => Ok(i64::from(left)),
-                            Err(ZkError::NoNode) => Ok(-1),
-                            Err(err) => Err(err),
-                        };
-                    }
-                    match client.delete(&path, None).await {
-                        Ok(()) => Ok(0),
-                        // A retry after a lost reply finds the node gone: only this
-                        // holding deletes its own node while its session lives, so the
-                        // first try freed it.
-                        Err(ZkError::NoNode) => Ok(if retry { 0 } else { -1 }),
-                        Err(err) => Err(err),
-                    }
-                })
-                .await;
-            if left == 0 && answer.is_ok() {
-                self.done.store(true, Ordering::Release);
-            }
-            answer
-        })
-    }
-
-    fn reenter<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        holds: u32,
-        _lease_ms: u64,
-    ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let path = self.path.to_string();
-            self.link
-                .run(move |client| async move {
-                    match client
-                        .set_data(&path, holds.to_string().as_bytes(), None)
-                        .await
-                    {
-                        Ok(_) => Ok(1),
-                        Err(ZkError::NoNode) => Ok(0),
-                        Err(err) => Err(err),
-                    }
-                })
-                .await
-        })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        _lease_ms: u64,
-    ) -> OpFuture<'a, bool> {
-        Box::pin(async move {
-            Err(Error::Unsupported {
-                store: STORE,
-                what: NO_FIXED_LEASE,
-            })
-        })
-    }
-
-    fn verify<'a>(
-        &'a self,
-        _core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-    ) -> OpFuture<'a, bool> {
-        Box::pin(async move {
-            let path = self.path.to_string();
-            let stat = self
-                .link
-                .run(move |client| async move { client.check_stat(&path).await })
-                .await?;
-            Ok(stat.is_some_and(|stat| {
-                stat.czxid == self.czxid && stat.ephemeral_owner == self.session
-            }))
-        })
-    }
-
-    // A partial release rewrites the hold count only: the session, which the node lives
-    // on, is not renewed by it.
-    fn partial_release_renews(&self) -> bool {
-        false
-    }
-
-    fn renewal(&self, _owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
-        (&ZK_LOCK_RENEWAL, Arc::clone(&self.path))
-    }
-
-    fn unlock_channel(&self) -> Option<&str> {
-        Some(&self.gone)
-    }
-}
-
-/// Who holds the lock: the owner and path of the lowest node of its queue.
-pub(crate) async fn first(link: &ZkLink, name: &str) -> Result<Option<(String, String)>> {
-    let parent = node_of(link, name);
-    link.run(move |client| async move {
-        let children = match client.list_children(&parent).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
-        };
-        Ok(queue(&children).first().map(|(_, node)| {
-            (
-                owner_in(node).unwrap_or_default().to_owned(),
-                format!("{parent}/{node}"),
-            )
-        }))
-    })
-    .await
-}
-
-/// A token below every later acquisition's: while the queue has nodes, one less than its
-/// first node's czxid (that node holds, or holds next, and every node behind it was
-/// created later); with none, the zxid of the queue's last change (a node created later
-/// gets a larger czxid). Previous holders' tokens are never larger.
-pub(crate) async fn last_token(link: &ZkLink, name: &str) -> Result<u64> {
-    let (parent, root) = (node_of(link, name), link.prefix().to_owned());
-    let token = link
-        .run(move |client| async move {
-            // A first node deleted between the listing and its read: read again.
-            loop {
-                let children = match client.list_children(&parent).await {
-                    Ok(children) => children,
-                    Err(ZkError::NoNode) => Vec::new(),
-                    Err(err) => return Err(err),
-                };
-                if let Some((_, first)) = queue(&children).first() {
-                    match client.check_stat(&format!("{parent}/{first}")).await? {
-                        Some(stat) => return Ok(stat.czxid - 1),
-                        None => continue,
-                    }
-                }
-                let changed = match client.check_stat(&parent).await? {
-                    Some(stat) => stat.pzxid.max(stat.czxid),
-                    // No queue: the prefix's last change is at least its deletion.
-                    None => client
-                        .check_stat(&root)
-                        .await?
-                        .map_or(0, |stat| stat.pzxid.max(stat.czxid)),
-                };
-                return Ok(changed);
-            }
-        })
-        .await?;
-    Ok(token.max(0).unsigned_abs())
-}
-
-/// Deletes the holder's node (only `owner`'s, unless it is empty): the next waiter's
-/// watch wakes it.
-pub(crate) async fn force_unlock(link: &ZkLink, name: &str, owner: &str) -> Result<bool> {
-    let Some((holder, path)) = first(link, name).await? else {
-        return Ok(false);
-    };
-    if !owner.is_empty() && holder != owner {
-        return Ok(false);
-    }
-    link.run(move |client| async move {
-        match client.delete(&path, None).await {
-            Ok(()) => Ok(true),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(err) => Err(err),
-        }
-    })
-    .await
 }

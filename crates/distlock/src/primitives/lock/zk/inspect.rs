@@ -1,0 +1,131 @@
+//! What a lock's other calls read or change on ZooKeeper: its holder (a live fixed-lease
+//! holding, else the first node of its queue), how long the holder's lease has left, the
+//! last token, a force-unlock.
+
+use std::time::Duration;
+
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::{fixed, node_of, owner_in, queue};
+use crate::error::Result;
+use crate::transport::zk::ZkLink;
+
+/// Who holds a lock, as its node's children say.
+struct Holder {
+    owner: String,
+    /// Its node.
+    path: String,
+    /// How long a fixed lease has left, by the ensemble's clock; `None`: a watchdog-mode
+    /// holding (or the first waiter, about to hold).
+    left: Option<Duration>,
+}
+
+/// The holder of the lock whose node is `parent`: a live fixed-lease holding, or else
+/// the first node of its queue. The ensemble's clock is learned (from a write of the
+/// lock's node) only when a fixed-lease holding is there to judge.
+async fn holder(client: &Client, parent: &str) -> std::result::Result<Option<Holder>, ZkError> {
+    let children = match client.list_children(parent).await {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    if children.iter().any(|child| child.starts_with(fixed::HELD)) {
+        if let Some(now) = fixed::server_now(client, parent, b"").await? {
+            let live = fixed::read_held(client, parent, &children, now)
+                .await?
+                .into_iter()
+                .filter(fixed::Held::is_live)
+                .max_by_key(|held| held.left);
+            if let Some(held) = live {
+                return Ok(Some(Holder {
+                    owner: fixed::held_owner(&held.node).unwrap_or_default().to_owned(),
+                    path: format!("{parent}/{}", held.node),
+                    left: Some(held.left),
+                }));
+            }
+        }
+    }
+    Ok(queue(&children).first().map(|(_, node)| Holder {
+        owner: owner_in(node).unwrap_or_default().to_owned(),
+        path: format!("{parent}/{node}"),
+        left: None,
+    }))
+}
+
+/// Who holds the lock: the owner and path of its holder's node.
+pub(crate) async fn first(link: &ZkLink, name: &str) -> Result<Option<(String, String)>> {
+    let parent = node_of(link, name);
+    let found = link
+        .run(move |client| async move { holder(&client, &parent).await })
+        .await?;
+    Ok(found.map(|holder| (holder.owner, holder.path)))
+}
+
+/// How long the holder's lease has left: a fixed lease's rest, or a watchdog-mode
+/// holding's session timeout (its node outlives a holder that stops answering by at
+/// most that). `None` while the lock is free.
+pub(crate) async fn lease_left(link: &ZkLink, name: &str) -> Result<Option<Duration>> {
+    let parent = node_of(link, name);
+    let found = link
+        .run(move |client| async move { holder(&client, &parent).await })
+        .await?;
+    Ok(found.map(|holder| holder.left.unwrap_or_else(|| link.lease())))
+}
+
+/// A token below every later acquisition's: while the queue has nodes, one less than its
+/// first node's czxid (that node holds, or holds next, and every node behind it was
+/// created later); with none, the zxid of the queue's last change (a node created later
+/// gets a larger czxid). Previous holders' tokens are never larger (a fixed-lease
+/// holding's is its waiter's node's czxid, below those of the nodes queued behind it).
+pub(crate) async fn last_token(link: &ZkLink, name: &str) -> Result<u64> {
+    let (parent, root) = (node_of(link, name), link.prefix().to_owned());
+    let token = link
+        .run(move |client| async move {
+            // A first node deleted between the listing and its read: read again.
+            loop {
+                let children = match client.list_children(&parent).await {
+                    Ok(children) => children,
+                    Err(ZkError::NoNode) => Vec::new(),
+                    Err(err) => return Err(err),
+                };
+                if let Some((_, first)) = queue(&children).first() {
+                    match client.check_stat(&format!("{parent}/{first}")).await? {
+                        Some(stat) => return Ok(stat.czxid - 1),
+                        None => continue,
+                    }
+                }
+                let changed = match client.check_stat(&parent).await? {
+                    Some(stat) => stat.pzxid.max(stat.czxid),
+                    // No queue: the prefix's last change is at least its deletion.
+                    None => client
+                        .check_stat(&root)
+                        .await?
+                        .map_or(0, |stat| stat.pzxid.max(stat.czxid)),
+                };
+                return Ok(changed);
+            }
+        })
+        .await?;
+    Ok(token.max(0).unsigned_abs())
+}
+
+/// Deletes the holder's node (only `owner`'s, unless it is empty): the next waiter's
+/// watch wakes it.
+pub(crate) async fn force_unlock(link: &ZkLink, name: &str, owner: &str) -> Result<bool> {
+    let parent = node_of(link, name);
+    let owner = owner.to_owned();
+    link.run(move |client| async move {
+        let Some(holder) = holder(&client, &parent).await? else {
+            return Ok(false);
+        };
+        if !owner.is_empty() && holder.owner != owner {
+            return Ok(false);
+        }
+        match client.delete(&holder.path, None).await {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(err) => Err(err),
+        }
+    })
+    .await
+}
