@@ -164,7 +164,7 @@ impl ZkLink {
     }
 
     /// Whether each node in `paths` still exists and belongs to the current session, in
-    /// one multi-read: the renewal of the holdings on those nodes. The session itself is
+    /// one sync and one multi-read: the renewal of the holdings on those nodes. The session itself is
     /// kept alive by zookeeper-client's heartbeats; an answer here proves it was alive
     /// when the request was sent.
     pub(crate) async fn still_held(&self, paths: &[Arc<str>]) -> Result<Vec<bool>> {
@@ -174,6 +174,13 @@ impl ZkLink {
         let count = paths.len();
         let found = self
             .run_on(client, move |client| async move {
+                // A server cut off from the leader still answers reads (for up to
+                // syncLimit ticks) while the leader hears nothing of this session: a
+                // sync goes through the leader, so a server that cannot reach it fails
+                // the renewal instead of vouching for a session the leader may expire.
+                if let Some(first) = paths.first() {
+                    client.sync(first).await?;
+                }
                 let mut reader = client.new_multi_reader();
                 for path in &paths {
                     reader.add_get_data(path)?;

@@ -72,10 +72,14 @@ impl HoldOps for ZkHold {
     ) -> OpFuture<'a, i64> {
         Box::pin(async move {
             let path = self.path.to_string();
-            let (left, retry) = (args.left, args.retry);
+            let (left, retry, session) = (args.left, args.retry, self.session);
             let answer = self
                 .link
                 .run(move |client| async move {
+                    // A retry in another session (the node's expired meanwhile) cannot
+                    // tell its own earlier delete from the session's end: the lock was
+                    // lost, or may have been, so it does not answer "released".
+                    let retry = retry && client.session_id().0 == session;
                     if left > 0 {
                         return match client
                             .set_data(&path, left.to_string().as_bytes(), None)
