@@ -135,7 +135,8 @@ pub async fn run(choice: StoreChoice, redis_url: &str, plan: Plan) -> BenchResul
         if let Some(feature) = store.missing() {
             if choice != StoreChoice::All {
                 return Err(format!(
-                    "the {store:?} store is not built: rebuild distlock-bench with --features {feature}"
+                    "the {} store is not built: rebuild distlock-bench with --features {feature}",
+                    store.key()
                 )
                 .into());
             }
@@ -273,19 +274,22 @@ pub async fn run(choice: StoreChoice, redis_url: &str, plan: Plan) -> BenchResul
         most * 100.0,
         quiet::QUIET * 100.0
     );
-    let mut reports = Vec::new();
+    // Each subject's rows, a subject not built in its place beside its store's.
+    let mut reports: Vec<(Subject, Report)> = Vec::new();
     for (index, rounds) in &subjects {
-        reports.push(report::cycle(&deployed[*index], rounds));
-        reports.push(report::contended(rounds));
-        reports.push(report::kill(rounds));
+        reports.push((rounds.subject, report::cycle(&deployed[*index], rounds)));
+        reports.push((rounds.subject, report::contended(rounds)));
+        reports.push((rounds.subject, report::kill(rounds)));
     }
     for &(subject, feature) in &not_built {
         eprintln!(
             "stores: {} not built (feature {feature}); its rows are empty",
             subject.label()
         );
-        reports.push(report::not_built(subject, feature));
+        reports.push((subject, report::not_built(subject, feature)));
     }
+    reports.sort_by_key(|(subject, _)| *subject);
+    let reports: Vec<Report> = reports.into_iter().map(|(_, report)| report).collect();
     eprintln!("{}", report::summary(&subjects, &deployed, &not_built));
     for (_, rounds) in &subjects {
         rounds.locker.shutdown().await;

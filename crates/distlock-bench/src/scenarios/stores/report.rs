@@ -257,16 +257,26 @@ pub(super) fn summary(
     deployed: &[Deployed],
     not_built: &[(Subject, &str)],
 ) -> String {
+    // Every subject in store order, a subject not built in its place beside its store's.
+    type Column<'a> = (Subject, Result<(&'a Deployed, &'a SubjectRounds), &'a str>);
+    let mut columns: Vec<Column> = subjects
+        .iter()
+        .map(|(index, rounds)| (rounds.subject, Ok((&deployed[*index], rounds))))
+        .chain(
+            not_built
+                .iter()
+                .map(|&(subject, feature)| (subject, Err(feature))),
+        )
+        .collect();
+    columns.sort_by_key(|(subject, _)| *subject);
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut row = |label: &str, cell: &dyn Fn(&Deployed, &SubjectRounds) -> String| {
-        let cells = subjects
+        let cells = columns
             .iter()
-            .map(|(index, rounds)| cell(&deployed[*index], rounds))
-            .chain(
-                not_built
-                    .iter()
-                    .map(|(_, feature)| format!("not built (feature {feature})")),
-            )
+            .map(|(_, column)| match column {
+                Ok((deployed, rounds)) => cell(deployed, rounds),
+                Err(feature) => format!("not built (feature {feature})"),
+            })
             .collect();
         rows.push((label.to_owned(), cells));
     };
@@ -366,11 +376,7 @@ pub(super) fn summary(
             ranged(&r.lease_left_ms)
         }
     });
-    let labels: Vec<&str> = subjects
-        .iter()
-        .map(|(_, r)| r.subject.label())
-        .chain(not_built.iter().map(|(subject, _)| subject.label()))
-        .collect();
+    let labels: Vec<&str> = columns.iter().map(|(subject, _)| subject.label()).collect();
     let mut out = format!(
         "| | {} |\n|---|{}",
         labels.join(" | "),

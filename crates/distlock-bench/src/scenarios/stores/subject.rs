@@ -44,6 +44,15 @@ impl Store {
         }
     }
 
+    /// Lower case, for messages.
+    pub fn key(self) -> &'static str {
+        match self {
+            Store::Redis => "redis",
+            Store::Postgres => "postgres",
+            Store::Etcd => "etcd",
+        }
+    }
+
     /// The feature this build lacks to run the store at all, if any.
     pub fn missing(self) -> Option<&'static str> {
         self.subjects()
@@ -61,8 +70,10 @@ impl Store {
     }
 }
 
-/// A lock implementation on a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+/// A lock implementation on a store, in the order of the summary's columns.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize,
+)]
 pub enum Subject {
     /// distlock on Redis.
     Redis,
