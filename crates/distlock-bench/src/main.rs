@@ -39,6 +39,10 @@ enum Scenario {
     Semaphore,
     /// The distlock command against flock and redis-cli (not part of `all`).
     Cli,
+    /// distlock on each store, and the peers on the same servers (not part of `all`: it
+    /// starts a private PostgreSQL and etcd cluster too; etcd and the PostgreSQL peer need
+    /// the `etcd` and `peer-postgres` features).
+    Stores,
 }
 
 #[derive(Debug, Parser)]
@@ -67,6 +71,14 @@ struct Args {
     /// Seconds the watchdog scenario holds them (the watchdog timeout is 30 s).
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     watchdog_secs: f64,
+    /// The stores scenario's stores.
+    #[arg(long, value_enum, default_value_t = scenarios::stores::StoreChoice::All)]
+    store: scenarios::stores::StoreChoice,
+    /// Internal: run as a worker process of the stores scenario.
+    #[arg(long, hide = true, value_enum)]
+    stores_worker: Option<scenarios::stores::worker::Role>,
+    #[arg(long, hide = true, value_enum)]
+    worker_subject: Option<scenarios::stores::subject::Subject>,
     /// Internal: run as a worker process of the fair scenario, taking this kind of lock.
     #[arg(long, hide = true, value_enum)]
     worker_kind: Option<scenarios::fair::Kind>,
@@ -105,6 +117,21 @@ async fn run(args: Args) -> BenchResult<()> {
             args.worker_start_ms,
             Duration::from_secs_f64(args.secs),
         )
+        .await;
+    }
+    if let Some(role) = args.stores_worker {
+        use scenarios::stores::worker;
+        return worker::run(worker::Orders {
+            role,
+            subject: args
+                .worker_subject
+                .ok_or("a stores worker needs --worker-subject")?,
+            url: args.url.as_deref().ok_or("a worker needs --url")?,
+            first_task: args.worker_first_task,
+            tasks: args.worker_tasks,
+            start_ms: args.worker_start_ms,
+            length: Duration::from_secs_f64(args.secs),
+        })
         .await;
     }
     let server = RedisServer::start().await?;
@@ -193,6 +220,11 @@ async fn run(args: Args) -> BenchResult<()> {
     // Spawns processes: asked for by name only.
     if args.scenario == Scenario::Cli {
         emit(scenarios::cli::run(&url, server.port(), args.runs as usize).await?);
+    }
+    if args.scenario == Scenario::Stores {
+        for report in scenarios::stores::run(args.store, &url, plan).await? {
+            emit(report);
+        }
     }
     if wanted(Scenario::Redlock) {
         emit(scenarios::redlock::run(plan).await?);

@@ -48,6 +48,13 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The smallest and largest of repeated measurements, to print beside their median.
+pub fn min_max(values: &[f64]) -> (f64, f64) {
+    let min = values.iter().copied().fold(f64::NAN, f64::min);
+    let max = values.iter().copied().fold(f64::NAN, f64::max);
+    (min, max)
+}
+
 /// Jain's fairness index: 1.0 when every participant got the same share, 1/n when one got
 /// everything.
 pub fn jain(counts: &[u64]) -> f64 {
@@ -67,6 +74,12 @@ mod tests {
     fn jain_bounds() {
         assert!((jain(&[5, 5, 5, 5]) - 1.0).abs() < 1e-9);
         assert!((jain(&[8, 0, 0, 0]) - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn min_max_of_values() {
+        assert_eq!(min_max(&[3.0, 1.0, 2.0]), (1.0, 3.0));
+        assert!(min_max(&[]).0.is_nan());
     }
 
     #[test]

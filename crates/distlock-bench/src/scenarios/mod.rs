@@ -13,6 +13,7 @@ pub mod redlock;
 pub mod replica_sync;
 pub mod rw;
 pub mod semaphore;
+pub mod stores;
 pub mod uncontended;
 pub mod watchdog;
 
