@@ -4,61 +4,12 @@
 
 mod common;
 
-use common::{code, distlock, run_to_end, stderr, until_exists};
+use common::run_conflicts_and_passes_growing_tokens;
 use distlock_testkit::EtcdCluster;
 
 #[tokio::test]
 async fn run_holds_the_lock_passes_the_token_and_conflicts_like_on_redis() {
     let etcd = EtcdCluster::start(3).await.expect("start etcd");
     let url = etcd.url();
-    let dir = tempfile::tempdir().unwrap();
-    let started = dir.path().join("started");
-    let mut holder = distlock(&url);
-    holder.args(["run", "job", "--", "sh", "-c"]).arg(format!(
-        "echo $DISTLOCK_FENCING_TOKEN; touch {}; sleep 30",
-        started.display()
-    ));
-    let holder = holder.spawn().unwrap();
-    until_exists(&started).await;
-
-    let mut skipped = distlock(&url);
-    skipped.args(["run", "job", "--no-wait", "--", "true"]);
-    let skipped = run_to_end(skipped).await;
-    assert_eq!(code(&skipped), 75, "{}", stderr(&skipped));
-
-    let mut status = distlock(&url);
-    status.args(["status", "job", "--json"]);
-    let status = run_to_end(status).await;
-    assert_eq!(code(&status), 0, "{}", stderr(&status));
-    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(json["held"], true, "{json}");
-    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
-
-    let mut unlock = distlock(&url);
-    unlock.args(["force-unlock", "job", "--yes"]);
-    let unlock = run_to_end(unlock).await;
-    assert_eq!(code(&unlock), 0, "{}", stderr(&unlock));
-    let stopped = common::finish(holder).await;
-    assert_eq!(code(&stopped), 79, "{}", stderr(&stopped));
-    let first_token: u64 = String::from_utf8_lossy(&stopped.stdout)
-        .trim()
-        .parse()
-        .unwrap();
-
-    let mut next = distlock(&url);
-    next.args([
-        "run",
-        "job",
-        "--",
-        "sh",
-        "-c",
-        "echo $DISTLOCK_FENCING_TOKEN",
-    ]);
-    let next = run_to_end(next).await;
-    assert_eq!(code(&next), 0, "{}", stderr(&next));
-    let token: u64 = String::from_utf8_lossy(&next.stdout)
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(token > first_token, "{token} after {first_token}");
+    run_conflicts_and_passes_growing_tokens(&url).await;
 }

@@ -71,3 +71,62 @@ pub fn assert_one_line(output: &Output, code: i32, says: &str, context: &str) {
     );
     assert_eq!(text.lines().count(), 1, "{context}: one line, not: {text}");
 }
+
+/// Runs `distlock run job <extra> -- sh -c 'echo $DISTLOCK_FENCING_TOKEN'` on `url` to
+/// its end, asserting it exits 0; answers the token it printed.
+pub async fn token_of_a_run(url: &str, extra: &[&str]) -> u64 {
+    let mut run = distlock(url);
+    run.args(["run", "job"])
+        .args(extra)
+        .args(["--", "sh", "-c", "echo $DISTLOCK_FENCING_TOKEN"]);
+    let run = run_to_end(run).await;
+    assert_eq!(code(&run), 0, "{}", stderr(&run));
+    String::from_utf8_lossy(&run.stdout)
+        .trim()
+        .parse()
+        .expect("the command printed its fencing token")
+}
+
+/// The command's core on a store other than Redis, as on Redis: a running holder of
+/// `job` makes `--no-wait` a conflict (75); `status --json` shows it held by one holder;
+/// a force-unlock stops its command with the lost code (79); the next run's token is
+/// larger than the holder's. Answers that last token.
+pub async fn run_conflicts_and_passes_growing_tokens(url: &str) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut holder = distlock(url);
+    holder.args(["run", "job", "--", "sh", "-c"]).arg(format!(
+        "echo $DISTLOCK_FENCING_TOKEN; touch {}; sleep 30",
+        started.display()
+    ));
+    let holder = holder.spawn().unwrap();
+    until_exists(&started).await;
+
+    let mut skipped = distlock(url);
+    skipped.args(["run", "job", "--no-wait", "--", "true"]);
+    let skipped = run_to_end(skipped).await;
+    assert_eq!(code(&skipped), 75, "{}", stderr(&skipped));
+
+    let mut status = distlock(url);
+    status.args(["status", "job", "--json"]);
+    let status = run_to_end(status).await;
+    assert_eq!(code(&status), 0, "{}", stderr(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["held"], true, "{json}");
+    assert_eq!(json["holders"].as_array().map(Vec::len), Some(1), "{json}");
+
+    let mut unlock = distlock(url);
+    unlock.args(["force-unlock", "job", "--yes"]);
+    let unlock = run_to_end(unlock).await;
+    assert_eq!(code(&unlock), 0, "{}", stderr(&unlock));
+    let stopped = finish(holder).await;
+    assert_eq!(code(&stopped), 79, "{}", stderr(&stopped));
+    let first_token: u64 = String::from_utf8_lossy(&stopped.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+
+    let token = token_of_a_run(url, &[]).await;
+    assert!(token > first_token, "{token} after {first_token}");
+    token
+}
