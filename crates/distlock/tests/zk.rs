@@ -505,21 +505,8 @@ async fn an_ensemble_out_of_reach_fires_the_lost_signal_before_anyone_else_holds
             proxy.blackhole();
         }
         let lost = guard.lost_token();
-        let lock = other.lock("zk:cut-off").unwrap();
-        let other_holds = tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        });
-        lost.cancelled().await;
-        let lost_at = Instant::now();
-        let other_at = other_holds.await.unwrap();
-        assert!(
-            lost_at < other_at,
-            "the holder learned of its loss {:?} after another client held the lock",
-            lost_at.duration_since(other_at)
-        );
+        let lost_at =
+            common::lost_before_another_holds(lost, other.lock("zk:cut-off").unwrap()).await;
         assert!(lost_at.duration_since(cut_at) < session + Duration::from_millis(300));
         for proxy in &proxies {
             proxy.heal();

@@ -404,3 +404,27 @@ pub async fn child_holding(child: &str, variable: &str, url: &str) -> (tokio::pr
     };
     (process, token)
 }
+
+/// Waits for a holder's lost signal (`lost`) while `other` (the same lock, on a client
+/// that still reaches the store) waits to take it, and asserts the holder learned of its
+/// loss first: the promise of `lost()`. Answers when the loss was signalled.
+pub async fn lost_before_another_holds(
+    lost: tokio_util::sync::CancellationToken,
+    other: distlock::Lock,
+) -> Instant {
+    let other_holds = tokio::spawn(async move {
+        let guard = other.lock().await.expect("the other client takes the lock");
+        let at = Instant::now();
+        guard.release().await.expect("the other client releases it");
+        at
+    });
+    lost.cancelled().await;
+    let lost_at = Instant::now();
+    let other_at = other_holds.await.expect("the other client's task");
+    assert!(
+        lost_at < other_at,
+        "the holder learned of its loss {:?} after another client held the lock",
+        lost_at.duration_since(other_at)
+    );
+    lost_at
+}
