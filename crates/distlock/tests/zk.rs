@@ -10,6 +10,8 @@
 mod common;
 // Holdings on a fixed lease (`Lock::with_lease`), and the examples that take them.
 mod zk_fixed;
+// The read-write lock.
+mod zk_rw;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

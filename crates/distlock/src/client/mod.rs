@@ -135,7 +135,10 @@ impl Client {
     /// A handle on the read-write lock called `name` (Redisson's `RReadWriteLock`
     /// layout): many readers or one writer.
     pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock> {
-        self.redis_only("a read-write lock")?;
+        // ZooKeeper's queue takes shared nodes beside exclusive ones (Curator's recipe).
+        if !self.session.core().store().is_zk() {
+            self.redis_only("a read-write lock")?;
+        }
         Ok(RwLock::new(self.session.clone(), self.key_of(name.into())?))
     }
 

@@ -3,6 +3,7 @@
 
 pub mod examples;
 pub mod redisson_fair;
+pub mod rw;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

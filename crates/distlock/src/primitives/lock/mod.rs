@@ -231,10 +231,13 @@ impl Lock {
                 Some(lease) => Some((lease, to_millis("lease", lease)?)),
                 None => None,
             };
+            let core = self.session.core();
             let attempt = zk::ZkAttempt::new(
-                Arc::clone(self.session.core()),
+                Arc::clone(core),
                 link.clone(),
                 Arc::clone(&self.name),
+                core.next_owner(),
+                false,
                 fixed,
             );
             return acquire(attempt.core(), &attempt, patience).await;

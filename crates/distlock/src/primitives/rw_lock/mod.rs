@@ -11,6 +11,11 @@
 //! distlock's `distlock_rwlock_writers:{name}`, refreshed while it waits), and readers with
 //! the option queue behind it, so a steady stream of readers cannot starve writers.
 //! Redisson's readers do not read that list.
+//!
+//! On ZooKeeper (feature `zk`) it is Curator's shared lock recipe on the lock's queue
+//! (`primitives/lock/zk`): a reader's node waits for writers queued ahead of it only, a
+//! writer's for every node ahead. The queue is FIFO, so readers always queue behind a
+//! waiting writer there, whatever `prefer_writers` says.
 
 mod holds;
 pub(crate) mod scripts;
@@ -32,11 +37,20 @@ use crate::engine::detach::Detached;
 use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{rwlock_channel, rwlock_writers, token_key, token_key_of_other};
-use crate::primitives::lock::{Acquired, LockGuard, ReleaseOutcome};
+use crate::primitives::lock::{Acquired, Hold, LockGuard, ReleaseOutcome};
 use crate::transport::script::ScriptCall;
+#[cfg(feature = "zk")]
+use crate::transport::Store;
 
 /// How long a waiting writer stays listed without looking again, at most.
 const WRITER_LISTED: Duration = Duration::from_secs(1);
+
+/// Which hold an acquisition asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Read,
+    Write,
+}
 
 /// The keys and channel of one read-write lock, worked out once per handle.
 pub(crate) struct RwKeys {
@@ -154,6 +168,8 @@ impl RwLock {
     /// A handle whose readers queue behind a waiting writer (`true`), so that readers
     /// cannot starve writers; by default (`false`) a reader takes the lock whenever no
     /// writer holds it, as Redisson's do. Writers list themselves as waiting either way.
+    /// On ZooKeeper the queue is first come, first served, so readers queue behind a
+    /// waiting writer whatever this says.
     pub fn prefer_writers(&self, prefer: bool) -> RwLock {
         RwLock {
             prefer_writers: prefer,
@@ -163,9 +179,9 @@ impl RwLock {
 
     /// Waits for a read hold. Cancel-safe.
     pub async fn read(&self) -> Result<RwReadGuard> {
-        let attempt = ReadAttempt(self.attempt(false)?);
         loop {
-            if let Some(hold) = acquire(attempt.0.core(), &attempt, Patience::Forever).await? {
+            // Waiting forever ends only with a hold; the loop is for the type's sake.
+            if let Some(hold) = self.take(Side::Read, Patience::Forever).await? {
                 return Ok(self.read_guard(hold));
             }
         }
@@ -173,24 +189,20 @@ impl RwLock {
 
     /// A read hold if one can be had now; `Ok(None)` otherwise.
     pub async fn try_read(&self) -> Result<Option<RwReadGuard>> {
-        let attempt = ReadAttempt(self.attempt(false)?);
-        let acquired = acquire(attempt.0.core(), &attempt, Patience::None).await?;
+        let acquired = self.take(Side::Read, Patience::None).await?;
         Ok(acquired.map(|hold| self.read_guard(hold)))
     }
 
     /// Waits up to `timeout` for a read hold; `Ok(None)` if none came in time.
     pub async fn try_read_for(&self, timeout: Duration) -> Result<Option<RwReadGuard>> {
-        let patience = Patience::within(timeout)?;
-        let attempt = ReadAttempt(self.attempt(false)?);
-        let acquired = acquire(attempt.0.core(), &attempt, patience).await?;
+        let acquired = self.take(Side::Read, Patience::within(timeout)?).await?;
         Ok(acquired.map(|hold| self.read_guard(hold)))
     }
 
     /// Waits for the write hold, with a fencing token. Cancel-safe.
     pub async fn write(&self) -> Result<LockGuard> {
-        let attempt = WriteAttempt(self.attempt(true)?);
         loop {
-            if let Some(hold) = acquire(attempt.0.core(), &attempt, Patience::Forever).await? {
+            if let Some(hold) = self.take(Side::Write, Patience::Forever).await? {
                 return Ok(LockGuard::from_hold(hold, self.session.clone()));
             }
         }
@@ -198,17 +210,67 @@ impl RwLock {
 
     /// The write hold if it can be had now; `Ok(None)` otherwise.
     pub async fn try_write(&self) -> Result<Option<LockGuard>> {
-        let attempt = WriteAttempt(self.attempt(false)?);
-        let acquired = acquire(attempt.0.core(), &attempt, Patience::None).await?;
+        let acquired = self.take(Side::Write, Patience::None).await?;
         Ok(acquired.map(|hold| LockGuard::from_hold(hold, self.session.clone())))
     }
 
     /// Waits up to `timeout` for the write hold; `Ok(None)` if it did not come in time.
     pub async fn try_write_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        let patience = Patience::within(timeout)?;
-        let attempt = WriteAttempt(self.attempt(true)?);
-        let acquired = acquire(attempt.0.core(), &attempt, patience).await?;
+        let acquired = self.take(Side::Write, Patience::within(timeout)?).await?;
         Ok(acquired.map(|hold| LockGuard::from_hold(hold, self.session.clone())))
+    }
+
+    /// One acquisition of a read or the write hold through the engine, with the store's
+    /// own attempt. A writer that waits lists itself as waiting (Redis).
+    async fn take(&self, side: Side, patience: Patience) -> Result<Option<Hold>> {
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            let attempt = self.zk_attempt(link, side == Side::Read)?;
+            return acquire(attempt.core(), &attempt, patience).await;
+        }
+        let waits = side == Side::Write && !matches!(patience, Patience::None);
+        let attempt = self.attempt(waits)?;
+        match side {
+            Side::Read => {
+                let attempt = ReadAttempt(attempt);
+                acquire(attempt.0.core(), &attempt, patience).await
+            }
+            Side::Write => {
+                let attempt = WriteAttempt(attempt);
+                acquire(attempt.0.core(), &attempt, patience).await
+            }
+        }
+    }
+
+    /// One acquisition on ZooKeeper: a node in the lock's queue, `read-…` for a reader
+    /// (it waits for writers queued ahead only), `lock-…` for a writer, as a
+    /// [`Lock`](crate::Lock)'s (a lock and a read-write lock of one name exclude each
+    /// other). A writer's owner ends in `:write`, as on Redis.
+    #[cfg(feature = "zk")]
+    fn zk_attempt(
+        &self,
+        link: &crate::transport::zk::ZkLink,
+        shared: bool,
+    ) -> Result<crate::primitives::lock::zk::ZkAttempt> {
+        let core = self.session.core();
+        let fixed = match self.lease {
+            Some(lease) => Some((lease, to_millis("lease", lease)?)),
+            None => None,
+        };
+        let owner = core.next_owner();
+        let owner = if shared {
+            owner
+        } else {
+            format!("{owner}:write").into()
+        };
+        Ok(crate::primitives::lock::zk::ZkAttempt::new(
+            Arc::clone(core),
+            link.clone(),
+            Arc::clone(&self.keys.lock),
+            owner,
+            shared,
+            fixed,
+        ))
     }
 
     /// Takes a read hold for the holder of `writer`, a write hold of this lock, without
@@ -240,9 +302,23 @@ impl RwLock {
         if writer.is_lost() {
             return Err(not_held());
         }
-        let owner: Arc<str> = owner.into();
         let core = Arc::clone(self.session.core());
         core.ensure_open()?;
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = core.store() {
+            // The reader is an owner of its own: its node must not be mistaken for an
+            // earlier downgrade's.
+            let attempt = self.zk_attempt(link, true)?;
+            let writer = writer.owner().to_owned();
+            let taking = Detached::new(core.background(), async move {
+                attempt.take_beside(&writer).await
+            });
+            return match taking.await? {
+                Some(hold) => Ok(self.read_guard(hold)),
+                None => Err(not_held()),
+            };
+        }
+        let owner: Arc<str> = owner.into();
         let (lease, renew) = self.lease_mode();
         let lease_ms = to_millis("lease", lease)?;
         let mut call = ScriptCall::new(&RW_READ_ACQUIRE, &[&self.keys.lock, &self.keys.writers], 5);
@@ -286,6 +362,11 @@ impl RwLock {
 
     /// True if anyone holds the lock, for reading or writing.
     pub async fn is_locked(&self) -> Result<bool> {
+        #[cfg(feature = "zk")]
+        if let Store::Zk(link) = self.session.core().store() {
+            let first = crate::primitives::lock::zk::first(link, &self.keys.lock).await?;
+            return Ok(first.is_some());
+        }
         let exists = redis::cmd("EXISTS").arg(&*self.keys.lock).clone();
         let count: i64 = self.session.core().query(&exists).await?;
         Ok(count == 1)
@@ -324,7 +405,7 @@ impl RwLock {
         })
     }
 
-    fn read_guard(&self, hold: crate::primitives::lock::Hold) -> RwReadGuard {
+    fn read_guard(&self, hold: Hold) -> RwReadGuard {
         RwReadGuard {
             inner: LockGuard::from_hold(hold, self.session.clone()),
         }

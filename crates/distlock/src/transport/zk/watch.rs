@@ -5,8 +5,9 @@
 //! A topic names a node and what to wait for:
 //!
 //! - `first:<parent>/<node prefix>`: when the waiter's node (the child of `parent` whose
-//!   name starts with the prefix) has no sibling with a smaller sequence number (the
-//!   digits after a node name's last `-`): a waiter's turn; or when it has no node (it
+//!   name starts with the prefix) has no sibling it must wait for ([`waits_for`]: any, or
+//!   for a shared node the exclusive ones) with a smaller sequence number (the digits
+//!   after a node name's last `-`): a waiter's turn; or when it has no node (it
 //!   must make one). Only its predecessor is watched, so a release wakes the next waiter
 //!   alone, never the whole queue, and a waiter ahead that gives up wakes nobody: the
 //!   watch moves to the new predecessor. Once answered, the topic is answered again at
@@ -203,15 +204,31 @@ async fn queue_changed(link: &ZkLink, node: &str) -> Result<(Option<Vec<String>>
     .await
 }
 
+/// A queued node that takes the lock alone (a `Lock`'s, an `RwLock` writer's):
+/// `lock-<owner>-<sequence>`.
+pub(crate) const EXCLUSIVE: &str = "lock-";
+
+/// A queued node that shares the lock with the other shared ones (an `RwLock` reader's):
+/// `read-<owner>-<sequence>`.
+pub(crate) const SHARED: &str = "read-";
+
+/// Whether the queued node `own` (its name, or the start of it) must wait for `other`, a
+/// sibling queued ahead of it: an exclusive node waits for every node ahead, a shared one
+/// for the exclusive ones only (Curator's shared lock recipe). Other children (fixed-lease
+/// holdings) are not queued.
+pub(crate) fn waits_for(own: &str, other: &str) -> bool {
+    other.starts_with(EXCLUSIVE) || (other.starts_with(SHARED) && !own.starts_with(SHARED))
+}
+
 /// The sequence number of a sequential node's name: the digits after its last `-`.
 pub(crate) fn sequence_of(node: &str) -> Option<i64> {
     node.rsplit_once('-')
         .and_then(|(_, digits)| digits.parse().ok())
 }
 
-/// `first:<parent>/<node prefix>`: answered when the waiter has no node, or none of its
-/// siblings has a smaller sequence; otherwise an exists-watch on its predecessor (the
-/// sibling with the largest smaller sequence).
+/// `first:<parent>/<node prefix>`: answered when the waiter has no node, or none of the
+/// siblings it waits for has a smaller sequence; otherwise an exists-watch on its
+/// predecessor (of those, the one with the largest smaller sequence).
 async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
     let Some((parent, prefix)) = node.rsplit_once('/') else {
         return Ok(Step::Answer(None));
@@ -233,7 +250,7 @@ async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
         };
         let predecessor = children
             .iter()
-            .filter(|child| child.starts_with("lock-"))
+            .filter(|child| waits_for(&prefix, child))
             .filter_map(|child| sequence_of(child).map(|sequence| (sequence, child)))
             .filter(|(sequence, _)| *sequence < own)
             .max_by_key(|(sequence, _)| *sequence)

@@ -19,14 +19,27 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteErr
 /// The name a fixed-lease holding's node starts with.
 pub(super) const HELD: &str = "held-";
 
-/// The node of `owner`'s fixed-lease holding in the lock's node `parent`.
-pub(super) fn held_path(parent: &str, owner: &str) -> String {
-    format!("{parent}/{HELD}{owner}")
+/// The name a shared fixed-lease holding's node (an `RwLock` reader's) starts with.
+const SHARED_HELD: &str = "held-read-";
+
+/// The node of `owner`'s fixed-lease holding in the lock's node `parent`: `held-<owner>`,
+/// or `held-read-<owner>` for a `shared` one. (An owner is `<uuid>:<n>`, so no owner
+/// starts with `read-`.)
+pub(super) fn held_path(parent: &str, owner: &str, shared: bool) -> String {
+    let kind = if shared { SHARED_HELD } else { HELD };
+    format!("{parent}/{kind}{owner}")
 }
 
 /// The owner a fixed-lease holding's node name carries.
 pub(super) fn held_owner(node: &str) -> Option<&str> {
-    node.strip_prefix(HELD)
+    node.strip_prefix(SHARED_HELD)
+        .or_else(|| node.strip_prefix(HELD))
+}
+
+/// Whether a waiter (`shared` or not) must wait for the fixed-lease holding `node` while
+/// it is live: a shared waiter waits for exclusive holdings only.
+fn waits_for(shared: bool, node: &str) -> bool {
+    !shared || !node.starts_with(SHARED_HELD)
 }
 
 /// The lease a fixed-lease holding's node gives. Data that is not one (a node written
@@ -102,23 +115,29 @@ pub(super) enum Clear {
     Gone,
 }
 
-/// Deletes the expired fixed-lease holdings among `children` of `parent` and tells
-/// whether a live one is left, for the waiter whose node is `own` (written to learn the
-/// ensemble's now).
+/// Deletes the expired fixed-lease holdings among `children` of `parent` that the waiter
+/// whose node is `own` (written to learn the ensemble's now) waits for, and tells whether
+/// a live one is left. A `shared` waiter waits for exclusive holdings only.
 pub(super) async fn clear(
     client: &Client,
     parent: &str,
     own: &str,
     children: &[String],
+    shared: bool,
 ) -> Result<Clear, ZkError> {
-    if !children.iter().any(|child| child.starts_with(HELD)) {
+    let children: Vec<String> = children
+        .iter()
+        .filter(|child| child.starts_with(HELD) && waits_for(shared, child))
+        .cloned()
+        .collect();
+    if children.is_empty() {
         return Ok(Clear::Free);
     }
     let Some(now) = server_now(client, own, b"1").await? else {
         return Ok(Clear::Gone);
     };
     let mut live = Duration::ZERO;
-    for held in read_held(client, parent, children, now).await? {
+    for held in read_held(client, parent, &children, now).await? {
         if held.is_live() {
             live = live.max(held.left);
             continue;
@@ -138,21 +157,20 @@ pub(super) async fn clear(
     })
 }
 
-/// Turns the first waiter's node `queue_node` into `owner`'s fixed-lease holding of
-/// `lease_ms`, in one multi-op: the persistent `held-<owner>` created, the waiter's node
-/// deleted. False when the waiter's node is gone (nothing changed). A holding found made
-/// (by an earlier try whose reply was lost) counts as made.
+/// Turns the waiter's node `queue_node`, whose turn it is, into the fixed-lease holding
+/// of `lease_ms` at `held` (its [`held_path`]), in one multi-op: the persistent node
+/// created, the waiter's node deleted. False when the waiter's node is gone (nothing
+/// changed). A holding found made (by an earlier try whose reply was lost) counts as
+/// made.
 pub(super) async fn convert(
     client: &Client,
-    parent: &str,
+    held: &str,
     queue_node: &str,
-    owner: &str,
     lease_ms: u64,
 ) -> Result<bool, ZkError> {
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-    let held = held_path(parent, owner);
     let mut multi = client.new_multi_writer();
-    multi.add_create(&held, lease_ms.to_string().as_bytes(), &persistent)?;
+    multi.add_create(held, lease_ms.to_string().as_bytes(), &persistent)?;
     multi.add_delete(queue_node, None)?;
     match multi.commit().await {
         Ok(_) => Ok(true),

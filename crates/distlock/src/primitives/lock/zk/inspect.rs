@@ -8,6 +8,7 @@ use zookeeper_client::{Client, Error as ZkError};
 
 use super::{fixed, node_of, owner_in, queue};
 use crate::error::Result;
+use crate::transport::zk::watch::EXCLUSIVE;
 use crate::transport::zk::ZkLink;
 
 /// Who holds a lock, as its node's children say.
@@ -72,8 +73,8 @@ pub(crate) async fn lease_left(link: &ZkLink, name: &str) -> Result<Option<Durat
     Ok(found.map(|holder| holder.left.unwrap_or_else(|| link.lease())))
 }
 
-/// A token below every later acquisition's: while the queue has nodes, one less than its
-/// first node's czxid (that node holds, or holds next, and every node behind it was
+/// A token below every later acquisition's: while the queue has exclusive nodes, one less
+/// than its first one's czxid (that node holds, or holds next, and every node behind it was
 /// created later); with none, the zxid of the queue's last change (a node created later
 /// gets a larger czxid). Previous holders' tokens are never larger (a fixed-lease
 /// holding's is its waiter's node's czxid, below those of the nodes queued behind it).
@@ -88,7 +89,12 @@ pub(crate) async fn last_token(link: &ZkLink, name: &str) -> Result<u64> {
                     Err(ZkError::NoNode) => Vec::new(),
                     Err(err) => return Err(err),
                 };
-                if let Some((_, first)) = queue(&children).first() {
+                // Exclusive nodes only: a shared one may sort ahead of older ones (a
+                // downgrade's), and its holding has no token.
+                let exclusive = queue(&children)
+                    .into_iter()
+                    .find(|(_, node)| node.starts_with(EXCLUSIVE));
+                if let Some((_, first)) = exclusive {
                     match client.check_stat(&format!("{parent}/{first}")).await? {
                         Some(stat) => return Ok(stat.czxid - 1),
                         None => continue,

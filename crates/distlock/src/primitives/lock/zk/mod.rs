@@ -32,6 +32,7 @@
 //! Here: the acquisition. [`hold`]: what a holding does with its node. [`inspect`]: what
 //! the lock's other calls read or change (its holder, its last token, a force-unlock).
 
+mod beside;
 mod fixed;
 mod hold;
 mod inspect;
@@ -51,7 +52,7 @@ use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
-use crate::transport::zk::watch::sequence_of;
+use crate::transport::zk::watch::{sequence_of, waits_for, EXCLUSIVE, SHARED};
 use crate::transport::zk::ZkLink;
 use fixed::Clear;
 use hold::{FixedHold, ZkHold};
@@ -72,14 +73,17 @@ fn escape(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
 }
 
-/// A waiter's node name, up to its sequence number.
-fn node_prefix(owner: &str) -> String {
-    format!("lock-{owner}-")
+/// A waiter's node name, up to its sequence number: `lock-<owner>-`, or `read-<owner>-`
+/// for a shared holding.
+fn node_prefix(owner: &str, shared: bool) -> String {
+    let kind = if shared { SHARED } else { EXCLUSIVE };
+    format!("{kind}{owner}-")
 }
 
 /// The owner a waiter's node name carries.
 fn owner_in(node: &str) -> Option<&str> {
-    node.strip_prefix("lock-")
+    node.strip_prefix(EXCLUSIVE)
+        .or_else(|| node.strip_prefix(SHARED))
         .and_then(|rest| rest.rsplit_once('-'))
         .map(|(owner, _)| owner)
 }
@@ -133,7 +137,10 @@ struct State {
     /// The lock's node.
     parent: Arc<str>,
     owner: Arc<str>,
-    /// `lock-<owner>-`: this waiter's node name before its sequence number.
+    /// A shared holding (an `RwLock` reader's), which waits for exclusive ones only.
+    shared: bool,
+    /// `lock-<owner>-` (`read-<owner>-` if shared): this waiter's node name before its
+    /// sequence number.
     prefix: Arc<str>,
     placed: Mutex<Option<Placed>>,
     /// A create was sent: its node may exist even if no reply said so.
@@ -147,17 +154,19 @@ struct State {
 }
 
 impl ZkAttempt {
-    /// An acquisition of lock `name`, on a fixed lease of `fixed` (checked to be whole
-    /// milliseconds by the caller), or in watchdog mode.
+    /// An acquisition of lock `name` as `owner`, alone or `shared` (with the other shared
+    /// ones), on a fixed lease of `fixed` (checked to be whole milliseconds by the
+    /// caller), or in watchdog mode.
     pub(crate) fn new(
         core: Arc<Core>,
         link: ZkLink,
         name: Arc<str>,
+        owner: Arc<str>,
+        shared: bool,
         fixed: Option<(Duration, u64)>,
     ) -> Self {
-        let owner = core.next_owner();
         let parent: Arc<str> = node_of(&link, &name).into();
-        let prefix: Arc<str> = node_prefix(&owner).into();
+        let prefix: Arc<str> = node_prefix(&owner, shared).into();
         ZkAttempt {
             topic: format!("first:{parent}/{prefix}"),
             state: Arc::new(State {
@@ -166,6 +175,7 @@ impl ZkAttempt {
                 name,
                 parent,
                 owner,
+                shared,
                 prefix,
                 placed: Mutex::new(None),
                 tried: AtomicBool::new(false),
@@ -282,11 +292,12 @@ async fn find_own(
         .map(|stat| (path, stat.czxid)))
 }
 
-/// The children of `parent` that are waiters' nodes, lowest sequence first.
+/// The children of `parent` that are waiters' nodes (exclusive and shared), lowest
+/// sequence first.
 fn queue(children: &[String]) -> Vec<(i64, &str)> {
     let mut queue: Vec<(i64, &str)> = children
         .iter()
-        .filter(|child| child.starts_with("lock-"))
+        .filter(|child| child.starts_with(EXCLUSIVE) || child.starts_with(SHARED))
         .filter_map(|child| sequence_of(child).map(|sequence| (sequence, child.as_str())))
         .collect();
     queue.sort_unstable();
@@ -297,7 +308,11 @@ impl Acquire for ZkAttempt {
     type Guard = Hold;
 
     fn kind(&self) -> &'static str {
-        "lock"
+        if self.state.shared {
+            "read_lock"
+        } else {
+            "lock"
+        }
     }
 
     fn attempt(&self) -> AttemptFuture<Hold> {
@@ -328,14 +343,15 @@ impl Acquire for ZkAttempt {
     }
 
     fn token(&self, guard: &Hold) -> Option<u64> {
-        Some(guard.token())
+        (!self.state.shared).then(|| guard.token())
     }
 }
 
 impl State {
-    /// One try: the waiter's node placed (once), then whether it is the first and no
-    /// live fixed-lease holding is left; the turn taken in watchdog mode, or turned into
-    /// a fixed-lease holding.
+    /// One try: the waiter's node placed (once), then whether no node it waits for is
+    /// queued ahead of it (none at all, or for a shared one no exclusive one) and no live
+    /// fixed-lease holding it waits for is left; the turn taken in watchdog mode, or
+    /// turned into a fixed-lease holding.
     async fn attempt(&self) -> Result<Attempt<Hold>> {
         let client = self.link.client().await?;
         // A node found gone (a force-unlock of a waiter) is made once more.
@@ -357,18 +373,23 @@ impl State {
                 .await?;
             let own = placed.path.rsplit_once('/').map_or("", |(_, node)| node);
             let queue = queue(&children);
-            if !queue.iter().any(|(_, node)| *node == own) {
+            let Some(&(sequence, _)) = queue.iter().find(|(_, node)| *node == own) else {
                 self.set_placed(None);
                 continue;
-            }
-            if queue.first().map(|(_, node)| *node) != Some(own) {
+            };
+            let blocked = queue
+                .iter()
+                .take_while(|(ahead, _)| *ahead < sequence)
+                .any(|(_, node)| waits_for(own, node));
+            if blocked {
                 return Ok(Attempt::Busy { retry_after: None });
             }
-            let (parent, path) = (self.parent.to_string(), placed.path.clone());
+            let (parent, path, shared) =
+                (self.parent.to_string(), placed.path.clone(), self.shared);
             let clear = self
                 .link
                 .run_on(client.clone(), move |client| async move {
-                    fixed::clear(&client, &parent, &path, &children).await
+                    fixed::clear(&client, &parent, &path, &children, shared).await
                 })
                 .await?;
             match clear {
@@ -402,15 +423,11 @@ impl State {
                     _ => *converting.insert((Instant::now(), placed.czxid)),
                 }
             };
-            let (parent, owner, path) = (
-                self.parent.to_string(),
-                self.owner.to_string(),
-                placed.path.clone(),
-            );
+            let (held, path) = (self.held_path(), placed.path.clone());
             let converted = self
                 .link
                 .run_on(client.clone(), move |client| async move {
-                    fixed::convert(&client, &parent, &path, &owner, lease_ms).await
+                    fixed::convert(&client, &held, &path, lease_ms).await
                 })
                 .await?;
             self.set_placed(None);
@@ -436,7 +453,7 @@ impl State {
         let (Some(sent_at), Some((lease, _))) = (converting, self.fixed) else {
             return Ok(None);
         };
-        let held = fixed::held_path(&self.parent, &self.owner);
+        let held = self.held_path();
         let found = self
             .link
             .run_on(client.clone(), move |client| async move {
@@ -444,6 +461,21 @@ impl State {
             })
             .await?;
         Ok(found.map(|_| self.fixed_hold(sent_at, lease)))
+    }
+
+    /// This acquisition's fixed-lease holding's node.
+    fn held_path(&self) -> String {
+        fixed::held_path(&self.parent, &self.owner, self.shared)
+    }
+
+    /// The fencing token of a holding whose queue node was created at `czxid`: none
+    /// (0) for a shared one, as readers do not write.
+    fn token(&self, czxid: i64) -> u64 {
+        if self.shared {
+            0
+        } else {
+            czxid.unsigned_abs()
+        }
     }
 
     /// The watchdog-mode holding of `placed`, trusted from `sent_at` (a request its
@@ -461,7 +493,7 @@ impl State {
                 placed.czxid,
                 placed.session,
             )),
-            token: placed.czxid.unsigned_abs(),
+            token: self.token(placed.czxid),
             // The listing was answered in the node's session: the ensemble keeps that
             // session at least a timeout from when it was sent.
             sent_at,
@@ -475,7 +507,7 @@ impl State {
     /// The fixed-lease holding of `lease` whose conversion was first sent at `sent_at`
     /// (with the token of the waiter's node it replaced).
     fn fixed_hold(&self, (sent_at, token): (Instant, i64), lease: Duration) -> Hold {
-        let path: Arc<str> = fixed::held_path(&self.parent, &self.owner).into();
+        let path: Arc<str> = self.held_path().into();
         Acquired {
             core: Arc::clone(&self.core),
             name: Arc::clone(&self.name),
@@ -485,7 +517,7 @@ impl State {
                 path,
                 self.parent.to_string(),
             )),
-            token: token.unsigned_abs(),
+            token: self.token(token),
             sent_at,
             lease,
             lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
@@ -506,7 +538,7 @@ impl State {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .is_some()
-            .then(|| fixed::held_path(&self.parent, &self.owner));
+            .then(|| self.held_path());
         let deleted = self
             .link
             .run(move |client| async move {
