@@ -6,6 +6,8 @@
 //! its loss before anyone else holds, typed errors for bad input.
 
 mod common;
+// The read-write lock.
+mod etcd_rw;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -135,8 +135,10 @@ impl Client {
     /// A handle on the read-write lock called `name` (Redisson's `RReadWriteLock`
     /// layout): many readers or one writer.
     pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock> {
-        // ZooKeeper's queue takes shared nodes beside exclusive ones (Curator's recipe).
-        if !self.session.core().store().is_zk() {
+        // ZooKeeper's and etcd's queues take shared waiters beside exclusive ones
+        // (Curator's and etcd's read-write lock recipes).
+        let store = self.session.core().store();
+        if !store.is_zk() && !store.is_etcd() {
             self.redis_only("a read-write lock")?;
         }
         Ok(RwLock::new(self.session.clone(), self.key_of(name.into())?))

@@ -72,6 +72,15 @@ impl Store {
         }
     }
 
+    /// True on etcd.
+    pub(crate) fn is_etcd(&self) -> bool {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(_) = self {
+            return true;
+        }
+        false
+    }
+
     /// True on ZooKeeper.
     pub(crate) fn is_zk(&self) -> bool {
         #[cfg(feature = "zk")]

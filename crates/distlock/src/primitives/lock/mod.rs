@@ -216,12 +216,14 @@ impl Lock {
         if let Store::Etcd(link) = self.session.core().store() {
             let (lease, renew) = self.lease_and_mode();
             to_millis("lease", lease)?;
+            let core = self.session.core();
             let attempt = etcd::EtcdAttempt::new(
-                Arc::clone(self.session.core()),
+                Arc::clone(core),
                 link.clone(),
                 Arc::clone(&self.name),
-                lease,
-                renew,
+                core.next_owner(),
+                false,
+                (lease, renew),
             );
             return acquire(attempt.core(), &attempt, patience).await;
         }

@@ -12,10 +12,11 @@
 //! the option queue behind it, so a steady stream of readers cannot starve writers.
 //! Redisson's readers do not read that list.
 //!
-//! On ZooKeeper (feature `zk`) it is Curator's shared lock recipe on the lock's queue
-//! (`primitives/lock/zk`): a reader's node waits for writers queued ahead of it only, a
-//! writer's for every node ahead. The queue is FIFO, so readers always queue behind a
-//! waiting writer there, whatever `prefer_writers` says.
+//! On ZooKeeper (feature `zk`) and etcd (feature `etcd`) it is the store's shared lock
+//! recipe (Curator's, etcd's `recipes.RWMutex`) on the lock's own queue
+//! (`primitives/lock/zk`, `primitives/lock/etcd`): a reader's node or key waits for
+//! writers queued ahead of it only, a writer's for everything ahead. The queue is FIFO,
+//! so readers always queue behind a waiting writer there, whatever `prefer_writers` says.
 
 mod holds;
 pub(crate) mod scripts;
@@ -39,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::primitives::keys::{rwlock_channel, rwlock_writers, token_key, token_key_of_other};
 use crate::primitives::lock::{Acquired, Hold, LockGuard, ReleaseOutcome};
 use crate::transport::script::ScriptCall;
-#[cfg(feature = "zk")]
+#[cfg(any(feature = "zk", feature = "etcd"))]
 use crate::transport::Store;
 
 /// How long a waiting writer stays listed without looking again, at most.
@@ -168,8 +169,8 @@ impl RwLock {
     /// A handle whose readers queue behind a waiting writer (`true`), so that readers
     /// cannot starve writers; by default (`false`) a reader takes the lock whenever no
     /// writer holds it, as Redisson's do. Writers list themselves as waiting either way.
-    /// On ZooKeeper the queue is first come, first served, so readers queue behind a
-    /// waiting writer whatever this says.
+    /// On ZooKeeper and etcd the queue is first come, first served, so readers queue
+    /// behind a waiting writer whatever this says.
     pub fn prefer_writers(&self, prefer: bool) -> RwLock {
         RwLock {
             prefer_writers: prefer,
@@ -228,6 +229,20 @@ impl RwLock {
             let attempt = self.zk_attempt(link, side == Side::Read)?;
             return acquire(attempt.core(), &attempt, patience).await;
         }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let (lease, renew) = self.lease_mode();
+            to_millis("lease", lease)?;
+            let attempt = crate::primitives::lock::etcd::EtcdAttempt::new(
+                Arc::clone(self.session.core()),
+                link.clone(),
+                Arc::clone(&self.keys.lock),
+                self.owner_of(side),
+                side == Side::Read,
+                (lease, renew),
+            );
+            return acquire(attempt.core(), &attempt, patience).await;
+        }
         let waits = side == Side::Write && !matches!(patience, Patience::None);
         let attempt = self.attempt(waits)?;
         match side {
@@ -257,25 +272,33 @@ impl RwLock {
             Some(lease) => Some((lease, to_millis("lease", lease)?)),
             None => None,
         };
-        let owner = core.next_owner();
-        let owner = if shared {
-            owner
-        } else {
-            format!("{owner}:write").into()
-        };
+        let side = if shared { Side::Read } else { Side::Write };
         Ok(crate::primitives::lock::zk::ZkAttempt::new(
             Arc::clone(core),
             link.clone(),
             Arc::clone(&self.keys.lock),
-            owner,
+            self.owner_of(side),
             shared,
             fixed,
         ))
     }
 
+    /// A new acquisition's owner on a store other than Redis: a writer's ends in
+    /// `:write`, as on Redis, which is how `downgrade` knows a write guard.
+    #[cfg(any(feature = "zk", feature = "etcd"))]
+    fn owner_of(&self, side: Side) -> Arc<str> {
+        let owner = self.session.core().next_owner();
+        match side {
+            Side::Read => owner,
+            Side::Write => format!("{owner}:write").into(),
+        }
+    }
+
     /// Takes a read hold for the holder of `writer`, a write hold of this lock, without
     /// letting another writer in between; release `writer` afterwards to let other
-    /// readers in (its release publishes to them). Fails with [`Error::InvalidArgument`]
+    /// readers in (its release publishes to them). On etcd the read hold is one more hold
+    /// on the writer's key (a new reader's key would queue behind waiting writers), so
+    /// other readers come in only once it is released as well. Fails with [`Error::InvalidArgument`]
     /// for a guard of another lock or a read guard, and with [`Error::NotHeld`] if the
     /// write hold was lost; `writer` is left as it was either way.
     ///
@@ -304,6 +327,19 @@ impl RwLock {
         }
         let core = Arc::clone(self.session.core());
         core.ensure_open()?;
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(_) = core.store() {
+            // A reader's key of its own would be the newest in the queue, behind the
+            // writers waiting for this one, and one of them could take the lock beside
+            // it (a key's creation order cannot be moved). So the read hold is one more
+            // hold on the writer's own key: no writer comes in, and readers queued
+            // behind it come in only once this read hold is released too.
+            return match writer.reenter().await {
+                Ok(inner) => Ok(RwReadGuard { inner }),
+                Err(Error::NotHeld { .. }) => Err(not_held()),
+                Err(err) => Err(err),
+            };
+        }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = core.store() {
             // The reader is an owner of its own: its node must not be mistaken for an
@@ -362,6 +398,11 @@ impl RwLock {
 
     /// True if anyone holds the lock, for reading or writing.
     pub async fn is_locked(&self) -> Result<bool> {
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let first = crate::primitives::lock::etcd::first(link, &self.keys.lock).await?;
+            return Ok(first.is_some());
+        }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
             let first = crate::primitives::lock::zk::first(link, &self.keys.lock).await?;

@@ -5,8 +5,9 @@
 //! A topic names a key and what to wait for:
 //!
 //! - `first:<key>`: until no key under the key's queue (the key up to its last NUL byte)
-//!   was created before it: a waiter's turn. Only its predecessor is watched, so a
-//!   release wakes the next waiter alone, never the whole queue;
+//!   was created before it (for a shared key, [`SHARED`], no exclusive key): a waiter's
+//!   turn. Only its predecessor is watched, so a release wakes the next waiter alone,
+//!   never the whole queue;
 //! - `gone:<key>`: until the key is deleted: a holder listening for a force-unlock.
 //!
 //! Each topic is a task that reads the state first and then watches from the revision it
@@ -139,13 +140,20 @@ async fn follow(link: &EtcdLink, topic: &str) {
     }
 }
 
-/// `first:<key>`: answered when the key is gone or nothing older is left in its queue;
-/// otherwise the deletion of its predecessor (the newest older key).
+/// What follows a queue's NUL in a shared holding's key (an `RwLock` reader's), before
+/// its owner: exclusive keys (`<queue><owner>`, an owner starting with a hex digit) sort
+/// below every shared one.
+pub(crate) const SHARED: &str = "\x7f";
+
+/// `first:<key>`: answered when the key is gone or nothing older that it waits for is
+/// left in its queue (any key; for a shared key, an exclusive one); otherwise the
+/// deletion of its predecessor (the newest older such key).
 async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
     let Some(end) = key.iter().rposition(|byte| *byte == 0) else {
         return Ok(Step::Answer);
     };
     let queue = key[..=end].to_vec();
+    let shared = key.get(end + 1..end + 1 + SHARED.len()) == Some(SHARED.as_bytes());
     link.run(move |mut client| {
         let (key, queue) = (key.clone(), queue.clone());
         async move {
@@ -153,8 +161,14 @@ async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
             let Some(own) = own.kvs().first() else {
                 return Ok(Step::Answer);
             };
-            let older = GetOptions::new()
-                .with_prefix()
+            let older = if shared {
+                let mut exclusive_end = queue.clone();
+                exclusive_end.extend_from_slice(SHARED.as_bytes());
+                GetOptions::new().with_range(exclusive_end)
+            } else {
+                GetOptions::new().with_prefix()
+            };
+            let older = older
                 .with_max_create_revision(own.create_revision() - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1)

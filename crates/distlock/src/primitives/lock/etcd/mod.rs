@@ -7,6 +7,10 @@
 //! - It holds the lock when no older key is left. Its fencing token is the revision of
 //!   the write that took it (its creation, or a write of its key when a waiter's turn
 //!   comes), which etcd raises on every write of the cluster.
+//! - A shared holding's key (an `RwLock` reader's) is `<prefix><name>\0\x7f<owner>`: the
+//!   exclusive keys (an owner starts with hex digits) sort below `\0\x7f`, so one range
+//!   read finds the oldest exclusive key, and a reader holds when no exclusive key is
+//!   older than its own (etcd's `recipes.RWMutex`). It carries no token.
 //! - A waiter waits for its predecessor's deletion only (`first:<key>` topics, see
 //!   `transport/etcd/watch.rs`): a release wakes the next waiter alone, in FIFO order.
 //! - A watchdog-mode holding lives on the session lease, whose keepalive renews every
@@ -37,6 +41,7 @@ use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
+use crate::transport::etcd::watch::SHARED;
 use crate::transport::etcd::{is_lease_gone, EtcdLink};
 use hold::EtcdHold;
 
@@ -77,6 +82,21 @@ fn first_of(queue: &str) -> (String, GetOptions) {
     )
 }
 
+/// What a waiter must find older than its own key to wait: any key of the queue, or for
+/// a `shared` one the oldest exclusive key (see [`SHARED`]).
+fn blocker_of(queue: &str, shared: bool) -> (String, GetOptions) {
+    if !shared {
+        return first_of(queue);
+    }
+    (
+        queue.to_owned(),
+        GetOptions::new()
+            .with_range(format!("{queue}{SHARED}"))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1),
+    )
+}
+
 /// One acquisition on etcd, tried as often as the engine needs, as one owner.
 pub(crate) struct EtcdAttempt {
     pub(crate) core: Arc<Core>,
@@ -91,6 +111,8 @@ pub(crate) struct EtcdAttempt {
     pub(crate) topic: String,
     pub(crate) lease: Duration,
     pub(crate) renew: bool,
+    /// A shared holding (an `RwLock` reader's), which waits for exclusive keys only.
+    pub(crate) shared: bool,
     /// The create revision of this waiter's key once placed (0: not yet, or gone): a
     /// waiter that has its place only reads the queue again, without a write.
     placed: Arc<AtomicI64>,
@@ -100,16 +122,19 @@ pub(crate) struct EtcdAttempt {
 }
 
 impl EtcdAttempt {
+    /// An acquisition of lock `name` as `owner`, alone or `shared` (with the other shared
+    /// ones), for `lease` (renewed by the session's keepalive if `renew`).
     pub(crate) fn new(
         core: Arc<Core>,
         link: EtcdLink,
         name: Arc<str>,
-        lease: Duration,
-        renew: bool,
+        owner: Arc<str>,
+        shared: bool,
+        (lease, renew): (Duration, bool),
     ) -> Self {
-        let owner = core.next_owner();
         let queue: Arc<str> = queue_of(&link, &name).into();
-        let key: Arc<str> = format!("{queue}{owner}").into();
+        let kind = if shared { SHARED } else { "" };
+        let key: Arc<str> = format!("{queue}{kind}{owner}").into();
         EtcdAttempt {
             topic: format!("first:{key}"),
             core,
@@ -120,6 +145,7 @@ impl EtcdAttempt {
             owner,
             lease,
             renew,
+            shared,
             placed: Arc::new(AtomicI64::new(0)),
             resent: Arc::new(AtomicBool::new(false)),
         }
@@ -134,7 +160,11 @@ impl Acquire for EtcdAttempt {
     type Guard = Hold;
 
     fn kind(&self) -> &'static str {
-        "lock"
+        if self.shared {
+            "read_lock"
+        } else {
+            "lock"
+        }
     }
 
     fn attempt(&self) -> AttemptFuture<Hold> {
@@ -146,13 +176,16 @@ impl Acquire for EtcdAttempt {
             Arc::clone(&self.owner),
         );
         let (lease, renew, placed) = (self.lease, self.renew, Arc::clone(&self.placed));
-        let resent = Arc::clone(&self.resent);
+        let (resent, shared) = (Arc::clone(&self.resent), self.shared);
         Box::pin(async move {
             let known = placed.load(Ordering::Acquire);
-            let (session, spot) = match place(&link, &queue, &key, known, &resent).await {
+            let spot = place(&link, (&queue, shared), &key, known, &resent).await;
+            let (session, spot) = match spot {
                 // The session lease expired between its check and the write: once more,
                 // on a new one.
-                Err(err) if is_lease_gone(&err) => place(&link, &queue, &key, 0, &resent).await?,
+                Err(err) if is_lease_gone(&err) => {
+                    place(&link, (&queue, shared), &key, 0, &resent).await?
+                }
                 other => other?,
             };
             placed.store(spot.own_revision, Ordering::Release);
@@ -164,10 +197,15 @@ impl Acquire for EtcdAttempt {
             if !spot.is_first || spot.own_revision == 0 {
                 return Ok(busy);
             }
-            let (lease_id, sent_at, lease, token) = if renew && spot.created_now {
+            let (lease_id, sent_at, lease, token) = if renew && (spot.created_now || shared) {
                 // Created just now: its create revision is the newest write, so no
-                // token handed out before is as large.
-                let token = spot.own_revision.unsigned_abs();
+                // token handed out before is as large. (A shared holding has no token,
+                // and its key, on the session lease already, needs no write.)
+                let token = if shared {
+                    0
+                } else {
+                    spot.own_revision.unsigned_abs()
+                };
                 (
                     session.id,
                     session.confirmed_at,
@@ -192,6 +230,7 @@ impl Acquire for EtcdAttempt {
                     placed.store(0, Ordering::Release);
                     return Ok(busy);
                 };
+                let taken = if shared { 0 } else { taken };
                 match own_lease {
                     Some(fixed) => (fixed, sent_at, lease, taken),
                     None => (
@@ -267,7 +306,7 @@ impl Acquire for EtcdAttempt {
     }
 
     fn token(&self, guard: &Hold) -> Option<u64> {
-        Some(guard.token())
+        (!self.shared).then(|| guard.token())
     }
 }
 
@@ -277,12 +316,13 @@ struct Spot {
     own_revision: i64,
     /// The key was created by this call.
     created_now: bool,
-    /// No older key is left in the queue.
+    /// No older key it waits for is left in the queue.
     is_first: bool,
 }
 
 /// Writes the waiter's `key` into `queue` unless it is there already (attached to the
-/// session lease), and reads the queue's first key, in one transaction. A waiter whose
+/// session lease), and reads the queue's first key (the first exclusive one for a
+/// `shared` waiter), in one transaction. A waiter whose
 /// key was placed at `known` only reads, so that waiting costs no write. Forgets the
 /// session lease when the cluster no longer knows it.
 ///
@@ -291,7 +331,7 @@ struct Spot {
 /// let that first send write the key again after a give-up or a release deleted it.
 async fn place(
     link: &EtcdLink,
-    queue: &str,
+    (queue, shared): (&str, bool),
     key: &str,
     known: i64,
     resent: &AtomicBool,
@@ -302,7 +342,7 @@ async fn place(
         let (queue, own_key) = (queue.clone(), key.clone());
         let read = link
             .run(move |mut client| {
-                let (queue, first) = first_of(&queue);
+                let (queue, first) = blocker_of(&queue, shared);
                 let txn = Txn::new().and_then([
                     TxnOp::get(own_key.clone(), None),
                     TxnOp::get(queue, Some(first)),
@@ -310,7 +350,7 @@ async fn place(
                 async move { client.txn(txn).await }
             })
             .await?;
-        let spot = spot_of(&read, &key, false);
+        let spot = spot_of(&read, (&key, shared), false);
         // A key gone (its session lease expired) is placed again, at the queue's end.
         if spot.own_revision == known {
             return Ok((session, spot));
@@ -319,7 +359,7 @@ async fn place(
     let own_key = key.clone();
     let placed = link
         .run_noting_resends(move |mut client| {
-            let (queue, first) = first_of(&queue);
+            let (queue, first) = blocker_of(&queue, shared);
             let put = PutOptions::new().with_lease(session.id);
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -340,7 +380,7 @@ async fn place(
                 resent.store(true, Ordering::Release);
             }
             let created_now = placed.succeeded();
-            Ok((session, spot_of(&placed, &own_key, created_now)))
+            Ok((session, spot_of(&placed, (&own_key, shared), created_now)))
         }
         Err(err) => {
             if is_lease_gone(&err) {
@@ -351,8 +391,13 @@ async fn place(
     }
 }
 
-/// Reads a placement's answer: `[own key or its put, the queue's first key]`.
-fn spot_of(answer: &etcd_client::TxnResponse, key: &str, created_now: bool) -> Spot {
+/// Reads a placement's answer: `[own key or its put, the queue's first key]` (its first
+/// exclusive key for a `shared` waiter, which holds unless that key is older).
+fn spot_of(
+    answer: &etcd_client::TxnResponse,
+    (key, shared): (&str, bool),
+    created_now: bool,
+) -> Spot {
     let responses = answer.op_responses();
     let own_revision = if created_now {
         answer.header().map_or(0, |header| header.revision())
@@ -363,6 +408,10 @@ fn spot_of(answer: &etcd_client::TxnResponse, key: &str, created_now: bool) -> S
         }
     };
     let is_first = match responses.get(1) {
+        Some(TxnOpResponse::Get(first)) if shared => first
+            .kvs()
+            .first()
+            .is_none_or(|kv| kv.create_revision() > own_revision),
         Some(TxnOpResponse::Get(first)) => first
             .kvs()
             .first()
