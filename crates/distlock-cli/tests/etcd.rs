@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::run_conflicts_and_passes_growing_tokens;
+use common::{
+    run_conflicts_and_passes_growing_tokens, shared_runs_go_together_and_an_exclusive_one_waits,
+};
 use distlock_testkit::EtcdCluster;
 
 #[tokio::test]
@@ -12,4 +14,5 @@ async fn run_holds_the_lock_passes_the_token_and_conflicts_like_on_redis() {
     let etcd = EtcdCluster::start(3).await.expect("start etcd");
     let url = etcd.url();
     run_conflicts_and_passes_growing_tokens(&url).await;
+    shared_runs_go_together_and_an_exclusive_one_waits(&url).await;
 }

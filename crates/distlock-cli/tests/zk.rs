@@ -5,7 +5,8 @@
 mod common;
 
 use common::{
-    code, distlock, run_conflicts_and_passes_growing_tokens, run_to_end, stderr, token_of_a_run,
+    code, distlock, run_conflicts_and_passes_growing_tokens, run_to_end,
+    shared_runs_go_together_and_an_exclusive_one_waits, stderr, token_of_a_run,
 };
 use distlock_testkit::ZkEnsemble;
 
@@ -22,4 +23,6 @@ async fn run_holds_the_lock_passes_the_token_and_conflicts_like_on_redis() {
     after.args(["run", "job", "--no-wait", "--lease", "5s", "--", "true"]);
     let after = run_to_end(after).await;
     assert_eq!(code(&after), 0, "{}", stderr(&after));
+
+    shared_runs_go_together_and_an_exclusive_one_waits(&url).await;
 }

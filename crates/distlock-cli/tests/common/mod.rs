@@ -130,3 +130,37 @@ pub async fn run_conflicts_and_passes_growing_tokens(url: &str) -> u64 {
     assert!(token > first_token, "{token} after {first_token}");
     token
 }
+
+/// `--shared` and `--exclusive` on a store other than Redis, as on Redis: two shared runs
+/// of `books` run their commands together, an `--exclusive --no-wait` run meanwhile is a
+/// conflict (75), and once they ended it runs (0).
+pub async fn shared_runs_go_together_and_an_exclusive_one_waits(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let readers: Vec<_> = (0..2)
+        .map(|index| {
+            let started = dir.path().join(format!("reader{index}"));
+            let mut reader = distlock(url);
+            reader
+                .args(["run", "books", "--shared", "--", "sh", "-c"])
+                .arg(format!("touch {}; sleep 30", started.display()));
+            (reader.spawn().unwrap(), started)
+        })
+        .collect();
+    for (_, started) in &readers {
+        until_exists(started).await;
+    }
+    let exclusive = || {
+        let mut run = distlock(url);
+        run.args(["run", "books", "--exclusive", "--no-wait", "--", "true"]);
+        run_to_end(run)
+    };
+    let writer = exclusive().await;
+    assert_eq!(code(&writer), 75, "{}", stderr(&writer));
+    for (reader, _) in readers {
+        let pid = nix::unistd::Pid::from_raw(reader.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        finish(reader).await;
+    }
+    let writer = exclusive().await;
+    assert_eq!(code(&writer), 0, "{}", stderr(&writer));
+}
