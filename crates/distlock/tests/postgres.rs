@@ -6,6 +6,8 @@
 //! that fires before anyone else can hold the lock, typed errors for bad input.
 
 mod common;
+// The read-write lock.
+mod postgres_rw;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -254,7 +254,8 @@ async fn lock_waiters(admin: &sqlx::PgPool) -> i64 {
 
 /// docs/safety.md: "on first connect, CREATE on the schema (or create the table and
 /// sequence beforehand from schema.sql); afterwards SELECT, INSERT, UPDATE on
-/// distlock_locks, USAGE, SELECT, UPDATE on distlock_tokens". A user with exactly those
+/// distlock_locks, USAGE, SELECT, UPDATE on distlock_tokens" (and, since the read-write
+/// lock, SELECT, INSERT, UPDATE, DELETE on distlock_readers). A user with exactly those
 /// rights, on a table the owner created, cannot connect at all: every connect runs
 /// `CREATE TABLE IF NOT EXISTS`, and PostgreSQL checks CREATE on the schema before it
 /// looks whether the table exists. On PostgreSQL 15 no user but the database owner has
@@ -271,6 +272,7 @@ async fn break_a_user_with_the_documented_rights_cannot_connect() {
             "CREATE ROLE app LOGIN",
             "GRANT SELECT, INSERT, UPDATE ON distlock_locks TO app",
             "GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_tokens TO app",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO app",
         ] {
             admin.execute(statement).await.unwrap();
         }
@@ -303,6 +305,7 @@ async fn break_two_users_with_their_own_schemas_both_hold_the_same_lock() {
             "CREATE SCHEMA alice AUTHORIZATION alice",
             "GRANT SELECT, INSERT, UPDATE ON distlock_locks TO alice",
             "GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_tokens TO alice",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO alice",
         ] {
             admin.execute(statement).await.unwrap();
         }

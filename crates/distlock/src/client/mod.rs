@@ -135,12 +135,9 @@ impl Client {
     /// A handle on the read-write lock called `name` (Redisson's `RReadWriteLock`
     /// layout): many readers or one writer.
     pub fn rw_lock(&self, name: impl Into<String>) -> Result<RwLock> {
-        // ZooKeeper's and etcd's queues take shared waiters beside exclusive ones
-        // (Curator's and etcd's read-write lock recipes).
-        let store = self.session.core().store();
-        if !store.is_zk() && !store.is_etcd() {
-            self.redis_only("a read-write lock")?;
-        }
+        // Every store has it: ZooKeeper's and etcd's queues take shared waiters beside
+        // exclusive ones (Curator's and etcd's read-write lock recipes); PostgreSQL
+        // keeps readers in rows of their own (rw_lock/postgres.rs).
         Ok(RwLock::new(self.session.clone(), self.key_of(name.into())?))
     }
 

@@ -41,7 +41,12 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
 /// tables), and the statements that check them whoever created them.
 #[cfg(feature = "postgres")]
 pub(crate) fn postgres_setup() -> (&'static [&'static str], &'static [&'static str]) {
-    (&lock::postgres::SETUP, &lock::postgres::CHECK)
+    static SETUP: [&str; 2] = [lock::postgres::SCHEMA, rw_lock::postgres::SCHEMA];
+    static CHECK: [&str; 2] = [
+        lock::postgres::SCHEMA_CHECK,
+        rw_lock::postgres::SCHEMA_CHECK,
+    ];
+    (&SETUP, &CHECK)
 }
 
 /// Refuses a name the client's store cannot keep, beyond what every store refuses

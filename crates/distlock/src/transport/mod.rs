@@ -72,24 +72,6 @@ impl Store {
         }
     }
 
-    /// True on etcd.
-    pub(crate) fn is_etcd(&self) -> bool {
-        #[cfg(feature = "etcd")]
-        if let Store::Etcd(_) = self {
-            return true;
-        }
-        false
-    }
-
-    /// True on ZooKeeper.
-    pub(crate) fn is_zk(&self) -> bool {
-        #[cfg(feature = "zk")]
-        if let Store::Zk(_) = self {
-            return true;
-        }
-        false
-    }
-
     /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) unless this is Redis:
     /// for what only Redis offers.
     pub(crate) fn ensure_redis(&self, what: &'static str) -> crate::error::Result<()> {

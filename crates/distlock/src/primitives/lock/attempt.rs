@@ -63,8 +63,15 @@ impl Acquire for LockAttempt {
         #[cfg(feature = "postgres")]
         if let crate::transport::Store::Postgres(link) = core.store() {
             let link = link.clone();
+            let owner = core.next_owner();
             return Box::pin(super::postgres::attempt(
-                core, link, name, channel, lease, lease_ms, renew, sent_at,
+                core,
+                link,
+                name,
+                channel,
+                owner,
+                (lease, lease_ms, renew),
+                sent_at,
             ));
         }
         Box::pin(async move {

@@ -27,6 +27,8 @@ use std::time::Duration;
 pub(crate) use attempt::LockAttempt;
 pub use guard::LockGuard;
 pub(crate) use guard::{lease_set, listen_for_unlock};
+#[cfg(feature = "postgres")]
+pub(crate) use hold_ops::OpFuture;
 pub(crate) use hold_ops::{HoldOps, HoldScripts, ReleaseArgs};
 pub use holding::ReleaseOutcome;
 pub(crate) use holding::{Acquired, Hold};

@@ -22,10 +22,10 @@ use crate::error::{Error, Result};
 use crate::transport::postgres::PgLink;
 
 /// What a client creates at connect when missing.
-pub(crate) static SETUP: [&str; 1] = [include_str!("sql/schema.sql")];
+pub(crate) const SCHEMA: &str = include_str!("sql/schema.sql");
 
 /// What a client checks at connect, whoever created the table.
-pub(crate) static CHECK: [&str; 1] = [include_str!("sql/schema_check.sql")];
+pub(crate) const SCHEMA_CHECK: &str = include_str!("sql/schema_check.sql");
 
 const ACQUIRE: &str = include_str!("sql/acquire.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
@@ -80,18 +80,16 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
 /// One acquisition attempt as a new owner (see [`super::LockAttempt`]). Its reply lost
 /// to a connection failure, the owner's hold, if the statement ran, is ended before the
 /// attempt returns.
-#[allow(clippy::too_many_arguments)]
+/// `owner` is new to this attempt; `(lease, lease_ms, renew)` is what it takes.
 pub(crate) async fn attempt(
     core: Arc<Core>,
     link: PgLink,
     name: Arc<str>,
     channel: Arc<str>,
-    lease: Duration,
-    lease_ms: u64,
-    renew: bool,
+    owner: Arc<str>,
+    (lease, lease_ms, renew): (Duration, u64, bool),
     sent_at: Instant,
 ) -> Result<Attempt<Hold>> {
-    let owner = core.next_owner();
     let reply = {
         let (name, owner) = (name.to_string(), owner.to_string());
         link.run(move |mut conn| async move {

@@ -17,8 +17,12 @@
 //! (`primitives/lock/zk`, `primitives/lock/etcd`): a reader's node or key waits for
 //! writers queued ahead of it only, a writer's for everything ahead. The queue is FIFO,
 //! so readers always queue behind a waiting writer there, whatever `prefer_writers` says.
+//! On PostgreSQL (feature `postgres`, `postgres.rs`) readers are rows of their own, and
+//! the lock's row keeps how long they hold, which a writer waits out.
 
 mod holds;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod scripts;
 
 use std::fmt;
@@ -40,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::primitives::keys::{rwlock_channel, rwlock_writers, token_key, token_key_of_other};
 use crate::primitives::lock::{Acquired, Hold, LockGuard, ReleaseOutcome};
 use crate::transport::script::ScriptCall;
-#[cfg(any(feature = "zk", feature = "etcd"))]
+#[cfg(any(feature = "zk", feature = "etcd", feature = "postgres"))]
 use crate::transport::Store;
 
 /// How long a waiting writer stays listed without looking again, at most.
@@ -229,6 +233,11 @@ impl RwLock {
             let attempt = self.zk_attempt(link, side == Side::Read)?;
             return acquire(attempt.core(), &attempt, patience).await;
         }
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            let attempt = self.pg_attempt(link, side == Side::Read)?;
+            return acquire(attempt.core(), &attempt, patience).await;
+        }
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             let (lease, renew) = self.lease_mode();
@@ -283,6 +292,24 @@ impl RwLock {
         ))
     }
 
+    /// One acquisition on PostgreSQL (see `postgres.rs`).
+    #[cfg(feature = "postgres")]
+    fn pg_attempt(
+        &self,
+        link: &crate::transport::postgres::PgLink,
+        shared: bool,
+    ) -> Result<postgres::PgRwAttempt> {
+        let (lease, renew) = self.lease_mode();
+        let lease_ms = to_millis("lease", lease)?;
+        Ok(postgres::PgRwAttempt::new(
+            Arc::clone(self.session.core()),
+            link.clone(),
+            Arc::clone(&self.keys.lock),
+            shared,
+            (lease, lease_ms, renew),
+        ))
+    }
+
     /// A new acquisition's owner on a store other than Redis: a writer's ends in
     /// `:write`, as on Redis, which is how `downgrade` knows a write guard.
     #[cfg(any(feature = "zk", feature = "etcd"))]
@@ -327,6 +354,18 @@ impl RwLock {
         }
         let core = Arc::clone(self.session.core());
         core.ensure_open()?;
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = core.store() {
+            let attempt = self.pg_attempt(link, true)?;
+            let writer = writer.owner().to_owned();
+            let taking = Detached::new(core.background(), async move {
+                attempt.take_beside(&writer).await
+            });
+            return match taking.await? {
+                Some(hold) => Ok(self.read_guard(hold)),
+                None => Err(not_held()),
+            };
+        }
         #[cfg(feature = "etcd")]
         if let Store::Etcd(_) = core.store() {
             // A reader's key of its own would be the newest in the queue, behind the
@@ -398,6 +437,10 @@ impl RwLock {
 
     /// True if anyone holds the lock, for reading or writing.
     pub async fn is_locked(&self) -> Result<bool> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return postgres::is_locked(link, &self.keys.lock).await;
+        }
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             let first = crate::primitives::lock::etcd::first(link, &self.keys.lock).await?;

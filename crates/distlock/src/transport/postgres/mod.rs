@@ -178,8 +178,12 @@ impl PgLink {
                 .collect()
         };
         let (setup, check) = (owned(setup), owned(check));
-        link.run(move |conn| set_up(conn, setup)).await?;
-        link.run(move |mut conn| async move {
+        // Part of connecting, bounded as the probe is: creating the schema the first
+        // time (a table, functions) may take longer than a lock call's response timeout.
+        let connecting = config.connection_timeout;
+        link.run_within(connecting, move |conn| set_up(conn, setup))
+            .await?;
+        link.run_within(connecting, move |mut conn| async move {
             for statement in check {
                 sqlx::query(&statement).execute(&mut *conn).await?;
             }
@@ -334,9 +338,13 @@ async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) ->
 
     // What exists is used as it is: creating it again (even IF NOT EXISTS) needs CREATE
     // on the schema, which a least-privileged user does not have.
+    // The newest part of the schema (the read-write lock's) stands for all of it: a
+    // table an older distlock made is completed.
     let present: bool = sqlx::query_scalar(
         "SELECT to_regclass('distlock_locks') IS NOT NULL \
-            AND to_regclass('distlock_tokens') IS NOT NULL",
+            AND to_regclass('distlock_tokens') IS NOT NULL \
+            AND to_regclass('distlock_readers') IS NOT NULL \
+            AND to_regprocedure('distlock_read_extend(text,text,double precision)') IS NOT NULL",
     )
     .fetch_one(&mut *connection)
     .await?;

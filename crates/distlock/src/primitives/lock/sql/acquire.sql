@@ -6,8 +6,9 @@
 --
 -- Returns one row (token, left_ms):
 --   (token, NULL)  the owner holds the lock now, with this fencing token
---   (NULL, left)   another owner holds it; its lease has `left` ms left on the database's
---                  clock
+--   (NULL, left)   another owner holds it, or readers of the read-write lock of the name
+--                  do (rw_lock/sql/schema.sql); that lease has `left` ms left on the
+--                  database's clock
 -- or no row, when another client wrote the row after this statement's snapshot was
 -- taken: busy, with no hint.
 --
@@ -31,11 +32,13 @@ WITH taken AS (
             token = greatest(nextval('distlock_tokens'), held.token + 1),
             expires_at = clock_timestamp() + $3 * interval '1 millisecond'
         WHERE held.expires_at <= clock_timestamp()
+          AND held.readers_until <= clock_timestamp()
     RETURNING token
 )
 SELECT token, NULL::bigint AS left_ms FROM taken
 UNION ALL
 SELECT NULL::bigint,
-       ceil(greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+       ceil(greatest(0, extract(epoch FROM greatest(expires_at, readers_until)
+                                            - clock_timestamp()) * 1000))::bigint
 FROM distlock_locks
 WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM taken)

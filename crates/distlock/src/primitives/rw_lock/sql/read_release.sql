@@ -1,0 +1,15 @@
+-- Gives a read holding back (its last hold), or, sent again after a lost reply, finds
+-- that an earlier try of the same release did. Runs distlock_read_release (schema.sql):
+-- it locks the lock's row, marks the reader's row ended, and sets the row's
+-- readers_until to what the live readers left still need; with none left, it notifies
+-- the lock's channel, which wakes waiting writers.
+--
+-- $1  lock name
+-- $2  owner
+-- $3  the release's request id, unique to this release and the same on its retries
+-- $4  the lock's notification channel
+--
+-- Returns one text: 'freed' (no reader is left), 'released' (readers are left),
+-- 'before' (an earlier try of this release ended it), or NULL when the owner no longer
+-- held it (its lease had run out on the database's clock).
+SELECT distlock_read_release($1, $2, $3, $4)

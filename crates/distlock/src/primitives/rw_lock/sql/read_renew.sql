@@ -1,0 +1,11 @@
+-- Renews a batch of watchdog read holdings in one statement (the renewal scheduler's
+-- contract), through distlock_read_renew (schema.sql), which raises each lock's
+-- readers_until with them.
+--
+-- $1  the lease, milliseconds (double precision)
+-- $2  the locks' names (text[])
+-- $3  their owners (text[]), in the same order
+--
+-- Returns a row (name, owner) for each holding its owner still held: its expiry is set
+-- again. A holding with no row is lost.
+SELECT name, owner FROM distlock_read_renew($1, $2, $3)

@@ -1,0 +1,256 @@
+//! The read-write lock on PostgreSQL: a writer is the lease lock's row, readers rows of
+//! their own, and the lock's row keeps how long readers hold (`readers_until`), which is
+//! what a writer's acquisition decides on. Readers share, a writer excludes everyone, a
+//! lock and a read-write lock of one name exclude each other, the last reader's release
+//! wakes a writer at once, a downgrade lets no writer in between, fixed-lease readers
+//! share and a writer waits for their leases, a reader cut off learns of its loss before
+//! a writer holds, and a table an older distlock made is completed at connect.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use distlock::{Error, ReleaseOutcome};
+use distlock_testkit::FaultProxy;
+
+use super::common::{self, bounded};
+use super::{client_at, database, raw, LIMIT};
+
+/// The scenario every store's read-write lock passes (tests/common/rw.rs), on two clients.
+#[tokio::test]
+async fn readers_share_and_a_writer_excludes_everyone() {
+    let server = database().await;
+    let clients = [
+        client_at(&server.url(), Duration::from_secs(5)).await,
+        client_at(&server.url(), Duration::from_secs(5)).await,
+    ];
+    let most_readers = bounded(
+        LIMIT,
+        common::rw::writers_exclude_everyone_and_readers_share(&clients, "pg:rw:table"),
+    )
+    .await;
+    assert!(most_readers > 1, "readers never shared");
+}
+
+/// A lock and a read-write lock of one name: the lock keeps readers and writers out, a
+/// reader keeps the lock out, and tokens grow across them.
+#[tokio::test]
+async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(5)).await;
+    let (plain, rw) = (
+        client.lock("pg:rw:shared-name").unwrap(),
+        client.rw_lock("pg:rw:shared-name").unwrap(),
+    );
+    bounded(LIMIT, async {
+        let held = plain.lock().await.unwrap();
+        assert!(rw.try_read().await.unwrap().is_none());
+        assert!(rw.try_write().await.unwrap().is_none());
+        held.release().await.unwrap();
+        let reader = rw.read().await.unwrap();
+        assert!(rw.is_locked().await.unwrap());
+        assert!(plain.try_lock().await.unwrap().is_none());
+        reader.release().await.unwrap();
+        assert!(!rw.is_locked().await.unwrap());
+        let writer = rw.write().await.unwrap();
+        let token = writer.fencing_token();
+        writer.release().await.unwrap();
+        let held = plain.lock().await.unwrap();
+        assert!(held.fencing_token() > token, "a token did not grow");
+        held.release().await.unwrap();
+    })
+    .await;
+}
+
+/// The last reader's release wakes a waiting writer at once (NOTIFY), not at the end of
+/// the readers' leases; a reader leaving while another stays does not let it in.
+#[tokio::test]
+async fn the_last_readers_release_wakes_a_writer_at_once() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(30)).await;
+    let other = client_at(&server.url(), Duration::from_secs(30)).await;
+    let lock = client.rw_lock("pg:rw:wake").unwrap();
+    bounded(LIMIT, async {
+        let (first, second) = (lock.read().await.unwrap(), lock.read().await.unwrap());
+        let writer_lock = other.rw_lock("pg:rw:wake").unwrap();
+        let writer = tokio::spawn(async move { writer_lock.write().await.unwrap() });
+        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
+        assert!(lock.try_write().await.unwrap().is_none());
+        assert!(!writer.is_finished(), "a writer came in beside a reader");
+        let released_at = Instant::now();
+        second.release().await.unwrap();
+        let writer = writer.await.unwrap();
+        assert!(
+            released_at.elapsed() < Duration::from_secs(5),
+            "the writer waited {:?} after the last reader left",
+            released_at.elapsed()
+        );
+        assert!(lock.try_read().await.unwrap().is_none());
+        writer.release().await.unwrap();
+    })
+    .await;
+}
+
+/// A downgrade lets no waiting writer in between, while readers may join the downgraded
+/// one once the writer let go; a force-unlocked writer's downgrade is `NotHeld`.
+#[tokio::test]
+async fn a_downgrade_lets_no_waiting_writer_in_between() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(5)).await;
+    let other = client_at(&server.url(), Duration::from_secs(5)).await;
+    let name = "pg:rw:downgrade";
+    let lock = client.rw_lock(name).unwrap();
+    bounded(LIMIT, async {
+        let writer = lock.write().await.unwrap();
+        let next = other.rw_lock(name).unwrap();
+        let next_writer = tokio::spawn(async move { next.write().await.unwrap() });
+        let reader = lock.downgrade(&writer).await.unwrap();
+        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
+        assert!(reader.verify().await.unwrap());
+        let joined = lock.try_read().await.unwrap().expect("a reader joins");
+        assert!(lock.try_write().await.unwrap().is_none());
+        assert!(
+            !next_writer.is_finished(),
+            "a writer came in after a downgrade"
+        );
+        reader.release().await.unwrap();
+        joined.release().await.unwrap();
+        let next_writer = next_writer.await.unwrap();
+        assert_eq!(
+            next_writer.release().await.unwrap(),
+            ReleaseOutcome::Released
+        );
+
+        let writer = lock.write().await.unwrap();
+        assert!(client.lock(name).unwrap().force_unlock().await.unwrap());
+        let err = lock.downgrade(&writer).await.unwrap_err();
+        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+        drop(writer);
+    })
+    .await;
+}
+
+/// Readers on a fixed lease share: a writer waits for the last reader's lease to end on
+/// the database's clock, after every reader's lost signal fired. A writer on a fixed
+/// lease keeps readers out likewise.
+#[tokio::test]
+async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(30)).await;
+    let other = client_at(&server.url(), Duration::from_secs(30)).await;
+    let lease = Duration::from_millis(1200);
+    let name = "pg:rw:fixed";
+    let readers = client.rw_lock(name).unwrap().with_lease(lease);
+    bounded(LIMIT, async {
+        let first = readers.read().await.unwrap();
+        let second = readers.read().await.unwrap();
+        let writer_lock = other.rw_lock(name).unwrap();
+        assert!(writer_lock.try_write().await.unwrap().is_none());
+        let (first_lost, second_lost) = (first.lost_token(), second.lost_token());
+        let writer = writer_lock.write().await.unwrap();
+        assert!(first_lost.is_cancelled() && second_lost.is_cancelled());
+        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
+        drop(second);
+        writer.release().await.unwrap();
+
+        let writer = writer_lock.with_lease(lease).write().await.unwrap();
+        assert!(readers.try_read().await.unwrap().is_none());
+        let lost = writer.lost_token();
+        let reader = readers.read().await.unwrap();
+        assert!(
+            lost.is_cancelled(),
+            "a reader held before the writer's loss"
+        );
+        reader.release().await.unwrap();
+        drop(writer);
+    })
+    .await;
+}
+
+/// A reader cut off from the database learns of its loss before a writer holds.
+#[tokio::test]
+async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
+    let server = database().await;
+    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
+        .await
+        .unwrap();
+    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let lease = Duration::from_millis(1500);
+    let holder = client_at(&through_proxy, lease).await;
+    let other = client_at(&server.url(), Duration::from_secs(5)).await;
+    bounded(LIMIT, async {
+        let reader = holder
+            .rw_lock("pg:rw:cut-off")
+            .unwrap()
+            .read()
+            .await
+            .unwrap();
+        let taken_at = Instant::now();
+        proxy.blackhole();
+        let lost_at = common::lost_before_another_holds(
+            reader.lost_token(),
+            other.lock("pg:rw:cut-off").unwrap(),
+        )
+        .await;
+        assert!(lost_at.duration_since(taken_at) < lease + Duration::from_millis(200));
+        proxy.heal();
+        drop(reader);
+    })
+    .await;
+}
+
+/// A read hold re-entered keeps writers out until its last release; the watchdog keeps
+/// a read hold past its lease.
+#[tokio::test]
+async fn a_read_hold_is_renewed_and_reentered() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_millis(900)).await;
+    let lock = client.rw_lock("pg:rw:reenter").unwrap();
+    bounded(LIMIT, async {
+        let reader = lock.read().await.unwrap();
+        let again = reader.reenter().await.unwrap();
+        assert_eq!(again.hold_count(), 2);
+        // Three leases later, still held: renewed.
+        tokio::time::sleep(Duration::from_millis(2700)).await;
+        assert!(!reader.is_lost());
+        assert!(lock.try_write().await.unwrap().is_none());
+        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+        assert!(lock.try_write().await.unwrap().is_none());
+        assert_eq!(reader.release().await.unwrap(), ReleaseOutcome::Released);
+        let writer = lock.try_write().await.unwrap().expect("the lock is free");
+        writer.release().await.unwrap();
+    })
+    .await;
+}
+
+/// A database whose lock table an older distlock made (no readers_until, no readers'
+/// table) is completed at connect, and its locks keep working.
+#[tokio::test]
+async fn a_table_an_older_distlock_made_is_completed_at_connect() {
+    let server = database().await;
+    let pool = raw(&server).await;
+    for statement in [
+        "CREATE TABLE distlock_locks (name text PRIMARY KEY, owner text NOT NULL, \
+         holds integer NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL, \
+         released_by text, released_txid bigint)",
+        "CREATE SEQUENCE distlock_tokens AS bigint",
+        "INSERT INTO distlock_locks VALUES ('pg:old', '', 0, 41, '-infinity', NULL, NULL)",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let client = client_at(&server.url(), Duration::from_secs(5)).await;
+    bounded(LIMIT, async {
+        let writer = client.rw_lock("pg:old").unwrap().write().await.unwrap();
+        assert!(writer.fencing_token() > 41);
+        writer.release().await.unwrap();
+        let reader = client.rw_lock("pg:old").unwrap().read().await.unwrap();
+        assert!(client
+            .lock("pg:old")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none());
+        reader.release().await.unwrap();
+    })
+    .await;
+}
