@@ -266,7 +266,7 @@ impl Lock {
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
-            return Ok(zk::first(link, &self.name).await?.is_some());
+            return Ok(!zk::holding(link, &self.name).await?.is_empty());
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
@@ -288,8 +288,8 @@ impl Lock {
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
-            let first = zk::first(link, &self.name).await?;
-            return Ok(first.into_iter().map(|(owner, _)| owner).collect());
+            let holding = zk::holding(link, &self.name).await?;
+            return Ok(holding.into_iter().map(|(owner, _)| owner).collect());
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {

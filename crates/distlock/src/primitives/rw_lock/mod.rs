@@ -448,8 +448,8 @@ impl RwLock {
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
-            let first = crate::primitives::lock::zk::first(link, &self.keys.lock).await?;
-            return Ok(first.is_some());
+            let holding = crate::primitives::lock::zk::holding(link, &self.keys.lock).await?;
+            return Ok(!holding.is_empty());
         }
         let exists = redis::cmd("EXISTS").arg(&*self.keys.lock).clone();
         let count: i64 = self.session.core().query(&exists).await?;

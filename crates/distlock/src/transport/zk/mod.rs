@@ -204,11 +204,19 @@ impl ZkLink {
 
 impl ZkLink {
     /// Deletes, `after` from now, the children of `parent` whose names start with
-    /// `prefix`, as long as session `session` (theirs: they are ephemeral) is the current
-    /// one; connection failures are waited out with backoff. For nodes no request
-    /// managed to delete (a give-up or a release during a network blip): the session
-    /// lives on with the client, and so would they, keeping the lock taken.
-    pub(crate) fn reap(&self, parent: String, prefix: String, session: i64, after: Duration) {
+    /// `prefix`, as long as session `session` (theirs, when they are ephemeral) is the
+    /// current one, or whatever the session for persistent nodes (`None`); connection
+    /// failures are waited out with backoff. For nodes no request managed to delete (a
+    /// give-up or a release during a network blip): the session lives on with the
+    /// client, and so would they, keeping the lock taken (a persistent fixed-lease node,
+    /// until its lease ends).
+    pub(crate) fn reap(
+        &self,
+        parent: String,
+        prefix: String,
+        session: Option<i64>,
+        after: Duration,
+    ) {
         let link = self.clone();
         self.inner.runtime.spawn(async move {
             tokio::time::sleep(after).await;
@@ -217,7 +225,7 @@ impl ZkLink {
                 let (parent, prefix) = (parent.clone(), prefix.clone());
                 let reaped = link
                     .run(move |client| async move {
-                        if client.session_id().0 != session {
+                        if session.is_some_and(|session| client.session_id().0 != session) {
                             // Gone with their session.
                             return Ok(());
                         }

@@ -220,6 +220,19 @@ pub(crate) fn waits_for(own: &str, other: &str) -> bool {
     other.starts_with(EXCLUSIVE) || (other.starts_with(SHARED) && !own.starts_with(SHARED))
 }
 
+/// A fixed-lease holding's node, `held-<owner>` (not queued: it holds until its lease
+/// ends or it is deleted).
+pub(crate) const HELD: &str = "held-";
+
+/// A shared fixed-lease holding's node (an `RwLock` reader's), `held-read-<owner>`.
+pub(crate) const SHARED_HELD: &str = "held-read-";
+
+/// Whether a waiter (`shared` or not) must wait for the fixed-lease holding `node` while
+/// it is live: a shared waiter waits for exclusive holdings only.
+pub(crate) fn waits_for_held(shared: bool, node: &str) -> bool {
+    node.starts_with(HELD) && (!shared || !node.starts_with(SHARED_HELD))
+}
+
 /// The sequence number of a sequential node's name: the digits after its last `-`.
 pub(crate) fn sequence_of(node: &str) -> Option<i64> {
     node.rsplit_once('-')
@@ -227,8 +240,9 @@ pub(crate) fn sequence_of(node: &str) -> Option<i64> {
 }
 
 /// `first:<parent>/<node prefix>`: answered when the waiter has no node, or none of the
-/// siblings it waits for has a smaller sequence; otherwise an exists-watch on its
-/// predecessor (of those, the one with the largest smaller sequence).
+/// siblings it waits for has a smaller sequence and no fixed-lease holding it waits for
+/// is there; otherwise an exists-watch on its predecessor (of those, the one with the
+/// largest smaller sequence), or on such a holding.
 async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
     let Some((parent, prefix)) = node.rsplit_once('/') else {
         return Ok(Step::Answer(None));
@@ -255,6 +269,16 @@ async fn first_step(link: &ZkLink, node: &str) -> Result<Step> {
             .filter(|(sequence, _)| *sequence < own)
             .max_by_key(|(sequence, _)| *sequence)
             .map(|(_, child)| format!("{parent}/{child}"));
+        // With no queued node to wait for, a fixed-lease holding it waits for is watched
+        // instead (its deletion; its lease's end is the waiter's own timer), so that the
+        // queue's other changes do not wake every waiter behind it.
+        let shared = prefix.starts_with(SHARED);
+        let predecessor = predecessor.or_else(|| {
+            children
+                .iter()
+                .find(|child| waits_for_held(shared, child))
+                .map(|child| format!("{parent}/{child}"))
+        });
         let Some(predecessor) = predecessor else {
             return Ok(Step::Answer(Some(children)));
         };

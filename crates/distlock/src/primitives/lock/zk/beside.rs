@@ -2,11 +2,19 @@
 //! an exclusive one that still holds, so that no other writer can come between them.
 //!
 //! The shared holding's node is made in one multi-op with a check that the writer's node
-//! is still there:
-//! - in watchdog mode, `read-<reader>-0000000000`, ephemeral and not sequential: sequence
-//!   0 sorts ahead of every queued node, so every exclusive waiter waits for it and no
-//!   shared one does. Nothing ahead of the writer held (its turn had come), so the reader
-//!   holds at once and stays compatible with everything the queue held before it;
+//! is still there. A writer on a fixed lease (a `held-` node) is written again in the
+//! same multi-op, unchanged but for its version: a waiter that read it expired and is
+//! about to delete it (version-checked) then fails and waits, so a downgrade that reaches
+//! the ensemble after the writer's lease ended can never leave a writer beside its reader.
+//! (The write moves the node's mtime, so the writer's lease restarts there: others wait
+//! for it at most a lease longer if the writer never releases; the writer's own trust is
+//! not moved.)
+//! - in watchdog mode, `read-<reader>-<the writer's sequence>`, ephemeral and not
+//!   sequential: it takes the writer's place in the queue, so every exclusive waiter
+//!   (queued behind the writer) waits for it and no shared one does, and the writer does
+//!   not wait for it (a node waits only for nodes with a smaller sequence). Nothing ahead
+//!   of the writer held (its turn had come), so the reader holds at once. A writer on a
+//!   fixed lease has no queued node: its reader's sequence is 0, ahead of every node;
 //! - on a fixed lease, `held-read-<reader>`, as any shared fixed-lease holding.
 
 use std::time::Duration;
@@ -18,7 +26,7 @@ use super::fixed::HELD;
 use super::{Placed, State, ZkAttempt};
 use crate::error::Result;
 use crate::primitives::lock::Hold;
-use crate::transport::zk::watch::{EXCLUSIVE, SHARED};
+use crate::transport::zk::watch::{sequence_of, EXCLUSIVE, SHARED};
 
 /// What a downgrade's multi-op found.
 enum Beside {
@@ -30,9 +38,9 @@ enum Beside {
 
 impl ZkAttempt {
     /// Takes this (shared) acquisition's holding beside the exclusive holding of
-    /// `writer`, which must still hold; `None` when its node is gone. Its node is made in
-    /// one request, with no wait; a reply lost after the node was made leaves it to be
-    /// deleted once the ensemble answers (a fixed-lease one, to its lease).
+    /// `writer`, which must still hold; `None` when its node is gone or was written
+    /// meanwhile. Its node is made in one request, with no wait; a reply lost after the
+    /// node was made leaves it to be deleted once the ensemble answers.
     pub(crate) async fn take_beside(&self, writer: &str) -> Result<Option<Hold>> {
         self.state.take_beside(writer).await
     }
@@ -47,6 +55,8 @@ impl State {
         let client = self.link.client().await?;
         let session = client.session_id().0;
         let parent = self.parent.to_string();
+        // A watchdog reader's node takes its writer's place in the queue (its sequence
+        // is known once the writer's node is found).
         let (path, data, mode) = match self.fixed {
             Some((_, lease_ms)) => (
                 self.held_path(),
@@ -54,7 +64,7 @@ impl State {
                 CreateMode::Persistent,
             ),
             None => (
-                format!("{parent}/{SHARED}{}-{:010}", self.owner, 0),
+                format!("{parent}/{SHARED}{}-", self.owner),
                 b"1".to_vec(),
                 CreateMode::Ephemeral,
             ),
@@ -76,8 +86,24 @@ impl State {
                     else {
                         return Ok(Beside::WriterGone);
                     };
+                    let path = match mode {
+                        CreateMode::Ephemeral => {
+                            format!("{path}{:010}", sequence_of(writer).unwrap_or(0))
+                        }
+                        _ => path,
+                    };
+                    let writer = format!("{parent}/{writer}");
                     let mut multi = client.new_multi_writer();
-                    multi.add_check_version(&format!("{parent}/{writer}"), -1)?;
+                    if writer.ends_with(&held) {
+                        let (lease, stat) = match client.get_data(&writer).await {
+                            Ok(read) => read,
+                            Err(ZkError::NoNode) => return Ok(Beside::WriterGone),
+                            Err(err) => return Err(err),
+                        };
+                        multi.add_set_data(&writer, &lease, Some(stat.version))?;
+                    } else {
+                        multi.add_check_version(&writer, -1)?;
+                    }
                     multi.add_create(&path, &data, &mode.with_acls(Acls::anyone_all()))?;
                     match multi.commit().await {
                         Ok(results) => {
@@ -97,8 +123,10 @@ impl State {
                             };
                             Ok(Beside::Made { path, czxid })
                         }
+                        // Gone, or written since it was read (a waiter deleting it, an
+                        // extension whose reply was lost): the writer may have lost it.
                         Err(MultiWriteError::OperationFailed {
-                            source: ZkError::NoNode,
+                            source: ZkError::NoNode | ZkError::BadVersion,
                             ..
                         }) => Ok(Beside::WriterGone),
                         Err(err) => Err(err.into()),
@@ -120,14 +148,17 @@ impl State {
             })),
             Ok(Beside::WriterGone) => Ok(None),
             Err(err) => {
-                if err.is_connection_error() && self.fixed.is_none() {
+                if err.is_connection_error() {
                     // Made or not, a node left behind would hold the lock for as long as
-                    // the client's session lives.
+                    // the client's session lives, or a fixed lease's whole length: no
+                    // guard was handed out for it. (A watchdog reader's path is its
+                    // node's name up to its sequence: the prefix of the node to delete.)
                     let node = path.rsplit_once('/').map_or("", |(_, node)| node);
+                    let ephemeral = self.fixed.is_none().then_some(session);
                     self.link.reap(
                         self.parent.to_string(),
                         node.to_owned(),
-                        session,
+                        ephemeral,
                         Duration::ZERO,
                     );
                 }
@@ -142,9 +173,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_downgraded_reader_sorts_ahead_of_every_queued_node() {
-        let node = format!("{SHARED}{}-{:010}", "c0ffee:7", 0);
-        assert_eq!(node, "read-c0ffee:7-0000000000");
-        assert_eq!(crate::transport::zk::watch::sequence_of(&node), Some(0));
+    fn a_downgraded_reader_takes_its_writers_place() {
+        let writer = "lock-c0ffee:7:write-0000000042";
+        let reader = format!(
+            "{SHARED}{}-{:010}",
+            "c0ffee:8",
+            sequence_of(writer).unwrap_or(0)
+        );
+        assert_eq!(reader, "read-c0ffee:8-0000000042");
+        assert_eq!(sequence_of(&reader), sequence_of(writer));
     }
 }

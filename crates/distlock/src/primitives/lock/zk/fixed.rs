@@ -16,11 +16,7 @@ use std::time::Duration;
 
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteError};
 
-/// The name a fixed-lease holding's node starts with.
-pub(super) const HELD: &str = "held-";
-
-/// The name a shared fixed-lease holding's node (an `RwLock` reader's) starts with.
-const SHARED_HELD: &str = "held-read-";
+pub(super) use crate::transport::zk::watch::{HELD, SHARED_HELD};
 
 /// The node of `owner`'s fixed-lease holding in the lock's node `parent`: `held-<owner>`,
 /// or `held-read-<owner>` for a `shared` one. (An owner is `<uuid>:<n>`, so no owner
@@ -37,9 +33,9 @@ pub(super) fn held_owner(node: &str) -> Option<&str> {
 }
 
 /// Whether a waiter (`shared` or not) must wait for the fixed-lease holding `node` while
-/// it is live: a shared waiter waits for exclusive holdings only.
-fn waits_for(shared: bool, node: &str) -> bool {
-    !shared || !node.starts_with(SHARED_HELD)
+/// it is live (the rule the hub's watch follows too).
+pub(super) fn waits_for(shared: bool, node: &str) -> bool {
+    crate::transport::zk::watch::waits_for_held(shared, node)
 }
 
 /// The lease a fixed-lease holding's node gives. Data that is not one (a node written

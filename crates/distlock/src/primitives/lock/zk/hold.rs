@@ -55,7 +55,7 @@ impl Drop for ZkHold {
         self.link.reap(
             parent.to_owned(),
             node.to_owned(),
-            self.session,
+            Some(self.session),
             self.link.lease(),
         );
     }

@@ -1,6 +1,6 @@
-//! What a lock's other calls read or change on ZooKeeper: its holder (a live fixed-lease
-//! holding, else the first node of its queue), how long the holder's lease has left, the
-//! last token, a force-unlock.
+//! What a lock's other calls read or change on ZooKeeper: its holders (live fixed-lease
+//! holdings, and the queued nodes whose turn has come), how long their leases have left,
+//! the last token, a force-unlock.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use zookeeper_client::{Client, Error as ZkError};
 
 use super::{fixed, node_of, owner_in, queue};
 use crate::error::Result;
-use crate::transport::zk::watch::EXCLUSIVE;
+use crate::transport::zk::watch::{waits_for, EXCLUSIVE, SHARED};
 use crate::transport::zk::ZkLink;
 
 /// Who holds a lock, as its node's children say.
@@ -17,60 +17,87 @@ struct Holder {
     /// Its node.
     path: String,
     /// How long a fixed lease has left, by the ensemble's clock; `None`: a watchdog-mode
-    /// holding (or the first waiter, about to hold).
+    /// holding (or a waiter whose turn has come, about to hold).
     left: Option<Duration>,
 }
 
-/// The holder of the lock whose node is `parent`: a live fixed-lease holding, or else
-/// the first node of its queue. The ensemble's clock is learned (from a write of the
-/// lock's node) only when a fixed-lease holding is there to judge.
-async fn holder(client: &Client, parent: &str) -> std::result::Result<Option<Holder>, ZkError> {
+/// The holders of the lock whose node is `parent`: its live fixed-lease holdings, and the
+/// queued nodes whose turn has come (no node they wait for ahead of them, and no live
+/// fixed-lease holding they wait for): one writer, or any number of readers (a
+/// downgrade's reader beside its writer too). The ensemble's clock is learned (from a
+/// write of the lock's node) only when a fixed-lease holding is there to judge.
+async fn holders(client: &Client, parent: &str) -> std::result::Result<Vec<Holder>, ZkError> {
     let children = match client.list_children(parent).await {
         Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(None),
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
         Err(err) => return Err(err),
     };
+    let mut found = Vec::new();
     if children.iter().any(|child| child.starts_with(fixed::HELD)) {
         if let Some(now) = fixed::server_now(client, parent, b"").await? {
-            let live = fixed::read_held(client, parent, &children, now)
-                .await?
-                .into_iter()
-                .filter(fixed::Held::is_live)
-                .max_by_key(|held| held.left);
-            if let Some(held) = live {
-                return Ok(Some(Holder {
-                    owner: fixed::held_owner(&held.node).unwrap_or_default().to_owned(),
-                    path: format!("{parent}/{}", held.node),
-                    left: Some(held.left),
-                }));
+            for held in fixed::read_held(client, parent, &children, now).await? {
+                if held.is_live() {
+                    found.push(Holder {
+                        owner: fixed::held_owner(&held.node).unwrap_or_default().to_owned(),
+                        path: format!("{parent}/{}", held.node),
+                        left: Some(held.left),
+                    });
+                }
             }
         }
     }
-    Ok(queue(&children).first().map(|(_, node)| Holder {
-        owner: owner_in(node).unwrap_or_default().to_owned(),
-        path: format!("{parent}/{node}"),
-        left: None,
-    }))
+    let live_held: Vec<String> = found
+        .iter()
+        .filter_map(|holder| {
+            holder
+                .path
+                .rsplit_once('/')
+                .map(|(_, node)| node.to_owned())
+        })
+        .collect();
+    let queue = queue(&children);
+    for &(sequence, node) in &queue {
+        let shared = node.starts_with(SHARED);
+        let behind = queue
+            .iter()
+            .take_while(|(ahead, _)| *ahead < sequence)
+            .any(|(_, ahead)| waits_for(node, ahead));
+        let held_off = live_held.iter().any(|held| fixed::waits_for(shared, held));
+        if !behind && !held_off {
+            found.push(Holder {
+                owner: owner_in(node).unwrap_or_default().to_owned(),
+                path: format!("{parent}/{node}"),
+                left: None,
+            });
+        }
+    }
+    Ok(found)
 }
 
-/// Who holds the lock: the owner and path of its holder's node.
-pub(crate) async fn first(link: &ZkLink, name: &str) -> Result<Option<(String, String)>> {
+/// Who holds the lock: the owner and path of each holder's node (see [`holders`]).
+pub(crate) async fn holding(link: &ZkLink, name: &str) -> Result<Vec<(String, String)>> {
     let parent = node_of(link, name);
     let found = link
-        .run(move |client| async move { holder(&client, &parent).await })
+        .run(move |client| async move { holders(&client, &parent).await })
         .await?;
-    Ok(found.map(|holder| (holder.owner, holder.path)))
+    Ok(found
+        .into_iter()
+        .map(|holder| (holder.owner, holder.path))
+        .collect())
 }
 
-/// How long the holder's lease has left: a fixed lease's rest, or a watchdog-mode
-/// holding's session timeout (its node outlives a holder that stops answering by at
-/// most that). `None` while the lock is free.
+/// How long the holders' leases have left, the longest of them: a fixed lease's rest,
+/// or a watchdog-mode holding's session timeout (its node outlives a holder that stops
+/// answering by at most that). `None` while the lock is free.
 pub(crate) async fn lease_left(link: &ZkLink, name: &str) -> Result<Option<Duration>> {
     let parent = node_of(link, name);
     let found = link
-        .run(move |client| async move { holder(&client, &parent).await })
+        .run(move |client| async move { holders(&client, &parent).await })
         .await?;
-    Ok(found.map(|holder| holder.left.unwrap_or_else(|| link.lease())))
+    Ok(found
+        .into_iter()
+        .map(|holder| holder.left.unwrap_or_else(|| link.lease()))
+        .max())
 }
 
 /// A token below every later acquisition's: while the queue has exclusive nodes, one less
@@ -115,23 +142,24 @@ pub(crate) async fn last_token(link: &ZkLink, name: &str) -> Result<u64> {
     Ok(token.max(0).unsigned_abs())
 }
 
-/// Deletes the holder's node (only `owner`'s, unless it is empty): the next waiter's
-/// watch wakes it.
+/// Deletes every holder's node (only `owner`'s, unless it is empty): the waiters'
+/// watches wake them. True when a node was deleted.
 pub(crate) async fn force_unlock(link: &ZkLink, name: &str, owner: &str) -> Result<bool> {
     let parent = node_of(link, name);
     let owner = owner.to_owned();
     link.run(move |client| async move {
-        let Some(holder) = holder(&client, &parent).await? else {
-            return Ok(false);
-        };
-        if !owner.is_empty() && holder.owner != owner {
-            return Ok(false);
+        let mut deleted = false;
+        for holder in holders(&client, &parent).await? {
+            if !owner.is_empty() && holder.owner != owner {
+                continue;
+            }
+            match client.delete(&holder.path, None).await {
+                Ok(()) => deleted = true,
+                Err(ZkError::NoNode) => {}
+                Err(err) => return Err(err),
+            }
         }
-        match client.delete(&holder.path, None).await {
-            Ok(()) => Ok(true),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(err) => Err(err),
-        }
+        Ok(deleted)
     })
     .await
 }

@@ -37,7 +37,7 @@ mod fixed;
 mod hold;
 mod inspect;
 
-pub(crate) use inspect::{first, force_unlock, last_token, lease_left};
+pub(crate) use inspect::{force_unlock, holding, last_token, lease_left};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -572,7 +572,7 @@ impl State {
                 self.link.reap(
                     self.parent.to_string(),
                     self.prefix.to_string(),
-                    session,
+                    Some(session),
                     Duration::ZERO,
                 );
             }
