@@ -243,6 +243,13 @@ async fn create_node(
     search: bool,
 ) -> std::result::Result<(String, i64), ZkError> {
     if search {
+        // The create whose reply was lost may have been applied through the leader while
+        // this session's server lags behind: a sync first catches the server up, so the
+        // search sees it rather than making a second node that would block the queue.
+        match client.sync(parent).await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(err) => return Err(err),
+        }
         if let Some(found) = find_own(client, parent, prefix).await? {
             return Ok(found);
         }
