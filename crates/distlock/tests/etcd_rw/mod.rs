@@ -4,12 +4,12 @@
 //! fixed-lease readers share and a writer waits for their leases, a reader cut off learns
 //! of its loss before a writer holds, a downgrade lets no writer in between.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock::{Error, ReleaseOutcome};
 use distlock_testkit::EtcdCluster;
 
-use super::common::{self, bounded};
+use super::common::{self, bounded, rw};
 use super::{behind_proxies, client_at, lock_queue_len, LIMIT};
 
 /// One member: nothing here kills or freezes one.
@@ -36,80 +36,6 @@ async fn readers_share_and_a_writer_excludes_everyone() {
         0,
         "a key left behind"
     );
-}
-
-/// FIFO: a reader that comes after a waiting writer waits behind it, even while readers
-/// hold; the writer holds once the reader ahead is gone, and the late reader once the
-/// writer is.
-#[tokio::test]
-async fn a_reader_waits_behind_a_writer_queued_ahead_of_it() {
-    let etcd = one_member().await;
-    let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let name = "etcd:rw:fifo";
-    let lock = client.rw_lock(name).unwrap();
-    bounded(LIMIT, async {
-        let first = lock.read().await.unwrap();
-        let waiting = other.rw_lock(name).unwrap();
-        let writer = tokio::spawn(async move { waiting.write().await.unwrap() });
-        common::eventually(LIMIT, "the writer queued", || async {
-            lock_queue_len(&etcd, name).await == 2
-        })
-        .await;
-        assert!(
-            lock.try_read().await.unwrap().is_none(),
-            "a reader passed a waiting writer"
-        );
-        let late = {
-            let lock = lock.clone();
-            tokio::spawn(async move { lock.read().await.unwrap() })
-        };
-        common::eventually(LIMIT, "the late reader queued", || async {
-            lock_queue_len(&etcd, name).await == 3
-        })
-        .await;
-        assert!(!writer.is_finished(), "the writer held beside a reader");
-        first.release().await.unwrap();
-        let writer = writer.await.unwrap();
-        assert!(writer.fencing_token() > 0);
-        assert!(!late.is_finished(), "a reader held beside the writer");
-        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
-        let late = late.await.unwrap();
-        assert!(lock.is_locked().await.unwrap());
-        late.release().await.unwrap();
-        assert!(!lock.is_locked().await.unwrap());
-    })
-    .await;
-}
-
-/// A lock and a read-write lock of one name are one queue: the lock excludes readers and
-/// writers, a reader excludes the lock, and tokens grow across them. A downgrade is
-/// refused, leaving the writer holding.
-#[tokio::test]
-async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
-    let etcd = one_member().await;
-    let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let (plain, rw) = (
-        client.lock("etcd:rw:shared-name").unwrap(),
-        client.rw_lock("etcd:rw:shared-name").unwrap(),
-    );
-    bounded(LIMIT, async {
-        let held = plain.lock().await.unwrap();
-        assert!(rw.try_read().await.unwrap().is_none());
-        assert!(rw.try_write().await.unwrap().is_none());
-        held.release().await.unwrap();
-        let reader = rw.read().await.unwrap();
-        assert!(plain.try_lock().await.unwrap().is_none());
-        assert!(plain.is_locked().await.unwrap());
-        reader.release().await.unwrap();
-        let writer = rw.write().await.unwrap();
-        let token = writer.fencing_token();
-        writer.release().await.unwrap();
-        let held = plain.lock().await.unwrap();
-        assert!(held.fencing_token() > token, "a token did not grow");
-        held.release().await.unwrap();
-    })
-    .await;
 }
 
 /// A downgrade lets no writer in between: the read hold is one more hold on the writer's
@@ -158,41 +84,56 @@ async fn a_downgrade_lets_no_waiting_writer_in_between() {
     assert_eq!(lock_queue_len(&etcd, name).await, 0, "a key left behind");
 }
 
-/// Readers on a fixed lease share: a writer waits for the last reader's lease to end,
-/// and every reader's lost signal fired before it held. A writer on a fixed lease keeps
-/// readers out likewise.
+/// FIFO: a reader that comes after a waiting writer waits behind it (tests/common/rw.rs).
+#[tokio::test]
+async fn a_reader_waits_behind_a_writer_queued_ahead_of_it() {
+    let etcd = one_member().await;
+    let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
+    let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
+    let queued = || lock_queue_len(&etcd, "etcd:rw:fifo");
+    bounded(
+        LIMIT,
+        rw::a_reader_waits_behind_a_writer_queued_ahead_of_it(
+            &client,
+            &other,
+            "etcd:rw:fifo",
+            queued,
+        ),
+    )
+    .await;
+}
+
+/// A lock and a read-write lock of one name are one queue (tests/common/rw.rs).
+#[tokio::test]
+async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
+    let etcd = one_member().await;
+    let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
+    bounded(
+        LIMIT,
+        rw::a_lock_and_a_read_write_lock_of_one_name_exclude_each_other(
+            &client,
+            "etcd:rw:shared-name",
+        ),
+    )
+    .await;
+}
+
+/// Fixed-lease readers share; a writer waits for their leases (etcd's leases are whole
+/// seconds, at least its minimum TTL) (tests/common/rw.rs).
 #[tokio::test]
 async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
     let etcd = one_member().await;
     let client = client_at(&etcd.url(), Duration::from_secs(30)).await;
     let other = client_at(&etcd.url(), Duration::from_secs(30)).await;
-    // etcd's leases are whole seconds, and at least its minimum TTL.
-    let lease = Duration::from_secs(2);
-    let name = "etcd:rw:fixed";
-    let readers = client.rw_lock(name).unwrap().with_lease(lease);
-    bounded(LIMIT, async {
-        let first = readers.read().await.unwrap();
-        let second = readers.read().await.unwrap();
-        let writer_lock = other.rw_lock(name).unwrap();
-        assert!(writer_lock.try_write().await.unwrap().is_none());
-        let (first_lost, second_lost) = (first.lost_token(), second.lost_token());
-        let writer = writer_lock.write().await.unwrap();
-        assert!(first_lost.is_cancelled() && second_lost.is_cancelled());
-        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
-        drop(second);
-        writer.release().await.unwrap();
-
-        let writer = writer_lock.with_lease(lease).write().await.unwrap();
-        assert!(readers.try_read().await.unwrap().is_none());
-        let lost = writer.lost_token();
-        let reader = readers.read().await.unwrap();
-        assert!(
-            lost.is_cancelled(),
-            "a reader held before the writer's loss"
-        );
-        reader.release().await.unwrap();
-        drop(writer);
-    })
+    bounded(
+        LIMIT,
+        rw::fixed_lease_readers_share_and_a_writer_waits_for_their_leases(
+            &client,
+            &other,
+            "etcd:rw:fixed",
+            Duration::from_secs(2),
+        ),
+    )
     .await;
 }
 
@@ -204,47 +145,36 @@ async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     let lease = Duration::from_secs(2);
     let holder = client_at(&through, lease).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    bounded(LIMIT, async {
-        let reader = holder
-            .rw_lock("etcd:rw:cut-off")
-            .unwrap()
-            .read()
-            .await
-            .unwrap();
-        let taken_at = Instant::now();
+    let cut = |cut: bool| {
         for proxy in &proxies {
-            proxy.blackhole();
+            if cut {
+                proxy.blackhole()
+            } else {
+                proxy.heal()
+            }
         }
-        let lost_at = common::lost_before_another_holds(
-            reader.lost_token(),
-            other.lock("etcd:rw:cut-off").unwrap(),
-        )
-        .await;
-        assert!(lost_at.duration_since(taken_at) < lease + Duration::from_millis(300));
-        for proxy in &proxies {
-            proxy.heal();
-        }
-        drop(reader);
-    })
+    };
+    bounded(
+        LIMIT,
+        rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(
+            (&holder, &other),
+            "etcd:rw:cut-off",
+            (lease, Duration::from_millis(300)),
+            cut,
+        ),
+    )
     .await;
 }
 
-/// A read hold re-entered keeps writers out until its last release.
+/// A read hold re-entered keeps writers out until its last release (tests/common/rw.rs).
 #[tokio::test]
 async fn a_read_hold_reentered_is_freed_by_its_last_release() {
     let etcd = one_member().await;
     let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
     let lock = client.rw_lock("etcd:rw:reenter").unwrap();
-    bounded(LIMIT, async {
-        let reader = lock.read().await.unwrap();
-        let again = reader.reenter().await.unwrap();
-        assert_eq!(again.hold_count(), 2);
-        assert!(lock.try_write().await.unwrap().is_none());
-        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
-        assert!(lock.try_write().await.unwrap().is_none());
-        reader.release().await.unwrap();
-        let writer = lock.try_write().await.unwrap().expect("the lock is free");
-        writer.release().await.unwrap();
-    })
+    bounded(
+        LIMIT,
+        rw::a_read_hold_reentered_is_freed_by_its_last_release(&lock),
+    )
     .await;
 }

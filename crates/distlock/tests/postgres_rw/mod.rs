@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use distlock::{Error, ReleaseOutcome};
 use distlock_testkit::FaultProxy;
 
-use super::common::{self, bounded};
+use super::common::{self, bounded, rw};
 use super::{client_at, database, raw, LIMIT};
 
 /// The scenario every store's read-write lock passes (tests/common/rw.rs), on two clients.
@@ -29,36 +29,6 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     )
     .await;
     assert!(most_readers > 1, "readers never shared");
-}
-
-/// A lock and a read-write lock of one name: the lock keeps readers and writers out, a
-/// reader keeps the lock out, and tokens grow across them.
-#[tokio::test]
-async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
-    let server = database().await;
-    let client = client_at(&server.url(), Duration::from_secs(5)).await;
-    let (plain, rw) = (
-        client.lock("pg:rw:shared-name").unwrap(),
-        client.rw_lock("pg:rw:shared-name").unwrap(),
-    );
-    bounded(LIMIT, async {
-        let held = plain.lock().await.unwrap();
-        assert!(rw.try_read().await.unwrap().is_none());
-        assert!(rw.try_write().await.unwrap().is_none());
-        held.release().await.unwrap();
-        let reader = rw.read().await.unwrap();
-        assert!(rw.is_locked().await.unwrap());
-        assert!(plain.try_lock().await.unwrap().is_none());
-        reader.release().await.unwrap();
-        assert!(!rw.is_locked().await.unwrap());
-        let writer = rw.write().await.unwrap();
-        let token = writer.fencing_token();
-        writer.release().await.unwrap();
-        let held = plain.lock().await.unwrap();
-        assert!(held.fencing_token() > token, "a token did not grow");
-        held.release().await.unwrap();
-    })
-    .await;
 }
 
 /// The last reader's release wakes a waiting writer at once (NOTIFY), not at the end of
@@ -129,75 +99,6 @@ async fn a_downgrade_lets_no_waiting_writer_in_between() {
     .await;
 }
 
-/// Readers on a fixed lease share: a writer waits for the last reader's lease to end on
-/// the database's clock, after every reader's lost signal fired. A writer on a fixed
-/// lease keeps readers out likewise.
-#[tokio::test]
-async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
-    let server = database().await;
-    let client = client_at(&server.url(), Duration::from_secs(30)).await;
-    let other = client_at(&server.url(), Duration::from_secs(30)).await;
-    let lease = Duration::from_millis(1200);
-    let name = "pg:rw:fixed";
-    let readers = client.rw_lock(name).unwrap().with_lease(lease);
-    bounded(LIMIT, async {
-        let first = readers.read().await.unwrap();
-        let second = readers.read().await.unwrap();
-        let writer_lock = other.rw_lock(name).unwrap();
-        assert!(writer_lock.try_write().await.unwrap().is_none());
-        let (first_lost, second_lost) = (first.lost_token(), second.lost_token());
-        let writer = writer_lock.write().await.unwrap();
-        assert!(first_lost.is_cancelled() && second_lost.is_cancelled());
-        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
-        drop(second);
-        writer.release().await.unwrap();
-
-        let writer = writer_lock.with_lease(lease).write().await.unwrap();
-        assert!(readers.try_read().await.unwrap().is_none());
-        let lost = writer.lost_token();
-        let reader = readers.read().await.unwrap();
-        assert!(
-            lost.is_cancelled(),
-            "a reader held before the writer's loss"
-        );
-        reader.release().await.unwrap();
-        drop(writer);
-    })
-    .await;
-}
-
-/// A reader cut off from the database learns of its loss before a writer holds.
-#[tokio::test]
-async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
-    let server = database().await;
-    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
-        .await
-        .unwrap();
-    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
-    let lease = Duration::from_millis(1500);
-    let holder = client_at(&through_proxy, lease).await;
-    let other = client_at(&server.url(), Duration::from_secs(5)).await;
-    bounded(LIMIT, async {
-        let reader = holder
-            .rw_lock("pg:rw:cut-off")
-            .unwrap()
-            .read()
-            .await
-            .unwrap();
-        let taken_at = Instant::now();
-        proxy.blackhole();
-        let lost_at = common::lost_before_another_holds(
-            reader.lost_token(),
-            other.lock("pg:rw:cut-off").unwrap(),
-        )
-        .await;
-        assert!(lost_at.duration_since(taken_at) < lease + Duration::from_millis(200));
-        proxy.heal();
-        drop(reader);
-    })
-    .await;
-}
-
 /// A read hold re-entered keeps writers out until its last release; the watchdog keeps
 /// a read hold past its lease.
 #[tokio::test]
@@ -252,5 +153,63 @@ async fn a_table_an_older_distlock_made_is_completed_at_connect() {
             .is_none());
         reader.release().await.unwrap();
     })
+    .await;
+}
+
+/// A lock and a read-write lock of one name exclude each other (tests/common/rw.rs).
+#[tokio::test]
+async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(5)).await;
+    bounded(
+        LIMIT,
+        rw::a_lock_and_a_read_write_lock_of_one_name_exclude_each_other(
+            &client,
+            "pg:rw:shared-name",
+        ),
+    )
+    .await;
+}
+
+/// Fixed-lease readers share; a writer waits for their leases, on the database's clock
+/// (tests/common/rw.rs).
+#[tokio::test]
+async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(30)).await;
+    let other = client_at(&server.url(), Duration::from_secs(30)).await;
+    bounded(
+        LIMIT,
+        rw::fixed_lease_readers_share_and_a_writer_waits_for_their_leases(
+            &client,
+            &other,
+            "pg:rw:fixed",
+            Duration::from_millis(1200),
+        ),
+    )
+    .await;
+}
+
+/// A reader cut off from the database learns of its loss before a writer holds.
+#[tokio::test]
+async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
+    let server = database().await;
+    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
+        .await
+        .unwrap();
+    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let lease = Duration::from_millis(1500);
+    let holder = client_at(&through_proxy, lease).await;
+    let other = client_at(&server.url(), Duration::from_secs(5)).await;
+    let cut = |cut: bool| if cut { proxy.blackhole() } else { proxy.heal() };
+    bounded(
+        LIMIT,
+        rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(
+            (&holder, &other),
+            "pg:rw:cut-off",
+            (lease, Duration::from_millis(200)),
+            cut,
+        ),
+    )
     .await;
 }

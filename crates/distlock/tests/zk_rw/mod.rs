@@ -4,11 +4,11 @@
 //! one name exclude each other, fixed-lease readers share and a writer waits for their
 //! leases, and a reader cut off learns of its loss before a writer holds.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock::{Error, ReleaseOutcome};
 
-use super::common::{self, bounded};
+use super::common::{self, bounded, rw};
 use super::{behind_proxies, client_at, ensemble, queue_len, LIMIT};
 
 /// The scenario every store's read-write lock passes (tests/common/rw.rs), on two clients.
@@ -26,51 +26,6 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     .await;
     assert!(most_readers > 1, "readers never shared");
     assert_eq!(queue_len(&zk, "zk:rw:table").await, 0, "a node left behind");
-}
-
-/// FIFO: a reader that comes after a waiting writer waits behind it, even while readers
-/// hold; the writer holds once the reader ahead is gone, and the late reader once the
-/// writer is.
-#[tokio::test]
-async fn a_reader_waits_behind_a_writer_queued_ahead_of_it() {
-    let zk = ensemble(1).await;
-    let client = client_at(&zk.url(), Duration::from_secs(5)).await;
-    let other = client_at(&zk.url(), Duration::from_secs(5)).await;
-    let lock = client.rw_lock("zk:rw:fifo").unwrap();
-    bounded(LIMIT, async {
-        let first = lock.read().await.unwrap();
-        let waiting = other.rw_lock("zk:rw:fifo").unwrap();
-        let writer = tokio::spawn(async move { waiting.write().await.unwrap() });
-        // The writer's node is queued once the queue has two nodes.
-        common::eventually(LIMIT, "the writer queued", || async {
-            queue_len(&zk, "zk:rw:fifo").await == 2
-        })
-        .await;
-        assert!(
-            lock.try_read().await.unwrap().is_none(),
-            "a reader passed a waiting writer"
-        );
-        assert_eq!(queue_len(&zk, "zk:rw:fifo").await, 2, "a try left a node");
-        let late = {
-            let lock = lock.clone();
-            tokio::spawn(async move { lock.read().await.unwrap() })
-        };
-        common::eventually(LIMIT, "the late reader queued", || async {
-            queue_len(&zk, "zk:rw:fifo").await == 3
-        })
-        .await;
-        assert!(!writer.is_finished(), "the writer held beside a reader");
-        first.release().await.unwrap();
-        let writer = writer.await.unwrap();
-        assert!(writer.fencing_token() > 0);
-        assert!(!late.is_finished(), "a reader held beside the writer");
-        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
-        let late = late.await.unwrap();
-        assert!(lock.is_locked().await.unwrap());
-        late.release().await.unwrap();
-        assert!(!lock.is_locked().await.unwrap());
-    })
-    .await;
 }
 
 /// A downgrade takes a read hold that no writer can come between: a writer waiting
@@ -121,72 +76,57 @@ async fn a_downgrade_lets_no_waiting_writer_in_between() {
     .await;
 }
 
-/// A lock and a read-write lock of one name are one queue: the lock excludes readers and
-/// writers, and a reader excludes the lock.
+/// FIFO: a reader that comes after a waiting writer waits behind it (tests/common/rw.rs).
+#[tokio::test]
+async fn a_reader_waits_behind_a_writer_queued_ahead_of_it() {
+    let zk = ensemble(1).await;
+    let client = client_at(&zk.url(), Duration::from_secs(5)).await;
+    let other = client_at(&zk.url(), Duration::from_secs(5)).await;
+    let queued = || queue_len(&zk, "zk:rw:fifo");
+    bounded(
+        LIMIT,
+        rw::a_reader_waits_behind_a_writer_queued_ahead_of_it(
+            &client,
+            &other,
+            "zk:rw:fifo",
+            queued,
+        ),
+    )
+    .await;
+}
+
+/// A lock and a read-write lock of one name are one queue (tests/common/rw.rs).
 #[tokio::test]
 async fn a_lock_and_a_read_write_lock_of_one_name_exclude_each_other() {
     let zk = ensemble(1).await;
     let client = client_at(&zk.url(), Duration::from_secs(5)).await;
-    let (plain, rw) = (
-        client.lock("zk:rw:shared-name").unwrap(),
-        client.rw_lock("zk:rw:shared-name").unwrap(),
-    );
-    bounded(LIMIT, async {
-        let held = plain.lock().await.unwrap();
-        assert!(rw.try_read().await.unwrap().is_none());
-        assert!(rw.try_write().await.unwrap().is_none());
-        held.release().await.unwrap();
-        let reader = rw.read().await.unwrap();
-        assert!(plain.try_lock().await.unwrap().is_none());
-        assert!(plain.is_locked().await.unwrap());
-        reader.release().await.unwrap();
-        let writer = rw.write().await.unwrap();
-        let token = writer.fencing_token();
-        writer.release().await.unwrap();
-        let held = plain.lock().await.unwrap();
-        assert!(held.fencing_token() > token, "a token did not grow");
-        held.release().await.unwrap();
-    })
+    bounded(
+        LIMIT,
+        rw::a_lock_and_a_read_write_lock_of_one_name_exclude_each_other(
+            &client,
+            "zk:rw:shared-name",
+        ),
+    )
     .await;
 }
 
-/// Readers on a fixed lease share, and outlive nothing: a writer waits for the last
-/// reader's lease to end (by the ensemble's clock), and every reader's lost signal fired
-/// before it held. A writer on a fixed lease keeps readers out likewise.
+/// Fixed-lease readers share; a writer waits for their leases, by the ensemble's clock
+/// (tests/common/rw.rs).
 #[tokio::test]
 async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
     let zk = ensemble(1).await;
     let client = client_at(&zk.url(), Duration::from_secs(30)).await;
     let other = client_at(&zk.url(), Duration::from_secs(30)).await;
     let lease = Duration::from_millis(1500);
-    let name = "zk:rw:fixed";
-    let readers = client.rw_lock(name).unwrap().with_lease(lease);
-    bounded(LIMIT, async {
-        let first = readers.read().await.unwrap();
-        let second = readers.read().await.unwrap();
-        assert!(first.lease_remaining() <= lease);
-        let writer_lock = other.rw_lock(name).unwrap();
-        assert!(writer_lock.try_write().await.unwrap().is_none());
-        let (first_lost, second_lost) = (first.lost_token(), second.lost_token());
-        let writer = writer_lock.write().await.unwrap();
-        assert!(first_lost.is_cancelled() && second_lost.is_cancelled());
-        assert!(first.is_lost() && second.is_lost());
-        assert_eq!(first.release().await.unwrap(), ReleaseOutcome::AlreadyLost);
-        drop(second);
-        writer.release().await.unwrap();
-
-        // A fixed-lease writer keeps a reader out until its lease ends.
-        let writer = writer_lock.with_lease(lease).write().await.unwrap();
-        assert!(readers.try_read().await.unwrap().is_none());
-        let lost = writer.lost_token();
-        let reader = readers.read().await.unwrap();
-        assert!(
-            lost.is_cancelled(),
-            "a reader held before the writer's loss"
-        );
-        reader.release().await.unwrap();
-        drop(writer);
-    })
+    bounded(
+        LIMIT,
+        rw::fixed_lease_readers_share_and_a_writer_waits_for_their_leases(
+            &client,
+            &other,
+            "zk:rw:fixed",
+            lease,
+        ),
+    )
     .await;
 }
 
@@ -199,47 +139,36 @@ async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     let session = Duration::from_secs(2);
     let holder = client_at(&through, session).await;
     let other = client_at(&zk.url(), Duration::from_secs(5)).await;
-    bounded(LIMIT, async {
-        let reader = holder
-            .rw_lock("zk:rw:cut-off")
-            .unwrap()
-            .read()
-            .await
-            .unwrap();
-        let cut_at = Instant::now();
+    let cut = |cut: bool| {
         for proxy in &proxies {
-            proxy.blackhole();
+            if cut {
+                proxy.blackhole()
+            } else {
+                proxy.heal()
+            }
         }
-        let lost_at = common::lost_before_another_holds(
-            reader.lost_token(),
-            other.lock("zk:rw:cut-off").unwrap(),
-        )
-        .await;
-        assert!(lost_at.duration_since(cut_at) < session + Duration::from_millis(300));
-        for proxy in &proxies {
-            proxy.heal();
-        }
-        drop(reader);
-    })
+    };
+    bounded(
+        LIMIT,
+        rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(
+            (&holder, &other),
+            "zk:rw:cut-off",
+            (session, Duration::from_millis(300)),
+            cut,
+        ),
+    )
     .await;
 }
 
-/// A read hold re-entered counts its holds, and the last release frees the lock.
+/// A read hold re-entered keeps writers out until its last release (tests/common/rw.rs).
 #[tokio::test]
 async fn a_read_hold_reentered_is_freed_by_its_last_release() {
     let zk = ensemble(1).await;
     let client = client_at(&zk.url(), Duration::from_secs(5)).await;
     let lock = client.rw_lock("zk:rw:reenter").unwrap();
-    bounded(LIMIT, async {
-        let reader = lock.read().await.unwrap();
-        let again = reader.reenter().await.unwrap();
-        assert_eq!(again.hold_count(), 2);
-        assert!(lock.try_write().await.unwrap().is_none());
-        assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
-        assert!(lock.try_write().await.unwrap().is_none());
-        reader.release().await.unwrap();
-        let writer = lock.try_write().await.unwrap().expect("the lock is free");
-        writer.release().await.unwrap();
-    })
+    bounded(
+        LIMIT,
+        rw::a_read_hold_reentered_is_freed_by_its_last_release(&lock),
+    )
     .await;
 }
