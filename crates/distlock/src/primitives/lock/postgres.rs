@@ -264,18 +264,34 @@ async fn set_holds(
     holds: u32,
     lease_ms: f64,
 ) -> Result<Option<i32>> {
+    set_hold_count(link, SET_HOLDS, (&name, &owner), holds, Some(lease_ms)).await
+}
+
+/// Runs `statement`, which sets a holding's hold count (`$1` name, `$2` owner, `$3` the
+/// count, and `$4` a lease in milliseconds when given), and answers the count it set, or
+/// `None` when the owner no longer holds it. Shared by the lock's and the readers'.
+pub(crate) async fn set_hold_count(
+    link: &PgLink,
+    statement: &'static str,
+    (name, owner): (&str, &str),
+    holds: u32,
+    lease_ms: Option<f64>,
+) -> Result<Option<i32>> {
     let holds = i32::try_from(holds).map_err(|_| Error::InvalidArgument {
         what: "hold count",
         reason: format!("{holds} is more than PostgreSQL's integer holds"),
     })?;
+    let (name, owner) = (name.to_owned(), owner.to_owned());
     link.run_upkeep(move |mut conn| async move {
-        sqlx::query_scalar::<_, i32>(SET_HOLDS)
+        let query = sqlx::query_scalar::<_, i32>(statement)
             .bind(name)
             .bind(owner)
-            .bind(holds)
-            .bind(lease_ms)
-            .fetch_optional(&mut *conn)
-            .await
+            .bind(holds);
+        let query = match lease_ms {
+            Some(lease_ms) => query.bind(lease_ms),
+            None => query,
+        };
+        query.fetch_optional(&mut *conn).await
     })
     .await
 }

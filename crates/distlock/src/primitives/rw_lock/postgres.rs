@@ -18,8 +18,8 @@ use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::{Error, Result};
-use crate::primitives::lock::postgres::{attempt as write_attempt, channel_of};
+use crate::error::Result;
+use crate::primitives::lock::postgres::{attempt as write_attempt, channel_of, set_hold_count};
 use crate::primitives::lock::{Acquired, Hold, HoldOps, OpFuture, ReleaseArgs};
 use crate::transport::postgres::PgLink;
 
@@ -368,20 +368,7 @@ impl HoldOps for PgReadHold {
 /// Sets a read holding's hold count: the count now, or `None` when the owner no longer
 /// holds it.
 async fn set_holds(link: &PgLink, name: &str, owner: &str, holds: u32) -> Result<Option<i32>> {
-    let holds = i32::try_from(holds).map_err(|_| Error::InvalidArgument {
-        what: "hold count",
-        reason: format!("{holds} is more than PostgreSQL's integer holds"),
-    })?;
-    let (name, owner) = (name.to_owned(), owner.to_owned());
-    link.run_upkeep(move |mut conn| async move {
-        sqlx::query_scalar::<_, i32>(READ_SET_HOLDS)
-            .bind(name)
-            .bind(owner)
-            .bind(holds)
-            .fetch_optional(&mut *conn)
-            .await
-    })
-    .await
+    set_hold_count(link, READ_SET_HOLDS, (name, owner), holds, None).await
 }
 
 /// Whether anyone holds the read-write lock `name`, for writing or reading.
