@@ -199,3 +199,56 @@ pub async fn a_reader_waits_behind_a_writer_queued_ahead_of_it<F, Fut>(
     late.release().await.unwrap();
     assert!(!lock.is_locked().await.unwrap());
 }
+
+/// A downgrade of a writer of `name` on `client` lets no writer in between: a writer
+/// from `other` that waits (`until_waiting` answers once it waits) stays out while the
+/// downgraded reader holds, after the old writer let go, and holds once that reader is
+/// gone; if `readers_join`, another reader joins the downgraded one meanwhile. A writer
+/// force-unlocked cannot be downgraded (`NotHeld`).
+pub async fn a_downgrade_lets_no_waiting_writer_in_between<F, Fut>(
+    (client, other): (&Client, &Client),
+    name: &str,
+    until_waiting: F,
+    readers_join: bool,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use distlock::ReleaseOutcome;
+    let lock = client.rw_lock(name).unwrap();
+    let writer = lock.write().await.unwrap();
+    let next = other.rw_lock(name).unwrap();
+    let next_writer = tokio::spawn(async move { next.write().await.unwrap() });
+    until_waiting().await;
+    let reader = lock.downgrade(&writer).await.unwrap();
+    assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(reader.verify().await.unwrap());
+    let joined = if readers_join {
+        Some(lock.try_read().await.unwrap().expect("a reader joins"))
+    } else {
+        None
+    };
+    assert!(lock.try_write().await.unwrap().is_none());
+    assert!(
+        !next_writer.is_finished(),
+        "a writer came in after a downgrade"
+    );
+    reader.release().await.unwrap();
+    if let Some(joined) = joined {
+        joined.release().await.unwrap();
+    }
+    let next_writer = next_writer.await.unwrap();
+    assert_eq!(
+        next_writer.release().await.unwrap(),
+        ReleaseOutcome::Released
+    );
+
+    let writer = lock.write().await.unwrap();
+    assert!(client.lock(name).unwrap().force_unlock().await.unwrap());
+    super::eventually(Duration::from_secs(30), "the writer's loss", || async {
+        !writer.verify().await.unwrap()
+    })
+    .await;
+    let err = lock.downgrade(&writer).await.unwrap_err();
+    assert!(matches!(err, distlock::Error::NotHeld { .. }), "{err}");
+}

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use distlock::{Error, ReleaseOutcome};
 use distlock_testkit::EtcdCluster;
 
 use super::common::{self, bounded, rw};
@@ -38,48 +37,28 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     );
 }
 
-/// A downgrade lets no writer in between: the read hold is one more hold on the writer's
-/// key, so a writer waiting behind it, and a reader, come in only once it is released
-/// too. A force-unlocked writer's downgrade is `NotHeld`.
+/// A downgrade lets no waiting writer in between (tests/common/rw.rs): its read hold is
+/// one more hold on the writer's key, so readers behind wait for it too.
 #[tokio::test]
 async fn a_downgrade_lets_no_waiting_writer_in_between() {
     let etcd = one_member().await;
     let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
     let name = "etcd:rw:downgrade";
-    let lock = client.rw_lock(name).unwrap();
-    bounded(LIMIT, async {
-        let writer = lock.write().await.unwrap();
-        let next = other.rw_lock(name).unwrap();
-        let next_writer = tokio::spawn(async move { next.write().await.unwrap() });
+    let until_waiting = || {
         common::eventually(LIMIT, "the next writer queued", || async {
             lock_queue_len(&etcd, name).await == 2
         })
-        .await;
-        let reader = lock.downgrade(&writer).await.unwrap();
-        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
-        assert!(reader.verify().await.unwrap());
-        assert!(lock.try_write().await.unwrap().is_none());
-        assert!(
-            !next_writer.is_finished(),
-            "a writer came in after a downgrade"
-        );
-        reader.release().await.unwrap();
-        let next_writer = next_writer.await.unwrap();
-        assert_eq!(
-            next_writer.release().await.unwrap(),
-            ReleaseOutcome::Released
-        );
-
-        let writer = lock.write().await.unwrap();
-        assert!(client.lock(name).unwrap().force_unlock().await.unwrap());
-        common::eventually(LIMIT, "the writer's loss", || async {
-            !writer.verify().await.unwrap()
-        })
-        .await;
-        let err = lock.downgrade(&writer).await.unwrap_err();
-        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-    })
+    };
+    bounded(
+        LIMIT,
+        rw::a_downgrade_lets_no_waiting_writer_in_between(
+            (&client, &other),
+            name,
+            until_waiting,
+            false,
+        ),
+    )
     .await;
     assert_eq!(lock_queue_len(&etcd, name).await, 0, "a key left behind");
 }

@@ -9,7 +9,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use distlock::{Error, ReleaseOutcome};
+use distlock::ReleaseOutcome;
 use distlock_testkit::FaultProxy;
 
 use super::common::{self, bounded, rw};
@@ -60,42 +60,25 @@ async fn the_last_readers_release_wakes_a_writer_at_once() {
     .await;
 }
 
-/// A downgrade lets no waiting writer in between, while readers may join the downgraded
-/// one once the writer let go; a force-unlocked writer's downgrade is `NotHeld`.
+/// A downgrade lets no waiting writer in between, while readers join the downgraded one
+/// once the writer let go (tests/common/rw.rs).
 #[tokio::test]
 async fn a_downgrade_lets_no_waiting_writer_in_between() {
     let server = database().await;
     let client = client_at(&server.url(), Duration::from_secs(5)).await;
     let other = client_at(&server.url(), Duration::from_secs(5)).await;
-    let name = "pg:rw:downgrade";
-    let lock = client.rw_lock(name).unwrap();
-    bounded(LIMIT, async {
-        let writer = lock.write().await.unwrap();
-        let next = other.rw_lock(name).unwrap();
-        let next_writer = tokio::spawn(async move { next.write().await.unwrap() });
-        let reader = lock.downgrade(&writer).await.unwrap();
-        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
-        assert!(reader.verify().await.unwrap());
-        let joined = lock.try_read().await.unwrap().expect("a reader joins");
-        assert!(lock.try_write().await.unwrap().is_none());
-        assert!(
-            !next_writer.is_finished(),
-            "a writer came in after a downgrade"
-        );
-        reader.release().await.unwrap();
-        joined.release().await.unwrap();
-        let next_writer = next_writer.await.unwrap();
-        assert_eq!(
-            next_writer.release().await.unwrap(),
-            ReleaseOutcome::Released
-        );
-
-        let writer = lock.write().await.unwrap();
-        assert!(client.lock(name).unwrap().force_unlock().await.unwrap());
-        let err = lock.downgrade(&writer).await.unwrap_err();
-        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-        drop(writer);
-    })
+    // No queue to look at: the writer waits by the time the downgrade is checked, or
+    // comes later and finds the reader.
+    let until_waiting = || async {};
+    bounded(
+        LIMIT,
+        rw::a_downgrade_lets_no_waiting_writer_in_between(
+            (&client, &other),
+            "pg:rw:downgrade",
+            until_waiting,
+            true,
+        ),
+    )
     .await;
 }
 

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use distlock::{Error, ReleaseOutcome};
 
 use super::common::{self, bounded, rw};
 use super::{behind_proxies, client_at, ensemble, queue_len, LIMIT};
@@ -28,47 +27,28 @@ async fn readers_share_and_a_writer_excludes_everyone() {
     assert_eq!(queue_len(&zk, "zk:rw:table").await, 0, "a node left behind");
 }
 
-/// A downgrade takes a read hold that no writer can come between: a writer waiting
-/// behind the first stays out until the downgraded reader is gone. A downgrade of a
-/// writer whose holding is over is refused, and leaves no node behind.
+/// A downgrade lets no waiting writer in between (tests/common/rw.rs), and leaves no
+/// node behind.
 #[tokio::test]
 async fn a_downgrade_lets_no_waiting_writer_in_between() {
     let zk = ensemble(1).await;
     let client = client_at(&zk.url(), Duration::from_secs(5)).await;
     let other = client_at(&zk.url(), Duration::from_secs(5)).await;
     let name = "zk:rw:downgrade";
-    let lock = client.rw_lock(name).unwrap();
-    bounded(LIMIT, async {
-        let writer = lock.write().await.unwrap();
-        let next = other.rw_lock(name).unwrap();
-        let next_writer = tokio::spawn(async move { next.write().await.unwrap() });
+    let until_waiting = || {
         common::eventually(LIMIT, "the next writer queued", || async {
             queue_len(&zk, name).await == 2
         })
-        .await;
-        let reader = lock.downgrade(&writer).await.unwrap();
-        assert_eq!(writer.release().await.unwrap(), ReleaseOutcome::Released);
-        // The downgraded reader holds; no writer does.
-        assert!(reader.verify().await.unwrap());
-        assert!(lock.try_write().await.unwrap().is_none());
-        assert!(
-            !next_writer.is_finished(),
-            "a writer came in after a downgrade"
-        );
-        reader.release().await.unwrap();
-        let next_writer = next_writer.await.unwrap();
-        assert_eq!(
-            next_writer.release().await.unwrap(),
-            ReleaseOutcome::Released
-        );
-
-        // A writer force-unlocked (its node deleted) cannot be downgraded.
-        let writer = lock.write().await.unwrap();
-        assert!(client.lock(name).unwrap().force_unlock().await.unwrap());
-        let err = lock.downgrade(&writer).await.unwrap_err();
-        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-        drop(writer);
-    })
+    };
+    bounded(
+        LIMIT,
+        rw::a_downgrade_lets_no_waiting_writer_in_between(
+            (&client, &other),
+            name,
+            until_waiting,
+            false,
+        ),
+    )
     .await;
     common::eventually(LIMIT, "the queue emptied", || async {
         queue_len(&zk, name).await == 0
