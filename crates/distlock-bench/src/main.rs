@@ -40,8 +40,9 @@ enum Scenario {
     /// The distlock command against flock and redis-cli (not part of `all`).
     Cli,
     /// distlock on each store, and the peers on the same servers (not part of `all`: it
-    /// starts a private PostgreSQL and etcd cluster too; etcd and the PostgreSQL peer need
-    /// the `etcd` and `peer-postgres` features).
+    /// starts a private PostgreSQL, etcd cluster and ZooKeeper ensemble too; etcd,
+    /// ZooKeeper and the PostgreSQL peer need the `etcd`, `zk` and `peer-postgres`
+    /// features).
     Stores,
 }
 

@@ -1,13 +1,15 @@
 //! Stores side by side (issue 31): distlock on each store it runs on, and the peers on the
 //! same servers, measured in one run by the same harness. Asked for by name
-//! (`--scenario stores`, `--store redis|postgres|etcd|all`): it starts a private
-//! PostgreSQL and a private 3-member etcd cluster beside the private Redis, and spawns
-//! processes.
+//! (`--scenario stores`, `--store redis|postgres|etcd|zk|all`): it starts a private
+//! PostgreSQL, a private 3-member etcd cluster and a private 3-server ZooKeeper ensemble
+//! beside the private Redis, and spawns processes.
 //!
 //! Some subjects are behind distlock-bench features, off by default so that a plain
 //! workspace build needs neither OpenSSL nor protoc: `peer-postgres` (the PostgreSQL peer,
-//! which forces native-tls) and `etcd` (the etcd store and its peer). Without them, their
-//! rows and columns say "not built (feature …)"; `--store etcd` alone is refused.
+//! which forces native-tls), `etcd` (the etcd store and its peer) and `zk` (the ZooKeeper
+//! store and its peer; running it needs a JVM and ZooKeeper's jar). Without them, their
+//! rows and columns say "not built (feature …)"; `--store etcd` or `--store zk` alone is
+//! refused.
 //!
 //! Three rows, each taken once per round for every subject, rounds alternating the
 //! subjects (their order rotates each round) so that the machine's drift falls on all of
@@ -16,12 +18,14 @@
 //! 1. **Uncontended cycle**: one task, lock then release, back to back. Its baseline is
 //!    the store's own round trip measured in a slice just before, in the same round: a
 //!    no-op EVALSHA on Redis, a raw `SELECT 1` on one connection of a sqlx pool on
-//!    PostgreSQL, a raw linearizable `get` on etcd; one request per round trip, one
-//!    caller. The ratio is round trips per
+//!    PostgreSQL, a raw linearizable `get` on etcd, a raw `set_data` (a write, through
+//!    the leader and a quorum) on ZooKeeper; one request per round trip, one caller.
+//!    The ratio is round trips per
 //!    second ÷ cycles per second in that round (also each p50 ÷ the floor's p50): how many
 //!    round trips a cycle costs. Beside it, per store: distlock's own scripts or
 //!    statements sent raw, (PostgreSQL) `SELECT 1` through a pool, with and without
-//!    sqlx's ping before each use, and (etcd) distlock's placement transaction alone.
+//!    sqlx's ping before each use, (etcd) distlock's placement transaction alone, and
+//!    (ZooKeeper) a raw read and a raw create + delete of an ephemeral sequential node.
 //! 2. **Contended**: eight tasks in two processes (four each, one client per process, as
 //!    the fair scenario runs them) take turns on one lock, hold 1 ms, think 2 ms. The
 //!    handoff (release called → the next holder's acquisition returned, for a holder
@@ -34,7 +38,11 @@
 //!    reported, and the kill falls at a different point of the renewal period each round.
 //!    A session lock (the PostgreSQL peer's advisory lock) is freed when the server
 //!    notices the holder's connection closed; etcd's lock RPC holds on a lease of the
-//!    same 2 s, which etcd expires itself.
+//!    same 2 s, which etcd expires itself. On ZooKeeper both distlock and the peer hold
+//!    through their session, whose timeout is the same 2 s: the ensemble deletes the
+//!    killed holder's node when it expires the session, 2 s after it last heard from
+//!    the holder (rounded up to the ensemble's tick), so that time is set by the
+//!    session timeout; no client can read how much of it is left.
 //!
 //! The machine is shared: each round waits (up to 30 s) for the other processes' load to
 //! drop first, and says how busy the machine was.
@@ -47,10 +55,14 @@ mod deploy;
 mod etcd_floor;
 #[cfg(feature = "etcd")]
 mod peer_etcd;
+#[cfg(feature = "zk")]
+mod peer_zk;
 mod quiet;
 mod report;
 pub mod subject;
 pub mod worker;
+#[cfg(feature = "zk")]
+mod zk_floor;
 
 use std::time::Duration;
 
@@ -70,6 +82,8 @@ pub enum StoreChoice {
     Postgres,
     /// Needs the `etcd` feature.
     Etcd,
+    /// Needs the `zk` feature.
+    Zk,
     /// Every store; those this build lacks are listed as not built.
     All,
 }
@@ -80,7 +94,8 @@ impl StoreChoice {
             StoreChoice::Redis => vec![Store::Redis],
             StoreChoice::Postgres => vec![Store::Postgres],
             StoreChoice::Etcd => vec![Store::Etcd],
-            StoreChoice::All => vec![Store::Redis, Store::Postgres, Store::Etcd],
+            StoreChoice::Zk => vec![Store::Zk],
+            StoreChoice::All => vec![Store::Redis, Store::Postgres, Store::Etcd, Store::Zk],
         }
     }
 }

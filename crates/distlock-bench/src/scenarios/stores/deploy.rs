@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use distlock_testkit::{EtcdCluster, PostgresServer};
+use distlock_testkit::{EtcdCluster, PostgresServer, ZkEnsemble};
 use tokio::time::Instant;
 
 #[cfg(feature = "etcd")]
 use super::etcd_floor::{self, EtcdRaw};
 use super::subject::{Store, WATCHDOG_LEASE};
+#[cfg(feature = "zk")]
+use super::zk_floor::{self, ZkRaw};
 use crate::baseline::{self, Raw};
 use crate::scenarios::BenchResult;
 use crate::stats::Latencies;
@@ -36,6 +38,10 @@ enum Floor {
     /// (etcd-client's `Client` is 3.5 KB: boxed, as the other variants are a few words.)
     #[cfg(feature = "etcd")]
     Etcd(Box<etcd_client::Client>, EtcdRaw),
+    /// A raw request through zookeeper-client, on a session of the server the subjects
+    /// are connected to, under the given node.
+    #[cfg(feature = "zk")]
+    Zk(Box<zookeeper_client::Client>, String, ZkRaw),
 }
 
 impl Floor {
@@ -60,6 +66,10 @@ impl Floor {
             Floor::PgLockStatements(pool) => (pool.clone(), Pg::LockStatements),
             #[cfg(feature = "etcd")]
             Floor::Etcd(client, raw) => return etcd_floor::measure(client, *raw, length).await,
+            #[cfg(feature = "zk")]
+            Floor::Zk(client, root, raw) => {
+                return zk_floor::measure(client, root, *raw, length).await
+            }
         };
         tokio::spawn(pg_probe(pool, kind, length)).await?
     }
@@ -162,6 +172,8 @@ pub(super) struct Deployed {
     _postgres: Option<PostgresServer>,
     /// Keeps a private etcd cluster running; stopped when dropped.
     _etcd: Option<EtcdCluster>,
+    /// Keeps a private ZooKeeper ensemble running; stopped when dropped.
+    _zk: Option<ZkEnsemble>,
 }
 
 pub(super) const POOLED: &str =
@@ -172,6 +184,9 @@ pub(super) const RAW_STATEMENTS: &str =
     "distlock's acquire.sql + release.sql, raw on one connection (a cycle)";
 pub(super) const RAW_PLACEMENT: &str = "distlock's placement Txn alone, raw (one Raft write)";
 pub(super) const RAW_TXNS: &str = "distlock's placement + release Txns, raw (a cycle)";
+pub(super) const ZK_GET: &str = "raw get_data of one node (a read, the connected server alone)";
+pub(super) const ZK_PAIR: &str = "raw create + delete of an ephemeral sequential node";
+pub(super) const ZK_CYCLE: &str = "distlock's create + list + delete, raw (a cycle)";
 
 pub(super) async fn deploy(store: Store, redis_url: &str) -> BenchResult<Deployed> {
     match store {
@@ -191,6 +206,7 @@ pub(super) async fn deploy(store: Store, redis_url: &str) -> BenchResult<Deploye
                 ],
                 _postgres: None,
                 _etcd: None,
+                _zk: None,
             })
         }
         Store::Postgres => {
@@ -219,9 +235,11 @@ pub(super) async fn deploy(store: Store, redis_url: &str) -> BenchResult<Deploye
                 ],
                 _postgres: Some(server),
                 _etcd: None,
+                _zk: None,
             })
         }
         Store::Etcd => deploy_etcd().await,
+        Store::Zk => deploy_zk().await,
     }
 }
 
@@ -251,6 +269,7 @@ async fn deploy_etcd() -> BenchResult<Deployed> {
         ],
         _postgres: None,
         _etcd: Some(cluster),
+        _zk: None,
     })
 }
 
@@ -258,4 +277,83 @@ async fn deploy_etcd() -> BenchResult<Deployed> {
 #[cfg(not(feature = "etcd"))]
 async fn deploy_etcd() -> BenchResult<Deployed> {
     Err("the etcd store is not built: rebuild distlock-bench with --features etcd".into())
+}
+
+/// The node distlock's locks live under in the scenario (the URL's path); the peer's and
+/// the raw probes' nodes are beside it.
+#[cfg(feature = "zk")]
+const ZK_PREFIX: &str = "/distlock-bench";
+/// How long each ZooKeeper baseline runs once, unmeasured, before the rounds.
+#[cfg(feature = "zk")]
+const ZK_WARM_UP: Duration = Duration::from_secs(1);
+
+/// A private 3-server ZooKeeper ensemble on loopback, reached through one of its
+/// followers: the URL every subject connects with names that server alone, and so does
+/// the baselines' session. zookeeper-client picks a server of a list at random for each
+/// session, and a session on the leader skips the forwarding hop a follower's writes
+/// take, so with the whole list each process (the parent, every worker) would take its
+/// own path at random; a follower is where two sessions in three land with the list.
+#[cfg(feature = "zk")]
+async fn deploy_zk() -> BenchResult<Deployed> {
+    let ensemble = ZkEnsemble::start(3).await?;
+    let leader = ensemble.leader().await?;
+    let follower = (0..ensemble.size())
+        .find(|&index| index != leader)
+        .ok_or("a ZooKeeper ensemble of 3 with no follower")?;
+    let port = ensemble
+        .client_ports()
+        .get(follower)
+        .copied()
+        .ok_or("no client port for the follower")?;
+    let url = format!("zk://127.0.0.1:{port}{ZK_PREFIX}");
+    let version = ensemble
+        .four_letter_word(follower, "srvr")
+        .await
+        .ok()
+        .and_then(|answer| {
+            answer
+                .lines()
+                .next()
+                .and_then(|line| line.strip_prefix("Zookeeper version: "))
+                .map(|version| {
+                    version
+                        .split(['-', ','])
+                        .next()
+                        .unwrap_or(version)
+                        .to_owned()
+                })
+        })
+        .unwrap_or_default();
+    eprintln!(
+        "ZooKeeper {version}: 3 servers on loopback (private; tick {} ms; every session on follower {follower}, the leader is {leader})",
+        distlock_testkit::zk_ensemble::ZK_TICK.as_millis()
+    );
+    let client = Box::new(super::peer_zk::session(&url, WATCHDOG_LEASE).await?);
+    let root = zk_floor::raw_root(ZK_PREFIX);
+    let probe = |label, raw| Probe::new(label, Floor::Zk(client.clone(), root.clone(), raw));
+    let probes = vec![
+        probe(Store::Zk.floor_label(), ZkRaw::Set),
+        probe(ZK_GET, ZkRaw::Get),
+        probe(ZK_PAIR, ZkRaw::Pair),
+        probe(ZK_CYCLE, ZkRaw::Cycle),
+    ];
+    // The servers are JVMs that start with their code interpreted: a first pass of every
+    // request, unmeasured, so that the first round does not pay for their compiling it.
+    for probe in &probes {
+        probe.floor.measure(ZK_WARM_UP).await?;
+    }
+    Ok(Deployed {
+        store: Store::Zk,
+        url,
+        probes,
+        _postgres: None,
+        _etcd: None,
+        _zk: Some(ensemble),
+    })
+}
+
+/// Not reached: the scenario lists the ZooKeeper columns as not built before it deploys.
+#[cfg(not(feature = "zk"))]
+async fn deploy_zk() -> BenchResult<Deployed> {
+    Err("the zk store is not built: rebuild distlock-bench with --features zk".into())
 }

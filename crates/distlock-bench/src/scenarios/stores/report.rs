@@ -3,7 +3,8 @@
 //! table or the JSON lines).
 
 use super::deploy::{
-    Deployed, POOLED, RAW_PLACEMENT, RAW_SCRIPTS, RAW_STATEMENTS, RAW_TXNS, UNPINGED,
+    Deployed, POOLED, RAW_PLACEMENT, RAW_SCRIPTS, RAW_STATEMENTS, RAW_TXNS, UNPINGED, ZK_CYCLE,
+    ZK_GET, ZK_PAIR,
 };
 use super::subject::{Subject, WATCHDOG_LEASE};
 use super::{Contention, SubjectRounds};
@@ -173,7 +174,7 @@ pub(super) fn kill(rounds: &SubjectRounds) -> Report {
     }
     if lease && !rounds.subject.reads_lease_left() {
         details.push(figure(
-            "lease left at the kill: not read (etcd answers whole seconds)",
+            format!("lease left at the kill: {}", rounds.subject.lease_unread()),
             f64::NAN,
             "",
         ));
@@ -181,10 +182,8 @@ pub(super) fn kill(rounds: &SubjectRounds) -> Report {
     Report {
         scenario: name(rounds.subject, "kill9"),
         result: figure("kill -9 → next holder", time, "ms"),
-        baseline: if rounds.subject == Subject::PeerEtcd {
-            figure("etcd lease TTL =", lease_ms, "ms")
-        } else if lease {
-            figure("watchdog lease =", lease_ms, "ms")
+        baseline: if lease {
+            figure(rounds.subject.lease_label(), lease_ms, "ms")
         } else {
             figure("session lock, no lease:", 0.0, "ms")
         },
@@ -288,15 +287,20 @@ pub(super) fn summary(
             d.probes[0].label
         )
     });
-    let baselines: [(&str, &[&str]); 4] = [
+    let baselines: [(&str, &[&str]); 6] = [
         (
-            "raw lock scripts / statements / Txns, no library (a cycle)",
-            &[RAW_SCRIPTS, RAW_STATEMENTS, RAW_TXNS],
+            "raw lock scripts / statements / Txns / requests, no library (a cycle)",
+            &[RAW_SCRIPTS, RAW_STATEMENTS, RAW_TXNS, ZK_CYCLE],
         ),
         (
             "distlock's placement Txn alone, raw (etcd)",
             &[RAW_PLACEMENT],
         ),
+        (
+            "raw create + delete of an ephemeral sequential node (ZooKeeper)",
+            &[ZK_PAIR],
+        ),
+        ("raw get_data of one node, a read (ZooKeeper)", &[ZK_GET]),
         ("SELECT 1 on sqlx's default pool (pinged first)", &[POOLED]),
         ("SELECT 1 on a pool without the ping", &[UNPINGED]),
     ];
@@ -371,7 +375,7 @@ pub(super) fn summary(
         if !r.subject.has_lease() {
             "no lease (session lock)".to_owned()
         } else if r.lease_left_ms.is_empty() {
-            "not read (etcd answers whole seconds)".to_owned()
+            r.subject.lease_unread().to_owned()
         } else {
             ranged(&r.lease_left_ms)
         }

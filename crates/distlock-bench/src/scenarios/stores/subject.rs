@@ -2,8 +2,8 @@
 //! library on the same server. The parent process and the worker processes take locks
 //! through the same calls, so every subject runs the same load.
 //!
-//! A new store (ZooKeeper) adds a [`Store`] variant, its distlock subject, and its peer
-//! where one exists. A subject whose code is behind a feature that this build lacks is
+//! A new store adds a [`Store`] variant, its distlock subject, and its peer where one
+//! exists (as ZooKeeper did: `Store::Zk`, `Subject::Zk`, `Subject::PeerZk`). A subject whose code is behind a feature that this build lacks is
 //! still listed: its rows say which feature would build it (see [`Subject::missing`]).
 
 #[cfg(feature = "peer-postgres")]
@@ -20,10 +20,14 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "etcd")]
 use super::peer_etcd;
+#[cfg(feature = "zk")]
+use super::peer_zk;
 use crate::scenarios::BenchResult;
 
 /// The lease of distlock's watchdog mode in every client of the scenario: short, so that
 /// the kill -9 row, which waits a lease out, stays short. Renewals come every third of it.
+/// On ZooKeeper distlock asks for it as its session timeout (and refuses a shorter one),
+/// and so does the peer.
 pub const WATCHDOG_LEASE: Duration = Duration::from_secs(2);
 
 /// A store the scenario starts a private server of.
@@ -32,6 +36,7 @@ pub enum Store {
     Redis,
     Postgres,
     Etcd,
+    Zk,
 }
 
 impl Store {
@@ -41,6 +46,7 @@ impl Store {
             Store::Redis => &[Subject::Redis],
             Store::Postgres => &[Subject::Postgres, Subject::PeerPostgres],
             Store::Etcd => &[Subject::Etcd, Subject::PeerEtcd],
+            Store::Zk => &[Subject::Zk, Subject::PeerZk],
         }
     }
 
@@ -50,6 +56,7 @@ impl Store {
             Store::Redis => "redis",
             Store::Postgres => "postgres",
             Store::Etcd => "etcd",
+            Store::Zk => "zk",
         }
     }
 
@@ -66,6 +73,7 @@ impl Store {
             Store::Redis => "no-op EVALSHA",
             Store::Postgres => "SELECT 1 on one connection",
             Store::Etcd => "raw get of one key",
+            Store::Zk => "raw set_data of one node (a write)",
         }
     }
 }
@@ -85,6 +93,12 @@ pub enum Subject {
     Etcd,
     /// etcd's own v3lock `Lock`/`Unlock` RPC through `etcd-client`, on a lease kept alive.
     PeerEtcd,
+    /// distlock on ZooKeeper (an ephemeral sequential node per waiter, the session as the
+    /// lease).
+    Zk,
+    /// `zookeeper-client` 0.11's own lock recipe (Curator's layout), on a session per
+    /// process.
+    PeerZk,
 }
 
 impl Subject {
@@ -96,6 +110,8 @@ impl Subject {
             Subject::PeerPostgres => "peer-postgres",
             Subject::Etcd => "etcd",
             Subject::PeerEtcd => "peer-etcd",
+            Subject::Zk => "zk",
+            Subject::PeerZk => "peer-zk",
         }
     }
 
@@ -106,6 +122,8 @@ impl Subject {
             Subject::PeerPostgres => "distributed-lock-postgres 0.2",
             Subject::Etcd => "distlock on etcd",
             Subject::PeerEtcd => "etcd v3lock RPC (etcd-client)",
+            Subject::Zk => "distlock on ZooKeeper",
+            Subject::PeerZk => "zookeeper-client 0.11 lock (Curator recipe)",
         }
     }
 
@@ -116,24 +134,47 @@ impl Subject {
             Subject::Redis | Subject::Postgres => None,
             Subject::PeerPostgres => (!cfg!(feature = "peer-postgres")).then_some("peer-postgres"),
             Subject::Etcd | Subject::PeerEtcd => (!cfg!(feature = "etcd")).then_some("etcd"),
+            Subject::Zk | Subject::PeerZk => (!cfg!(feature = "zk")).then_some("zk"),
         }
     }
 
     /// Whether its locks are leases (freed when the lease runs out) rather than held by a
-    /// session (freed when the holder's connection ends).
+    /// session (freed when the holder's connection ends). A ZooKeeper session counts as a
+    /// lease: the ensemble frees its nodes a session timeout after it last heard from the
+    /// holder, not when the connection closes.
     pub fn has_lease(self) -> bool {
         !matches!(self, Subject::PeerPostgres)
     }
 
     /// Whether the lease left at a kill is read to the millisecond: etcd answers a lease's
     /// time to live in whole seconds (distlock's `remaining_ttl` on etcd passes that on),
-    /// too coarse for the "past the lease left" row.
+    /// too coarse for the "past the lease left" row; see [`Subject::lease_unread`].
     pub fn reads_lease_left(self) -> bool {
         matches!(self, Subject::Redis | Subject::Postgres)
     }
 
+    /// Why the lease left at a kill is not read, for a lease lock that does not.
+    pub fn lease_unread(self) -> &'static str {
+        match self {
+            // distlock's `remaining_ttl` answers the session timeout for a watchdog-mode
+            // holding: no client can read when the ensemble last heard from a session.
+            Subject::Zk | Subject::PeerZk => "not read (a session's expiry is the ensemble's)",
+            _ => "not read (etcd answers whole seconds)",
+        }
+    }
+
+    /// What the kill -9 row's time is compared with.
+    pub fn lease_label(self) -> &'static str {
+        match self {
+            Subject::PeerEtcd => "etcd lease TTL =",
+            Subject::Zk | Subject::PeerZk => "ZooKeeper session timeout =",
+            _ => "watchdog lease =",
+        }
+    }
+
     /// Whether each hold carries a number that grows from holder to holder: distlock's
-    /// fencing token, or the revision of etcd's lock answer.
+    /// fencing token, the revision of etcd's lock answer, or the sequence number of the
+    /// ZooKeeper peer's node.
     pub fn has_token(self) -> bool {
         !matches!(self, Subject::PeerPostgres)
     }
@@ -153,6 +194,8 @@ pub enum Locker {
     Peer(PostgresLockProvider),
     #[cfg(feature = "etcd")]
     PeerEtcd(peer_etcd::Locker),
+    #[cfg(feature = "zk")]
+    PeerZk(peer_zk::Locker),
 }
 
 impl Locker {
@@ -165,7 +208,7 @@ impl Locker {
             .into());
         }
         Ok(match subject {
-            Subject::Redis | Subject::Postgres | Subject::Etcd => Locker::Distlock(
+            Subject::Redis | Subject::Postgres | Subject::Etcd | Subject::Zk => Locker::Distlock(
                 distlock::Client::builder()
                     .watchdog_timeout(WATCHDOG_LEASE)
                     .connect(url)
@@ -177,6 +220,8 @@ impl Locker {
             Subject::PeerEtcd => {
                 Locker::PeerEtcd(peer_etcd::Locker::connect(url, WATCHDOG_LEASE).await?)
             }
+            #[cfg(feature = "zk")]
+            Subject::PeerZk => Locker::PeerZk(peer_zk::Locker::connect(url, WATCHDOG_LEASE).await?),
             // Refused above: this build lacks the subject's feature.
             #[allow(unreachable_patterns)]
             _ => return Err(format!("{} is not built", subject.label()).into()),
@@ -190,11 +235,13 @@ impl Locker {
             Locker::Peer(provider) => OneLock::Peer(Arc::new(provider.create_lock(name))),
             #[cfg(feature = "etcd")]
             Locker::PeerEtcd(locker) => OneLock::PeerEtcd(locker.lock(name)),
+            #[cfg(feature = "zk")]
+            Locker::PeerZk(locker) => OneLock::PeerZk(locker.lock(name)),
         })
     }
 
     /// On a graceful exit: distlock flushes background releases; the etcd peer revokes
-    /// its lease.
+    /// its lease; the ZooKeeper peer's session closes when its last clone is dropped.
     pub async fn shutdown(&self) {
         match self {
             Locker::Distlock(client) => client.shutdown().await,
@@ -202,6 +249,8 @@ impl Locker {
             Locker::PeerEtcd(locker) => locker.shutdown().await,
             #[cfg(feature = "peer-postgres")]
             Locker::Peer(_) => {}
+            #[cfg(feature = "zk")]
+            Locker::PeerZk(_) => {}
         }
     }
 }
@@ -214,6 +263,8 @@ pub enum OneLock {
     Peer(Arc<PostgresDistributedLock>),
     #[cfg(feature = "etcd")]
     PeerEtcd(peer_etcd::OneLock),
+    #[cfg(feature = "zk")]
+    PeerZk(peer_zk::OneLock),
 }
 
 /// One hold, with what it takes to release it.
@@ -223,6 +274,8 @@ pub enum Held {
     Peer(distributed_lock_postgres::handle::PostgresLockHandle),
     #[cfg(feature = "etcd")]
     PeerEtcd(peer_etcd::Held),
+    #[cfg(feature = "zk")]
+    PeerZk(peer_zk::Held),
 }
 
 impl OneLock {
@@ -234,11 +287,13 @@ impl OneLock {
             OneLock::Peer(lock) => Held::Peer(lock.acquire(None).await?),
             #[cfg(feature = "etcd")]
             OneLock::PeerEtcd(lock) => Held::PeerEtcd(lock.acquire().await?),
+            #[cfg(feature = "zk")]
+            OneLock::PeerZk(lock) => Held::PeerZk(lock.acquire().await?),
         })
     }
 
     /// One attempt: distlock's `try_lock()`, the PostgreSQL peer's `try_acquire()`.
-    /// etcd's lock RPC has none (see [`Subject::reports_try`]).
+    /// etcd's lock RPC and the ZooKeeper recipe have none (see [`Subject::reports_try`]).
     pub async fn try_acquire(&self) -> BenchResult<Option<Held>> {
         Ok(match self {
             OneLock::Distlock(lock) => lock.try_lock().await?.map(Held::Distlock),
@@ -246,6 +301,10 @@ impl OneLock {
             OneLock::Peer(lock) => lock.try_acquire().await?.map(Held::Peer),
             #[cfg(feature = "etcd")]
             OneLock::PeerEtcd(_) => return Err("etcd's lock RPC has no single attempt".into()),
+            #[cfg(feature = "zk")]
+            OneLock::PeerZk(_) => {
+                return Err("zookeeper-client's lock recipe has no single attempt".into())
+            }
         })
     }
 
@@ -258,13 +317,16 @@ impl OneLock {
             OneLock::Peer(_) => None,
             #[cfg(feature = "etcd")]
             OneLock::PeerEtcd(_) => None,
+            #[cfg(feature = "zk")]
+            OneLock::PeerZk(_) => None,
         })
     }
 }
 
 impl Held {
-    /// The fencing token; for etcd's lock RPC, the revision of its answer; 0 for the
-    /// PostgreSQL peer, which has none.
+    /// The fencing token; for etcd's lock RPC, the revision of its answer; for the
+    /// ZooKeeper recipe, its node's sequence number; 0 for the PostgreSQL peer, which has
+    /// none.
     pub fn token(&self) -> u64 {
         match self {
             Held::Distlock(guard) => guard.fencing_token(),
@@ -272,6 +334,8 @@ impl Held {
             Held::Peer(_) => 0,
             #[cfg(feature = "etcd")]
             Held::PeerEtcd(held) => held.revision(),
+            #[cfg(feature = "zk")]
+            Held::PeerZk(held) => held.sequence(),
         }
     }
 
@@ -284,6 +348,9 @@ impl Held {
             Held::Peer(handle) => handle.release().await?,
             #[cfg(feature = "etcd")]
             Held::PeerEtcd(held) => held.release().await?,
+            // A drop: the node is deleted in the background (see `peer_zk`).
+            #[cfg(feature = "zk")]
+            Held::PeerZk(held) => held.release(),
         }
         Ok(())
     }
