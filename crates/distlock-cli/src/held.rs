@@ -203,26 +203,18 @@ pub async fn preflight(client: &Client, hold: &Hold) -> Result<(), Failure> {
     if client.store() != distlock::StoreKind::Redis {
         // Only locks live there, in distlock's own table: no other kind of value can
         // hold the name, and there is no ACL on channels to check.
-        let read_write_there = matches!(
-            client.store(),
-            distlock::StoreKind::Etcd | distlock::StoreKind::Zk
-        );
+        // Every store has the read-write lock (--shared, --exclusive).
         let other = if hold.permits.is_some() {
-            Some(("-n (a semaphore)", "Redis"))
+            Some("-n (a semaphore)")
         } else if hold.fair {
-            Some(("--fair", "Redis"))
-        } else if (hold.shared || hold.exclusive) && !read_write_there {
-            Some((
-                "--shared and --exclusive (a read-write lock)",
-                "Redis, etcd and ZooKeeper",
-            ))
+            Some("--fair")
         } else {
             None
         };
-        if let Some((what, stores)) = other {
+        if let Some(what) = other {
             return Err(Failure::new(
                 exit::USAGE,
-                format!("{what} is available on {stores} only so far; {shown} was not run"),
+                format!("{what} is available on Redis only so far; {shown} was not run"),
             ));
         }
         // The running mark is a lock of its own beside this one (src/mark.rs).

@@ -6,7 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_one_line, code, distlock, run_to_end, stderr, until_exists};
+use common::{
+    assert_one_line, code, distlock, run_to_end,
+    shared_runs_go_together_and_an_exclusive_one_waits, stderr, until_exists,
+};
 use distlock_testkit::PostgresServer;
 
 async fn database() -> PostgresServer {
@@ -119,13 +122,19 @@ async fn fence_and_elect_work_on_postgres() {
     assert_eq!(code(&elect), 3, "{}", stderr(&elect));
 }
 
+/// --shared and --exclusive take the read-write lock, as on Redis.
+#[tokio::test]
+async fn shared_and_exclusive_take_the_read_write_lock() {
+    let server = database().await;
+    shared_runs_go_together_and_an_exclusive_one_waits(&server.url()).await;
+}
+
 #[tokio::test]
 async fn what_only_redis_has_is_refused_with_the_usage_code() {
     let server = database().await;
     let url = server.url();
     let cases: &[(&[&str], &str)] = &[
         (&["run", "x", "--fair", "--", "true"], "--fair"),
-        (&["run", "x", "--shared", "--", "true"], "--shared"),
         (&["run", "x", "-n", "2", "--", "true"], "-n"),
         (&["list"], "list"),
     ];

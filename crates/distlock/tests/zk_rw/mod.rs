@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-
 use super::common::{self, bounded, rw};
 use super::{behind_proxies, client_at, ensemble, queue_len, LIMIT};
 
