@@ -196,3 +196,32 @@ async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     )
     .await;
 }
+
+/// An operator's `Lock::force_unlock` of the name ends every reader (not only a writer):
+/// a writer then holds at once, and the readers' lost signals fire.
+#[tokio::test]
+async fn a_force_unlock_ends_every_reader() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(30)).await;
+    let operator = client_at(&server.url(), Duration::from_secs(5)).await;
+    let name = "pg:rw:force";
+    let lock = client.rw_lock(name).unwrap();
+    bounded(LIMIT, async {
+        let (first, second) = (lock.read().await.unwrap(), lock.read().await.unwrap());
+        let plain = operator.lock(name).unwrap();
+        assert_eq!(plain.owners().await.unwrap().len(), 2);
+        assert!(plain.force_unlock().await.unwrap());
+        assert!(!first.verify().await.unwrap() && !second.verify().await.unwrap());
+        first.lost().await;
+        let writer = operator
+            .rw_lock(name)
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .expect("free once the readers were ended");
+        writer.release().await.unwrap();
+        assert!(!plain.force_unlock().await.unwrap(), "nothing left to end");
+    })
+    .await;
+}

@@ -398,7 +398,10 @@ impl Lock {
         }
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
-            return postgres::force_unlock(link, &self.name, owner, channel).await;
+            // The writer, then the readers of the read-write lock of the name.
+            let writer = postgres::force_unlock(link, &self.name, owner, channel).await?;
+            let readers = postgres::force_unlock_readers(link, &self.name, owner, channel).await?;
+            return Ok(writer || readers);
         }
         let deleted: i64 = self
             .session

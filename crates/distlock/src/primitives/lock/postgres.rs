@@ -33,6 +33,7 @@ const SET_HOLDS: &str = include_str!("sql/set_holds.sql");
 const EXTEND: &str = include_str!("sql/extend.sql");
 const VERIFY: &str = include_str!("sql/verify.sql");
 const FORCE_UNLOCK: &str = include_str!("sql/force_unlock.sql");
+const FORCE_UNLOCK_READERS: &str = include_str!("sql/force_unlock_readers.sql");
 const LEASE_LEFT: &str = include_str!("sql/lease_left.sql");
 const OWNERS: &str = include_str!("sql/owners.sql");
 const LAST_TOKEN: &str = include_str!("sql/last_token.sql");
@@ -351,6 +352,28 @@ pub(crate) async fn force_unlock(
                 .fetch_all(&mut *conn)
                 .await?;
             Ok(rows.len())
+        })
+        .await?;
+    Ok(ended > 0)
+}
+
+/// Ends the read holdings of the read-write lock of the name (only `owner`'s, unless it
+/// is empty), whoever holds them: an operator's force-unlock. Whether any ended.
+pub(crate) async fn force_unlock_readers(
+    link: &PgLink,
+    name: &str,
+    owner: &str,
+    channel: &str,
+) -> Result<bool> {
+    let (name, owner, channel) = (name.to_owned(), owner.to_owned(), channel.to_owned());
+    let ended = link
+        .run(move |mut conn| async move {
+            sqlx::query_scalar::<_, i32>(FORCE_UNLOCK_READERS)
+                .bind(name)
+                .bind(owner)
+                .bind(channel)
+                .fetch_one(&mut *conn)
+                .await
         })
         .await?;
     Ok(ended > 0)

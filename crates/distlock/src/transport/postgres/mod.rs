@@ -344,7 +344,7 @@ async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) ->
         "SELECT to_regclass('distlock_locks') IS NOT NULL \
             AND to_regclass('distlock_tokens') IS NOT NULL \
             AND to_regclass('distlock_readers') IS NOT NULL \
-            AND to_regprocedure('distlock_read_extend(text,text,double precision)') IS NOT NULL",
+            AND to_regprocedure('distlock_read_force_end(text,text,text)') IS NOT NULL",
     )
     .fetch_one(&mut *connection)
     .await?;

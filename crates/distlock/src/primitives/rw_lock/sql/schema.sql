@@ -117,3 +117,35 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- Ends read holdings whoever holds them (an operator's force-unlock): every reader of
+-- the lock, or only `reader` unless it is ''. Returns how many ended; with none left,
+-- notifies the lock's channel.
+CREATE OR REPLACE FUNCTION distlock_read_force_end(
+    lock_name text, reader text, channel text
+) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ended integer;
+    still_until timestamptz;
+BEGIN
+    PERFORM 1 FROM distlock_locks WHERE name = lock_name FOR UPDATE;
+    UPDATE distlock_readers
+    SET holds = 0, expires_at = clock_timestamp()
+    WHERE name = lock_name AND expires_at > clock_timestamp()
+      AND (reader = '' OR owner = reader);
+    GET DIAGNOSTICS ended = ROW_COUNT;
+    IF ended = 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT max(expires_at) INTO still_until
+    FROM distlock_readers
+    WHERE name = lock_name AND expires_at > clock_timestamp();
+    UPDATE distlock_locks
+    SET readers_until = coalesce(still_until, '-infinity')
+    WHERE name = lock_name;
+    IF still_until IS NULL THEN
+        PERFORM pg_notify(channel, '0');
+    END IF;
+    RETURN ended;
+END
+$$;
