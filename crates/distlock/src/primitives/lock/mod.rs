@@ -262,7 +262,7 @@ impl Lock {
     pub async fn is_locked(&self) -> Result<bool> {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
-            return Ok(etcd::first(link, &self.name).await?.is_some());
+            return Ok(!etcd::holders(link, &self.name).await?.is_empty());
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {
@@ -283,8 +283,7 @@ impl Lock {
     pub async fn owners(&self) -> Result<Vec<String>> {
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
-            let first = etcd::first(link, &self.name).await?;
-            return Ok(first.into_iter().map(|(owner, _, _)| owner).collect());
+            return etcd::owners(link, &self.name).await;
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {

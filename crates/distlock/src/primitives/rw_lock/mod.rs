@@ -443,8 +443,8 @@ impl RwLock {
         }
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
-            let first = crate::primitives::lock::etcd::first(link, &self.keys.lock).await?;
-            return Ok(first.is_some());
+            let holders = crate::primitives::lock::etcd::holders(link, &self.keys.lock).await?;
+            return Ok(!holders.is_empty());
         }
         #[cfg(feature = "zk")]
         if let Store::Zk(link) = self.session.core().store() {

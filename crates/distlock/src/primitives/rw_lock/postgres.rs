@@ -321,7 +321,7 @@ impl HoldOps for PgReadHold {
         owner: &'a str,
         lease_ms: u64,
     ) -> OpFuture<'a, bool> {
-        let (name, owner) = (name.to_owned(), owner.to_owned());
+        let (name, owner, channel) = (name.to_owned(), owner.to_owned(), self.channel.to_string());
         Box::pin(async move {
             self.link
                 .run_upkeep(move |mut conn| async move {
@@ -329,6 +329,7 @@ impl HoldOps for PgReadHold {
                         .bind(name)
                         .bind(owner)
                         .bind(lease_ms as f64)
+                        .bind(channel)
                         .fetch_one(&mut *conn)
                         .await
                 })

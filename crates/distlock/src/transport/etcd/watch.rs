@@ -80,9 +80,7 @@ impl EtcdSink {
             tokio::spawn(async move {
                 tokio::select! {
                     _ = stop.cancelled() => {}
-                    () = follow(&link, &topic) => {
-                        let _ = answers.send((topic, b"0".to_vec()));
-                    }
+                    () = follow(&link, &topic, &answers) => {}
                 }
             });
         }
@@ -109,13 +107,20 @@ impl EtcdEvents {
 enum Step {
     /// It happened.
     Answer,
+    /// A waiter's key is gone (read at revision `after`): answered, as the waiter must
+    /// place it again; the topic then follows the key placed again.
+    Gone { key: Vec<u8>, after: i64 },
     /// It happens when `key` is deleted, at a revision after `after`.
     DeletionOf { key: Vec<u8>, after: i64 },
 }
 
-/// Returns once the topic's condition holds. Failures (a leader election, a broken
-/// connection) are waited out with backoff: the state is read again each time.
-async fn follow(link: &EtcdLink, topic: &str) {
+/// Answers the topic (a message `0` on `answers`) once its condition holds, and returns.
+/// A waiter whose key was gone is answered and followed on: once it placed the key again
+/// (behind others, maybe), its new predecessor's release answers it too. Failures (a
+/// leader election, a broken connection) are waited out with backoff: the state is read
+/// again each time.
+async fn follow(link: &EtcdLink, topic: &str, answers: &mpsc::UnboundedSender<(String, Vec<u8>)>) {
+    let answer = || answers.send((topic.to_owned(), b"0".to_vec())).is_ok();
     let mut pause = Duration::from_millis(20);
     loop {
         let step = match topic.split_once(':') {
@@ -124,7 +129,19 @@ async fn follow(link: &EtcdLink, topic: &str) {
             _ => Ok(Step::Answer),
         };
         match step {
-            Ok(Step::Answer) => return,
+            Ok(Step::Answer) => {
+                answer();
+                return;
+            }
+            Ok(Step::Gone { key, after }) => {
+                if !answer() {
+                    return;
+                }
+                if put(link, key, after).await {
+                    pause = Duration::from_millis(20);
+                    continue;
+                }
+            }
             Ok(Step::DeletionOf { key, after }) => {
                 if deleted(link, key, after).await {
                     pause = Duration::from_millis(20);
@@ -157,9 +174,10 @@ async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
     link.run(move |mut client| {
         let (key, queue) = (key.clone(), queue.clone());
         async move {
-            let own = client.get(key, None).await?;
-            let Some(own) = own.kvs().first() else {
-                return Ok(Step::Answer);
+            let read = client.get(key.clone(), None).await?;
+            let Some(own) = read.kvs().first() else {
+                let after = read.header().map_or(0, |header| header.revision());
+                return Ok(Step::Gone { key, after });
             };
             let older = if shared {
                 let mut exclusive_end = queue.clone();
@@ -210,12 +228,28 @@ async fn gone_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
 /// Watches `key` from the revision after `after` until it is deleted (true), or until the
 /// watch fails (false: the caller reads the state again).
 async fn deleted(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
+    changed(link, key, after, EventType::Delete).await
+}
+
+/// Watches `key` from the revision after `after` until it is written (true), or until the
+/// watch fails (false).
+async fn put(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
+    changed(link, key, after, EventType::Put).await
+}
+
+/// Watches `key` from the revision after `after` until an event of `kind` (true), or
+/// until the watch fails (false: the caller reads the state again).
+async fn changed(link: &EtcdLink, key: Vec<u8>, after: i64, kind: EventType) -> bool {
     let Ok(mut client) = link.streaming_client().await else {
         return false;
     };
+    let filter = match kind {
+        EventType::Put => WatchFilterType::NoDelete,
+        EventType::Delete => WatchFilterType::NoPut,
+    };
     let options = WatchOptions::new()
         .with_start_revision(after + 1)
-        .with_filters([WatchFilterType::NoPut]);
+        .with_filters([filter]);
     let Ok(mut stream) = client.watch(key, Some(options)).await else {
         return false;
     };
@@ -228,7 +262,7 @@ async fn deleted(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
                 if answer
                     .events()
                     .iter()
-                    .any(|event| event.event_type() == EventType::Delete)
+                    .any(|event| event.event_type() == kind)
                 {
                     return true;
                 }

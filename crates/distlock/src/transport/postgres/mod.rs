@@ -181,8 +181,27 @@ impl PgLink {
         // Part of connecting, bounded as the probe is: creating the schema the first
         // time (a table, functions) may take longer than a lock call's response timeout.
         let connecting = config.connection_timeout;
-        link.run_within(connecting, move |conn| set_up(conn, setup))
-            .await?;
+        link.run_within(connecting, move |conn| set_up(conn, setup, connecting))
+            .await
+            .map_err(|err| match err {
+                Error::Store {
+                    store,
+                    target,
+                    failure: StoreFailure::PermissionDenied,
+                    detail,
+                } => Error::Store {
+                    store,
+                    target,
+                    failure: StoreFailure::PermissionDenied,
+                    detail: format!(
+                        "{detail}; creating distlock's tables, or completing those an older \
+                         distlock made, needs their owner (or CREATE on the schema for new \
+                         ones): connect once as that user, or have it run \
+                         primitives/lock/sql/schema.sql then primitives/rw_lock/sql/schema.sql"
+                    ),
+                },
+                other => other,
+            })?;
         link.run_within(connecting, move |mut conn| async move {
             for statement in check {
                 sqlx::query(&statement).execute(&mut *conn).await?;
@@ -333,7 +352,11 @@ impl PgLink {
 /// Runs `setup` in one transaction. Two clients creating the same table at once can
 /// collide on the catalog's unique index; a transaction-scoped advisory lock on a fixed
 /// key makes them take turns.
-async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) -> sqlx::Result<()> {
+async fn set_up(
+    mut connection: PoolConnection<Postgres>,
+    setup: Vec<String>,
+    lock_timeout: Duration,
+) -> sqlx::Result<()> {
     use sqlx::Executor;
 
     // What exists is used as it is: creating it again (even IF NOT EXISTS) needs CREATE
@@ -344,7 +367,7 @@ async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) ->
         "SELECT to_regclass('distlock_locks') IS NOT NULL \
             AND to_regclass('distlock_tokens') IS NOT NULL \
             AND to_regclass('distlock_readers') IS NOT NULL \
-            AND to_regprocedure('distlock_read_force_end(text,text,text)') IS NOT NULL",
+            AND to_regprocedure('distlock_read_extend(text,text,double precision,text)') IS NOT NULL",
     )
     .fetch_one(&mut *connection)
     .await?;
@@ -352,7 +375,13 @@ async fn set_up(mut connection: PoolConnection<Postgres>, setup: Vec<String>) ->
         return Ok(());
     }
     // Sent as simple queries: a setup file may hold several statements.
-    let mut script = String::from("BEGIN; SELECT pg_advisory_xact_lock(7254039528390146201);\n");
+    // A table lock it waits for (an ALTER behind a long reader of the table) is given up
+    // within the connection timeout on the server too: left queued there, it would hold
+    // every other client's statements on the table behind it.
+    let mut script = format!(
+        "BEGIN; SET LOCAL lock_timeout = {}; SELECT pg_advisory_xact_lock(7254039528390146201);\n",
+        lock_timeout.as_millis().max(1)
+    );
     for statement in &setup {
         script.push_str(statement);
         script.push_str(";\n");

@@ -24,7 +24,7 @@
 mod hold;
 mod inspect;
 
-pub(crate) use inspect::{first, force_unlock, lease_left, revision};
+pub(crate) use inspect::{force_unlock, holders, lease_left, owners, revision};
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -284,11 +284,14 @@ impl Acquire for EtcdAttempt {
 
     fn abandon(&self) -> Option<AbandonFuture> {
         let (link, key) = (self.link.clone(), self.own_key.to_string());
-        let revision = self.placed.load(Ordering::Acquire);
-        if self.resent.load(Ordering::Acquire) {
-            link.watch_for_late_copy(key.clone());
-        }
+        let (placed, resent) = (Arc::clone(&self.placed), Arc::clone(&self.resent));
+        // Read when the give-up runs, not when it is prepared (the engine prepares it as
+        // the acquisition starts, before any placement was sent).
         Some(Box::pin(async move {
+            let revision = placed.load(Ordering::Acquire);
+            if resent.load(Ordering::Acquire) {
+                link.watch_for_late_copy(key.clone());
+            }
             let deleting = key.clone();
             let deleted = link
                 .run(move |mut client| {

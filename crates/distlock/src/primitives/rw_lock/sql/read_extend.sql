@@ -1,9 +1,11 @@
--- Sets a read holding's lease to a new length from now, and raises the lock's
--- readers_until with it (distlock_read_extend, schema.sql).
+-- Sets a read holding's lease to a new length from now, and the lock's readers_until
+-- to what its live readers need then (distlock_read_extend, schema.sql); notifies the
+-- lock's channel, as a shorter lease may let a waiting writer in sooner.
 --
 -- $1  lock name
 -- $2  owner
 -- $3  the lease, milliseconds (double precision)
+-- $4  the lock's notification channel
 --
 -- Returns one boolean: true while the owner held it (its expiry is set again).
-SELECT distlock_read_extend($1, $2, $3)
+SELECT distlock_read_extend($1, $2, $3, $4)

@@ -59,8 +59,10 @@ BEGIN
     UPDATE distlock_locks
     SET readers_until = coalesce(still_until, '-infinity')
     WHERE name = lock_name;
+    -- Every release may bring a waiting writer's turn closer (the lease it slept on may
+    -- have been this reader's): it looks again.
+    PERFORM pg_notify(channel, '0');
     IF still_until IS NULL THEN
-        PERFORM pg_notify(channel, '0');
         RETURN 'freed';
     END IF;
     RETURN 'released';
@@ -76,14 +78,23 @@ BEGIN
     WHERE held.name = ANY (names)
     ORDER BY held.name
     FOR UPDATE;
+    -- A reader counts as renewed only while its lock's row still keeps writers out for
+    -- it (readers_until at least its expiry): a row deleted or truncated by hand, and
+    -- made again by a writer, does not, and the reader is lost.
     RETURN QUERY
-    WITH renewed AS (
+    WITH covered AS (
+        SELECT reader.name, reader.owner
+        FROM distlock_readers AS reader
+        JOIN unnest(names, owners) AS due(name, owner)
+          ON reader.name = due.name AND reader.owner = due.owner
+        JOIN distlock_locks AS held ON held.name = reader.name
+        WHERE reader.expires_at > clock_timestamp()
+          AND held.readers_until >= reader.expires_at
+    ), renewed AS (
         UPDATE distlock_readers AS reader
         SET expires_at = clock_timestamp() + lease_ms * interval '1 millisecond'
-        FROM unnest(names, owners) AS due(name, owner)
-        WHERE reader.name = due.name
-          AND reader.owner = due.owner
-          AND reader.expires_at > clock_timestamp()
+        FROM covered
+        WHERE reader.name = covered.name AND reader.owner = covered.owner
         RETURNING reader.name, reader.owner, reader.expires_at
     ), raised AS (
         UPDATE distlock_locks AS held
@@ -98,7 +109,7 @@ $$;
 
 -- Sets a read holding's lease to a new length from now: see read_extend.sql.
 CREATE OR REPLACE FUNCTION distlock_read_extend(
-    lock_name text, reader text, lease_ms double precision
+    lock_name text, reader text, lease_ms double precision, channel text
 ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     until timestamptz;
@@ -111,9 +122,19 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- A shorter lease may lower what the readers need (this row is locked, so no
+    -- reader comes or goes meanwhile): read again from the live readers.
+    SELECT max(expires_at) INTO until
+    FROM distlock_readers
+    WHERE name = lock_name AND expires_at > clock_timestamp();
     UPDATE distlock_locks
-    SET readers_until = greatest(readers_until, until)
+    SET readers_until = coalesce(until, '-infinity')
     WHERE name = lock_name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- A waiting writer may have slept on the longer lease: it looks again.
+    PERFORM pg_notify(channel, '0');
     RETURN true;
 END
 $$;

@@ -6,7 +6,7 @@ SELECT r.name, r.owner, r.holds, r.expires_at, r.released_by, r.released_txid,
        l.readers_until,
        'distlock_read_release(text,text,text,text)'::regprocedure,
        'distlock_read_renew(double precision,text[],text[])'::regprocedure,
-       'distlock_read_extend(text,text,double precision)'::regprocedure,
+       'distlock_read_extend(text,text,double precision,text)'::regprocedure,
        'distlock_read_force_end(text,text,text)'::regprocedure
 FROM distlock_readers AS r, distlock_locks AS l
 LIMIT 0
