@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod examples;
+pub mod pg;
 pub mod redisson_fair;
 pub mod rw;
 
