@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::pg::{chown, postgres_user, signal, Pg};
+use common::pg::{chown, client_at, lock_waiters, postgres_user, signal, Pg};
 use common::{bounded, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreFailure};
 use distlock_testkit::{
@@ -26,38 +26,6 @@ use sqlx::Executor;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(55);
-
-async fn client_at(url: &str, watchdog: Duration) -> Client {
-    Client::builder()
-        .watchdog_timeout(watchdog)
-        .response_timeout(Duration::from_millis(500))
-        .connection_timeout(Duration::from_secs(2))
-        .connect(url)
-        .await
-        .expect("connect to postgres")
-}
-
-/// Waits until `check` answers true (state that changes in the database, with no event
-/// to await), failing after `limit`.
-async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let give_up = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < give_up, "{what}: not after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Backends waiting for a heavyweight lock (a row lock, here).
-async fn lock_waiters(admin: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-        .fetch_one(admin)
-        .await
-        .unwrap()
-}
 
 // =======================================================================================
 // Breaks
@@ -206,7 +174,7 @@ async fn break_a_retried_release_reports_already_lost_when_a_waiter_took_the_loc
             .await
             .unwrap();
         let release = tokio::spawn(guard.release());
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the release waits on the row",
             || async { lock_waiters(&admin).await == 1 },
@@ -214,14 +182,14 @@ async fn break_a_retried_release_reports_already_lost_when_a_waiter_took_the_loc
         .await;
         let lock = other.lock("pg:handed").unwrap();
         let taking = tokio::spawn(async move { lock.try_lock().await });
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the other's attempt waits",
             || async { lock_waiters(&admin).await == 2 },
         )
         .await;
         // The holder's response timeout (500 ms) passes: its release is sent again.
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the release is sent again",
             || async { lock_waiters(&admin).await == 3 },
@@ -497,7 +465,7 @@ async fn holds_two_processes_under_kill_9_mid_burst() {
             }));
         }
         // Let both sides hold it many times, then kill the child mid-burst.
-        until(
+        common::eventually(
             Duration::from_secs(20),
             "the child holds a few times",
             || async { child_holds.lock().unwrap().0.len() >= 30 },
@@ -554,7 +522,7 @@ async fn holds_a_frozen_holder_distrusts_its_lock_when_thawed() {
         // Let it tick a little, then freeze it.
         tokio::time::sleep(Duration::from_millis(100)).await;
         signal(pid, "STOP");
-        until(Duration::from_secs(5), "the child is stopped", || async {
+        common::eventually(Duration::from_secs(5), "the child is stopped", || async {
             process_state(pid) == 'T'
         })
         .await;
@@ -913,7 +881,7 @@ async fn holds_async_patterns_and_dropped_calls() {
             );
         }
         busy.release().await.unwrap();
-        until(
+        common::eventually(
             Duration::from_secs(3),
             "dropped acquisitions give back",
             || async { held_rows().await == 0 },
@@ -924,7 +892,7 @@ async fn holds_async_patterns_and_dropped_calls() {
         for micros in [0, 100, 500, 2000] {
             let guard = a.lock().await.unwrap();
             let _ = tokio::time::timeout(Duration::from_micros(micros), guard.release()).await;
-            until(
+            common::eventually(
                 Duration::from_secs(3),
                 "a dropped release frees",
                 || async { !a.is_locked().await.unwrap() },
@@ -943,7 +911,7 @@ async fn holds_async_patterns_and_dropped_calls() {
             // A re-entry that completed as its caller went away is a hold whose guard
             // was dropped: it is given back in the background, so the release above may
             // have been a partial one, and the lock is free a moment later.
-            until(
+            common::eventually(
                 Duration::from_secs(2),
                 "a re-entry dropped mid-call is given back",
                 || async { !a.is_locked().await.unwrap() },
@@ -972,7 +940,7 @@ async fn holds_async_patterns_and_dropped_calls() {
         .join()
         .unwrap();
         let rt = other.lock("pg:rt").unwrap();
-        until(
+        common::eventually(
             Duration::from_secs(2),
             "the guard dropped on an ended runtime frees",
             || async { !rt.is_locked().await.unwrap() },
@@ -1599,7 +1567,7 @@ async fn holds_clients_that_come_and_go_leave_no_connections() {
             guard.release().await.unwrap();
             client.shutdown().await;
         }
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the clients' connections close",
             || async { backends("r31gone").await == 0 },
@@ -1745,7 +1713,7 @@ async fn break_a_serialization_conflict_fails_lock_instead_of_waiting() {
             tokio::spawn(async move { lock.lock().await })
         };
 
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the attempt waits on the row",
             || async { lock_waiters(&admin).await == 1 },

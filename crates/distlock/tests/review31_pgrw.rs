@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::pg::{signal, Pg};
+use common::pg::{client_at, lock_waiters, signal, Pg};
 use common::{bounded, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome, StoreFailure};
 use distlock_testkit::{monotonic_ns, FaultProxy};
@@ -23,37 +23,6 @@ use sqlx::Executor;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(55);
-
-async fn client_at(url: &str, watchdog: Duration) -> Client {
-    Client::builder()
-        .watchdog_timeout(watchdog)
-        .response_timeout(Duration::from_millis(500))
-        .connection_timeout(Duration::from_secs(2))
-        .connect(url)
-        .await
-        .expect("connect to postgres")
-}
-
-/// Waits until `check` answers true, failing after `limit`.
-async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let give_up = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < give_up, "{what}: not after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Backends waiting for a heavyweight lock (a row or table lock).
-async fn lock_waiters(admin: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-        .fetch_one(admin)
-        .await
-        .unwrap()
-}
 
 /// What the lock's row keeps, for messages.
 async fn lock_row(admin: &sqlx::PgPool, name: &str) -> String {
@@ -881,13 +850,13 @@ async fn held_a_retried_read_release_answers_released() {
             .await
             .unwrap();
         let release = tokio::spawn(first.release());
-        until(Duration::from_secs(5), "the release waits", || async {
+        common::eventually(Duration::from_secs(5), "the release waits", || async {
             lock_waiters(&admin).await == 1
         })
         .await;
         let writer_rw = other.rw_lock(name).unwrap();
         let writer = tokio::spawn(async move { writer_rw.write().await.unwrap() });
-        until(
+        common::eventually(
             Duration::from_secs(5),
             "the release is sent again",
             || async { lock_waiters(&admin).await >= 3 },
@@ -930,7 +899,7 @@ async fn held_downgrades_cancelled_fixed_forced_and_raced() {
                 tokio::time::timeout(Duration::from_micros(cut * 150), rw.downgrade(&writer)).await;
             writer.release().await.unwrap();
             // A reader the cancelled call took is given back in the background.
-            until(Duration::from_secs(3), "no reader is left", || async {
+            common::eventually(Duration::from_secs(3), "no reader is left", || async {
                 !rw.is_locked().await.unwrap()
             })
             .await;

@@ -211,3 +211,22 @@ impl Drop for Pg {
         self.stop("QUIT");
     }
 }
+
+/// A client of the reviews' tests: a short response timeout, so faults show quickly.
+pub async fn client_at(url: &str, watchdog: Duration) -> distlock::Client {
+    distlock::Client::builder()
+        .watchdog_timeout(watchdog)
+        .response_timeout(Duration::from_millis(500))
+        .connection_timeout(Duration::from_secs(2))
+        .connect(url)
+        .await
+        .expect("connect to postgres")
+}
+
+/// Backends waiting for a heavyweight lock (a row or table lock).
+pub async fn lock_waiters(admin: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        .fetch_one(admin)
+        .await
+        .unwrap()
+}
