@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod examples;
+// The reviews' PostgreSQL harness: sqlx speaks PostgreSQL only with the feature.
+#[cfg(feature = "postgres")]
 pub mod pg;
 pub mod redisson_fair;
 pub mod rw;
