@@ -1614,16 +1614,27 @@ async fn b10_a_killed_leader_loses_a_three_second_watchdog_lock() {
         let leader = etcd.leader().await.unwrap();
         let killed = Instant::now();
         etcd.kill(leader).await.unwrap();
-        let lost_after = tokio::time::timeout(Duration::from_secs(6), lost.cancelled())
-            .await
-            .ok()
-            .map(|()| killed.elapsed());
+        // No renewal can be confirmed without a leader: an election that outlasts the
+        // holder's lease left makes it lose the lock, rightly (its lost signal is the
+        // safe answer). On a busy machine an election can take that long (here it takes
+        // 1.4–1.6 s as this polling sees it), so the lock must survive when the survivors
+        // agreed on a new leader within 2 s: the holder's deadline is at least about 2 s
+        // after the kill (its last renewal at most 1 s before it).
         let new_leader = etcd.leader().await.unwrap();
+        let elected_after = killed.elapsed();
+        let lost_after = tokio::time::timeout(
+            Duration::from_secs(6).saturating_sub(killed.elapsed()),
+            lost.cancelled(),
+        )
+        .await
+        .ok()
+        .map(|()| killed.elapsed());
         let verified = guard.verify().await;
-        println!("B10: leader killed; new leader {new_leader}; the holder's lock lost after {lost_after:?}; verify {verified:?}");
+        println!("B10: leader killed; new leader {new_leader} after {elected_after:?}; the holder's lock lost after {lost_after:?}; verify {verified:?}");
         assert!(
-            lost_after.is_none(),
-            "a 3 s watchdog lock was lost {lost_after:?} after the leader was killed"
+            lost_after.is_none() || elected_after > Duration::from_secs(2),
+            "a 3 s watchdog lock was lost {lost_after:?} after the leader was killed, though \
+             a new leader was elected {elected_after:?} after it"
         );
     })
     .await;
