@@ -2,9 +2,10 @@
 //! cluster (distlock_testkit::EtcdCluster, etcd 3.4.23) and asserts what a user or an
 //! operator is promised. `b*` tests are breaks and fail on 383ef8a (b8 and b11 are
 //! timing-driven: b8 failed 5 of 6 runs, b11 every run); `h_*` tests record what held,
-//! each printing its figure (`--nocapture`). Run serially for the timings:
+//! each printing its figure (`--nocapture`). They run one at a time (`one_at_a_time`) for
+//! the timings:
 //!
-//! `cargo test -p distlock --features etcd --test review31_etcd -- --test-threads=1`
+//! `cargo test -p distlock --features etcd --test review31_etcd`
 //!
 //! | test | what breaks |
 //! |---|---|
@@ -37,6 +38,15 @@ const LIMIT: Duration = Duration::from_secs(60);
 // ---------------------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------------------
+
+/// These tests freeze and kill members and time elections and leases, so they run one at a
+/// time even when the test run gives this binary several threads (`./dev test` runs every
+/// test binary with the machine's cores). A tokio mutex: a failed test does not poison it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
+}
 
 async fn cluster(members: usize) -> EtcdCluster {
     EtcdCluster::start(members).await.expect("start etcd")
@@ -272,6 +282,7 @@ async fn metric_all(etcd: &EtcdCluster, name: &str, labels: &str) -> f64 {
 /// (deleted without a message, ...) | at the next renewal".
 #[tokio::test]
 async fn b1_renewals_never_notice_a_deleted_key() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(2)).await;
@@ -302,6 +313,7 @@ async fn b1_renewals_never_notice_a_deleted_key() {
 /// of its loss after another client holds the lock.
 #[tokio::test]
 async fn b2_a_partial_release_extends_trust_past_the_servers_lease() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let (proxies, through) = proxies_for(&etcd).await;
     let lease = Duration::from_secs(6);
@@ -361,6 +373,7 @@ async fn b2_a_partial_release_extends_trust_past_the_servers_lease() {
 /// keeps renewing for the client's other holdings: the left lock never expires.
 #[tokio::test]
 async fn b3_leave_to_expire_in_watchdog_mode_never_expires() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let client = client_at(&etcd.url(), Duration::from_secs(2)).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
@@ -399,6 +412,7 @@ async fn b3_leave_to_expire_in_watchdog_mode_never_expires() {
 /// anything.
 #[tokio::test]
 async fn b4_a_failed_release_leaves_the_lock_held_while_the_session_lives() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let (proxies, through) = proxies_for(&etcd).await;
     let holder = client_with(
@@ -451,6 +465,7 @@ async fn b4_a_failed_release_leaves_the_lock_held_while_the_session_lives() {
 /// as the waiter's client holds another lock.
 #[tokio::test]
 async fn b5_a_waiter_that_gives_up_during_a_blip_wedges_the_lock() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let (proxies, through) = proxies_for(&etcd).await;
@@ -506,6 +521,7 @@ async fn b5_a_waiter_that_gives_up_during_a_blip_wedges_the_lock() {
 /// before gets its key's (older) create revision as its token.
 #[tokio::test]
 async fn b6_a_queued_waiter_gets_a_token_below_the_advanced_floor() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(10)).await;
@@ -543,6 +559,7 @@ async fn b6_a_queued_waiter_gets_a_token_below_the_advanced_floor() {
 /// Raft even when its compare fails: N idle waiters cost N Raft proposals a second.
 #[tokio::test]
 async fn b7_idle_waiters_send_a_raft_write_every_second() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(30)).await;
@@ -592,6 +609,7 @@ async fn b7_idle_waiters_send_a_raft_write_every_second() {
 /// one whose balancer picked it does), and is cut off right after the stale answer.
 #[tokio::test]
 async fn b8_a_frozen_leaders_stale_renewal_outlives_the_new_leaders_lease() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let leader = etcd.leader().await.unwrap();
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], etcd.client_ports()[leader]));
@@ -733,6 +751,7 @@ async fn enable_auth(port: u16) {
 /// connects without etcd-client's `with_auto_token_refresh`, see the report.)
 #[tokio::test]
 async fn h_auth_on_a_member_restart_keeps_the_client_working() {
+    let _one_at_a_time = one_at_a_time().await;
     let mut etcd = cluster(1).await;
     let port = etcd.client_ports()[0];
     enable_auth(port).await;
@@ -791,6 +810,7 @@ async fn h_auth_on_a_member_restart_keeps_the_client_working() {
 #[tokio::test]
 #[ignore = "run as a child process"]
 async fn child_sigstopped_holder() {
+    let _one_at_a_time = one_at_a_time().await;
     let Ok(url) = std::env::var("R31E_CHILD_URL") else {
         panic!("a child process only");
     };
@@ -823,6 +843,7 @@ async fn child_sigstopped_holder() {
 /// release touch nothing of the new holder's.
 #[tokio::test]
 async fn h_a_sigstopped_holder_knows_it_lost_the_moment_it_resumes() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
@@ -883,6 +904,7 @@ async fn h_a_sigstopped_holder_knows_it_lost_the_moment_it_resumes() {
 /// `extend` moves both; release revokes the holding's own lease.
 #[tokio::test]
 async fn h_fixed_leases_round_up_on_the_server_and_not_on_the_client() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(5)).await;
@@ -938,6 +960,7 @@ async fn h_fixed_leases_round_up_on_the_server_and_not_on_the_client() {
 /// is above the previous one's.
 #[tokio::test]
 async fn h_tokens_grow_through_leader_changes() {
+    let _one_at_a_time = one_at_a_time().await;
     let mut etcd = cluster(3).await;
     let clients = [
         client_at(&etcd.url(), Duration::from_secs(5)).await,
@@ -1014,6 +1037,7 @@ async fn h_tokens_grow_through_leader_changes() {
 /// no watch is left on the server.
 #[tokio::test]
 async fn h_120_waiters_with_give_ups_are_served_in_order() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(30)).await;
@@ -1100,6 +1124,7 @@ async fn h_120_waiters_with_give_ups_are_served_in_order() {
 /// 200 (all on the one session lease), not one per lock.
 #[tokio::test]
 async fn h_a_thousand_locks_on_one_session() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let client = client_at(&etcd.url(), Duration::from_secs(3)).await;
     bounded(LIMIT, async {
@@ -1148,6 +1173,7 @@ async fn h_a_thousand_locks_on_one_session() {
 /// waiters served after the holders release, and every queue empty.
 #[tokio::test]
 async fn h_many_names() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(10)).await;
@@ -1202,6 +1228,7 @@ async fn h_many_names() {
 /// before its 1 s fallback.
 #[tokio::test]
 async fn h_compaction_while_waiters_watch() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let a = client_at(&etcd.url(), Duration::from_secs(10)).await;
@@ -1264,6 +1291,7 @@ async fn h_compaction_while_waiters_watch() {
 /// by the 64 KiB cap every store applies (etcd's 1.5 MiB request limit is never reached).
 #[tokio::test]
 async fn h_odd_names() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let a = client_at(&etcd.url(), Duration::from_secs(10)).await;
@@ -1303,6 +1331,7 @@ async fn h_odd_names() {
 /// cluster serves FIFO locks.
 #[tokio::test]
 async fn h_urls_and_a_single_member() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(1).await;
     let hp = etcd.endpoints()[0].clone();
     bounded(LIMIT, async {
@@ -1365,6 +1394,7 @@ async fn h_urls_and_a_single_member() {
 /// leave nothing; a guard whose runtime ended frees its lock; spawn_blocking + block_on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h_async_usage() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let client = client_at(&etcd.url(), Duration::from_secs(10)).await;
@@ -1447,6 +1477,7 @@ async fn h_async_usage() {
 /// each other with growing tokens.
 #[tokio::test]
 async fn h_clients_with_different_watchdogs_exclude() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let clients = [
         client_at(&etcd.url(), Duration::from_secs(2)).await,
@@ -1486,6 +1517,7 @@ async fn h_clients_with_different_watchdogs_exclude() {
 /// through three renewal rounds, the session lease untouched.
 #[tokio::test]
 async fn h_force_unlocking_one_of_many_holdings_on_a_session() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let client = client_at(&etcd.url(), Duration::from_secs(2)).await;
@@ -1523,6 +1555,7 @@ async fn h_force_unlocking_one_of_many_holdings_on_a_session() {
 /// started again on its data) and while the leader is killed with a 10 s watchdog.
 #[tokio::test]
 async fn h_a_restarted_follower_or_killed_leader_loses_no_ten_second_lock() {
+    let _one_at_a_time = one_at_a_time().await;
     let mut etcd = cluster(3).await;
     let holder = client_with(&etcd.url(), Duration::from_secs(10), Duration::from_secs(1)).await;
     bounded(LIMIT, async {
@@ -1563,6 +1596,7 @@ async fn h_a_restarted_follower_or_killed_leader_loses_no_ten_second_lock() {
 /// their own clients: on 383ef8a at least one is lost in most runs.
 #[tokio::test]
 async fn b11_one_member_cut_off_loses_locks() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let (proxies, through) = proxies_for(&etcd).await;
     let mut holders = Vec::new();
@@ -1605,6 +1639,7 @@ async fn b11_one_member_cut_off_loses_locks() {
 /// expired on the server as nothing renewed it.
 #[tokio::test]
 async fn b10_a_killed_leader_loses_a_three_second_watchdog_lock() {
+    let _one_at_a_time = one_at_a_time().await;
     let mut etcd = cluster(3).await;
     let holder = client_with(&etcd.url(), Duration::from_secs(3), Duration::from_secs(1)).await;
     bounded(LIMIT, async {
@@ -1649,6 +1684,7 @@ async fn b10_a_killed_leader_loses_a_three_second_watchdog_lock() {
 /// tokio::time::Instant), so on a paused clock they say "lost" while lost() does not fire.
 #[tokio::test]
 async fn h_a_caller_clock_far_ahead_does_not_matter() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let url = etcd.url();
     let other = client_at(&url, Duration::from_secs(5)).await;
@@ -1698,6 +1734,7 @@ async fn h_a_caller_clock_far_ahead_does_not_matter() {
 /// whose first attempt lands there fails outright; so do `is_locked`, `verify`, `owners`.
 #[tokio::test]
 async fn b11b_a_dead_member_fails_a_third_of_calls() {
+    let _one_at_a_time = one_at_a_time().await;
     let mut etcd = cluster(3).await;
     let client = client_at(&etcd.url(), Duration::from_secs(10)).await;
     bounded(LIMIT, async {
@@ -1730,6 +1767,7 @@ async fn b11b_a_dead_member_fails_a_third_of_calls() {
 #[tokio::test]
 #[ignore = "run as a child process"]
 async fn child_waiter() {
+    let _one_at_a_time = one_at_a_time().await;
     let Ok(url) = std::env::var("R31E_CHILD_URL") else {
         panic!("a child process only");
     };
@@ -1745,6 +1783,7 @@ async fn child_waiter() {
 /// dead waiter's lease ends, within 2 s + etcd's slack.
 #[tokio::test]
 async fn h_a_waiter_killed_in_the_middle_of_the_queue() {
+    let _one_at_a_time = one_at_a_time().await;
     let etcd = cluster(3).await;
     let port = etcd.client_ports()[0];
     let holder = client_at(&etcd.url(), Duration::from_secs(10)).await;
