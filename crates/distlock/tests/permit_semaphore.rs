@@ -366,3 +366,36 @@ async fn the_total_can_be_read_and_try_set_permits_says_the_total_it_kept() {
     })
     .await;
 }
+
+/// The scenarios every store's permit semaphore passes (tests/common/permits.rs), here on
+/// Redis, which they were written against.
+#[tokio::test]
+async fn the_scenarios_every_store_passes() {
+    let server = server().await;
+    let lease = Duration::from_millis(800);
+    let clients = [
+        client_with_watchdog(&server, lease).await,
+        client_with_watchdog(&server, lease).await,
+    ];
+    bounded(LIMIT, async {
+        let most = common::permits::holders_never_hold_more_permits_than_there_are(
+            &clients,
+            "shared:table",
+        )
+        .await;
+        assert!(most > 1, "the permits were never shared");
+        common::permits::a_release_wakes_a_waiter_at_once(&clients[0], &clients[1], "shared:wake")
+            .await;
+        common::permits::a_fixed_lease_runs_out_and_says_so(&clients[0], "shared:fixed").await;
+        common::permits::watchdog_permits_outlive_their_lease(
+            &clients[0],
+            &clients[1],
+            "shared:renewed",
+            lease,
+        )
+        .await;
+        common::permits::counts_and_bad_asks(&clients[0], "shared:counts").await;
+        common::permits::cancellation_leaves_no_permit_taken(&clients[0], "shared:cancel").await;
+    })
+    .await;
+}

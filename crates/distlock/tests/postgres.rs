@@ -6,6 +6,8 @@
 //! that fires before anyone else can hold the lock, typed errors for bad input.
 
 mod common;
+// The permit semaphore.
+mod postgres_permits;
 // The read-write lock.
 mod postgres_rw;
 

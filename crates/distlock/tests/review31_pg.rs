@@ -52,6 +52,8 @@ async fn break_a_user_with_the_documented_rights_cannot_connect() {
             "GRANT SELECT, INSERT, UPDATE ON distlock_locks TO app",
             "GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_tokens TO app",
             "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO app",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_permits TO app",
+            "GRANT SELECT, INSERT, UPDATE ON distlock_semaphores TO app",
         ] {
             admin.execute(statement).await.unwrap();
         }
@@ -64,6 +66,14 @@ async fn break_a_user_with_the_documented_rights_cannot_connect() {
         };
         let guard = app.lock("job").unwrap().try_lock().await.unwrap().unwrap();
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+        // The documented rights cover the read-write lock and the permit semaphore too.
+        let reader = app.rw_lock("job").unwrap().read().await.unwrap();
+        assert_eq!(reader.release().await.unwrap(), ReleaseOutcome::Released);
+        let slots = app.permit_semaphore("slots").unwrap();
+        assert!(slots.try_set_permits(1).await.unwrap().is_set());
+        let permit = slots.acquire(1).await.unwrap();
+        assert_eq!(slots.add_permits(1).await.unwrap(), 1);
+        assert_eq!(permit.release().await.unwrap(), ReleaseOutcome::Released);
     })
     .await;
 }
@@ -85,6 +95,8 @@ async fn break_two_users_with_their_own_schemas_both_hold_the_same_lock() {
             "GRANT SELECT, INSERT, UPDATE ON distlock_locks TO alice",
             "GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_tokens TO alice",
             "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO alice",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_permits TO alice",
+            "GRANT SELECT, INSERT, UPDATE ON distlock_semaphores TO alice",
         ] {
             admin.execute(statement).await.unwrap();
         }

@@ -409,10 +409,13 @@ async fn break_a_user_with_the_documented_rights_cannot_connect_to_an_older_tabl
             .await
             .shutdown()
             .await;
-        admin
-            .execute("GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO app")
-            .await
-            .unwrap();
+        for statement in [
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO app",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_permits TO app",
+            "GRANT SELECT, INSERT, UPDATE ON distlock_semaphores TO app",
+        ] {
+            admin.execute(statement).await.unwrap();
+        }
         let app = match Client::connect(&pg.url_as("app")).await {
             Ok(app) => app,
             Err(err) => panic!(
@@ -775,6 +778,8 @@ async fn held_a_user_with_the_documented_rights_uses_the_read_write_lock() {
             "GRANT SELECT, INSERT, UPDATE ON distlock_locks TO app",
             "GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_tokens TO app",
             "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_readers TO app",
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_permits TO app",
+            "GRANT SELECT, INSERT, UPDATE ON distlock_semaphores TO app",
         ] {
             admin.execute(statement).await.unwrap();
         }

@@ -156,7 +156,20 @@ impl Client {
     /// while held, that come back by themselves when their holder dies (Redisson's
     /// `RPermitExpirableSemaphore` layout).
     pub fn permit_semaphore(&self, name: impl Into<String>) -> Result<PermitSemaphore> {
-        self.redis_only("a permit semaphore")?;
+        // Redis and PostgreSQL have it (permit_semaphore/postgres.rs keeps each
+        // acquisition as a row); etcd and ZooKeeper do not yet.
+        match self.session.core().store() {
+            Store::Redis => {}
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => {}
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(crate::error::Error::Unsupported {
+                    store: other.name(),
+                    what: "a permit semaphore",
+                })
+            }
+        }
         Ok(PermitSemaphore::new(
             self.session.clone(),
             self.key_of(name.into())?,

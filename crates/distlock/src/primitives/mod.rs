@@ -41,10 +41,15 @@ pub(crate) fn scripts() -> impl Iterator<Item = &'static LuaScript> {
 /// tables), and the statements that check them whoever created them.
 #[cfg(feature = "postgres")]
 pub(crate) fn postgres_setup() -> (&'static [&'static str], &'static [&'static str]) {
-    static SETUP: [&str; 2] = [lock::postgres::SCHEMA, rw_lock::postgres::SCHEMA];
-    static CHECK: [&str; 2] = [
+    static SETUP: [&str; 3] = [
+        lock::postgres::SCHEMA,
+        rw_lock::postgres::SCHEMA,
+        permit_semaphore::postgres::SCHEMA,
+    ];
+    static CHECK: [&str; 3] = [
         lock::postgres::SCHEMA_CHECK,
         rw_lock::postgres::SCHEMA_CHECK,
+        permit_semaphore::postgres::SCHEMA_CHECK,
     ];
     (&SETUP, &CHECK)
 }

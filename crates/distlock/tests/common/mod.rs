@@ -3,6 +3,7 @@
 
 pub mod examples;
 // The reviews' PostgreSQL harness: sqlx speaks PostgreSQL only with the feature.
+pub mod permits;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod redisson_fair;

@@ -8,8 +8,13 @@
 //! long as its holder lives and comes back by itself within the lease when the holder
 //! dies. Each permit has the lost signal a lock has, and a guard gives its permits back
 //! when released or dropped.
+//!
+//! On PostgreSQL (`postgres.rs`) an acquisition is one row with its permits and its own
+//! expiry, a holding like a lock's; the API is the same.
 
 mod held;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod scripts;
 
 use std::fmt;
@@ -27,11 +32,15 @@ use crate::engine::lease_set::LeaseSet;
 use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{permit_timeouts, semaphore_channel};
+#[cfg(feature = "postgres")]
+use crate::primitives::lock::LockGuard;
 use crate::primitives::lock::ReleaseOutcome;
 use crate::primitives::semaphore::{
-    parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
+    check_total, parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
 };
 use crate::transport::script::ScriptCall;
+#[cfg(feature = "postgres")]
+use crate::transport::Store;
 use scripts::PERMIT_TOTAL;
 
 /// A permit semaphore's keys and channel, worked out once per handle.
@@ -130,20 +139,16 @@ impl PermitSemaphore {
     /// Cancel-safe: dropping the future leaves no permit taken. `permits` must be in
     /// `1..=`[`MAX_PERMITS_PER_CALL`](Self::MAX_PERMITS_PER_CALL).
     pub async fn acquire(&self, permits: i64) -> Result<LeasedPermits> {
-        let attempt = self.attempt(permits)?;
         loop {
-            let acquired = acquire(attempt.core(), &attempt, Patience::Forever);
-            if let Some(held) = acquired.await? {
-                return Ok(self.guard(held));
+            if let Some(taken) = self.take(permits, Patience::Forever).await? {
+                return Ok(taken);
             }
         }
     }
 
     /// Takes `permits` permits if that many are free now; `Ok(None)` otherwise.
     pub async fn try_acquire(&self, permits: i64) -> Result<Option<LeasedPermits>> {
-        let attempt = self.attempt(permits)?;
-        let acquired = acquire(attempt.core(), &attempt, Patience::None).await?;
-        Ok(acquired.map(|held| self.guard(held)))
+        self.take(permits, Patience::None).await
     }
 
     /// Waits up to `timeout` for `permits` permits; `Ok(None)` if they were not free in
@@ -154,7 +159,30 @@ impl PermitSemaphore {
         timeout: Duration,
     ) -> Result<Option<LeasedPermits>> {
         let patience = Patience::within(timeout)?;
+        self.take(permits, patience).await
+    }
+
+    /// One acquisition through the engine, with the store's own attempt.
+    async fn take(&self, permits: i64, patience: Patience) -> Result<Option<LeasedPermits>> {
         let attempt = self.attempt(permits)?;
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            let attempt = postgres::PgPermitAttempt::new(
+                Arc::clone(&attempt.core),
+                link.clone(),
+                Arc::clone(&self.keys.count),
+                attempt.permits,
+                (attempt.lease, attempt.lease_ms, attempt.renew),
+            );
+            let acquired = acquire(attempt.core(), &attempt, patience).await?;
+            return Ok(acquired.map(|hold| LeasedPermits {
+                held: Permits::Holding {
+                    guard: LockGuard::from_hold(hold, self.session.clone()),
+                    permits: attempt_permits(permits),
+                },
+                _session: self.session.clone(),
+            }));
+        }
         let acquired = acquire(attempt.core(), &attempt, patience).await?;
         Ok(acquired.map(|held| self.guard(held)))
     }
@@ -166,6 +194,15 @@ impl PermitSemaphore {
     /// user of one semaphore should ask for the same count: compare `found` with yours.
     /// `permits` must not be negative.
     pub async fn try_set_permits(&self, permits: i64) -> Result<PermitsSet> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            check_total(permits)?;
+            let found = postgres::set_permits(link, &self.keys.count, permits).await?;
+            return Ok(match found {
+                None => PermitsSet::Set,
+                Some(found) => PermitsSet::Kept { found },
+            });
+        }
         let found = set_permits(
             self.session.core(),
             &self.semaphore_keys(),
@@ -186,6 +223,10 @@ impl PermitSemaphore {
     /// the free count yet). 0 when the semaphore has no count. One script, reading both
     /// keys at one moment.
     pub async fn total_permits(&self) -> Result<i64> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            return Ok(postgres::counts(link, &self.keys.count).await?.0);
+        }
         let keys: [&str; 2] = [&self.keys.count, &self.keys.timeouts];
         let call = ScriptCall::new(&PERMIT_TOTAL, &keys, 0);
         let (free, taken): (Option<String>, i64) = self
@@ -202,12 +243,23 @@ impl PermitSemaphore {
     /// Adds `permits` free permits (takes them away when negative), and wakes waiters.
     /// Returns the free count after it.
     pub async fn add_permits(&self, permits: i64) -> Result<i64> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            self.session.core().ensure_open()?;
+            return postgres::add_permits(link, &self.keys.count, permits).await;
+        }
         self.counter().add_permits(permits).await
     }
 
-    /// How many permits are free right now. Permits whose lease ran out come back at the
-    /// next acquisition or release, and are not counted until then.
+    /// How many permits are free right now. On Redis, permits whose lease ran out come
+    /// back at the next acquisition or release, and are not counted until then; on
+    /// PostgreSQL they count as free at once.
     pub async fn available_permits(&self) -> Result<i64> {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(link) = self.session.core().store() {
+            let (total, taken) = postgres::counts(link, &self.keys.count).await?;
+            return Ok(total.saturating_sub(taken));
+        }
         self.counter().available_permits().await
     }
 
@@ -254,26 +306,46 @@ impl PermitSemaphore {
 
     fn guard(&self, held: Held) -> LeasedPermits {
         LeasedPermits {
-            held,
+            held: Permits::Redis(held),
             _session: self.session.clone(),
         }
     }
+}
+
+/// `permits`, checked to be in range by [`PermitSemaphore::attempt`].
+#[cfg(feature = "postgres")]
+fn attempt_permits(permits: i64) -> u32 {
+    u32::try_from(permits).unwrap_or(1)
 }
 
 /// Permits taken from a [`PermitSemaphore`], each a lease. Dropping the guard gives them
 /// back, in the background on the client's own runtime.
 #[must_use = "dropping the permits gives them back at once"]
 pub struct LeasedPermits {
-    held: Held,
+    held: Permits,
     /// Keeps the client's session running while the permits are held.
     _session: Session,
 }
 
+/// The permits a guard holds, as its store keeps them.
+enum Permits {
+    /// Redis: one lease per permit, each with its own id.
+    Redis(Held),
+    /// Another store: one holding for the acquisition, with its permits.
+    #[cfg(feature = "postgres")]
+    Holding { guard: LockGuard, permits: u32 },
+}
+
 impl fmt::Debug for LeasedPermits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let semaphore = match &self.held {
+            Permits::Redis(held) => held.key(),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.name(),
+        };
         f.debug_struct("LeasedPermits")
-            .field("semaphore", &self.held.key())
-            .field("permits", &self.held.ids().len())
+            .field("semaphore", &semaphore)
+            .field("permits", &self.permits())
             .finish()
     }
 }
@@ -281,18 +353,32 @@ impl fmt::Debug for LeasedPermits {
 impl LeasedPermits {
     /// How many permits this guard holds.
     pub fn permits(&self) -> i64 {
-        // At most MAX_PERMITS_PER_CALL ids.
-        i64::try_from(self.held.ids().len()).unwrap_or(i64::MAX)
+        match &self.held {
+            // At most MAX_PERMITS_PER_CALL ids.
+            Permits::Redis(held) => i64::try_from(held.ids().len()).unwrap_or(i64::MAX),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { permits, .. } => i64::from(*permits),
+        }
     }
 
-    /// The permits' ids, as they are in the semaphore's `{name}:timeout` set.
+    /// The permits' ids: on Redis, one per permit, as they are in the semaphore's
+    /// `{name}:timeout` set; on PostgreSQL, the acquisition's one id (its row's owner).
     pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.held.ids().iter().map(|id| &**id)
+        let ids: Vec<&str> = match &self.held {
+            Permits::Redis(held) => held.ids().iter().map(|id| &**id).collect(),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => vec![guard.owner()],
+        };
+        ids.into_iter()
     }
 
     /// True once any of the permits can no longer be trusted to be held.
     pub fn is_lost(&self) -> bool {
-        !self.leases().is_trusted()
+        match &self.held {
+            Permits::Redis(_) => !self.leases().is_trusted(),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.is_lost(),
+        }
     }
 
     /// Asks the server whether every permit is still this guard's (one round trip), as
@@ -300,12 +386,20 @@ impl LeasedPermits {
     /// lost signal fired, when one is gone (its lease ran out on the server, the
     /// semaphore was deleted, or the server restarted without its data).
     pub async fn verify(&self) -> Result<bool> {
-        self.held.verify().await
+        match &self.held {
+            Permits::Redis(held) => held.verify().await,
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.verify().await,
+        }
     }
 
     /// How long every permit is sure to last, by the local clock; zero once one is lost.
     pub fn lease_remaining(&self) -> Duration {
-        self.leases().remaining()
+        match &self.held {
+            Permits::Redis(_) => self.leases().remaining(),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.lease_remaining(),
+        }
     }
 
     /// Completes as soon as any of the permits can no longer be trusted to be held (a
@@ -313,12 +407,20 @@ impl LeasedPermits {
     /// [`LockGuard::lost`](crate::LockGuard::lost) does for a lock. Never after a normal
     /// release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.leases().lost()
+        match &self.held {
+            Permits::Redis(_) => futures_util::future::Either::Left(self.leases().lost()),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => futures_util::future::Either::Right(guard.lost()),
+        }
     }
 
     /// The same signal as [`LeasedPermits::lost`], as a token to hand to other tasks.
     pub fn lost_token(&self) -> CancellationToken {
-        self.leases().lost_token()
+        match &self.held {
+            Permits::Redis(_) => self.leases().lost_token(),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.lost_token(),
+        }
     }
 
     /// Gives the permits back and wakes waiters. [`ReleaseOutcome::AlreadyLost`] says a
@@ -326,18 +428,28 @@ impl LeasedPermits {
     /// Cancel-safe: once started, it completes even if this future is dropped.
     pub async fn release(self) -> Result<ReleaseOutcome> {
         let LeasedPermits { held, _session } = self;
-        let taken = held.ids().len();
-        let back = held.give_back().await?;
-        Ok(if back == taken {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::AlreadyLost
-        })
+        match held {
+            Permits::Redis(held) => {
+                let taken = held.ids().len();
+                let back = held.give_back().await?;
+                Ok(if back == taken {
+                    ReleaseOutcome::Released
+                } else {
+                    ReleaseOutcome::AlreadyLost
+                })
+            }
+            #[cfg(feature = "postgres")]
+            Permits::Holding { guard, .. } => guard.release().await,
+        }
     }
 
+    /// The Redis permits' leases (none on another store).
     fn leases(&self) -> LeaseSet<'_> {
-        let background = self.held.core().map(|core| core.background());
-        let leases = self.held.leases();
+        let (background, leases) = match &self.held {
+            Permits::Redis(held) => (held.core().map(|core| core.background()), held.leases()),
+            #[cfg(feature = "postgres")]
+            Permits::Holding { .. } => (None, &[][..]),
+        };
         LeaseSet::new(leases.iter(), leases.len(), background)
     }
 }

@@ -261,12 +261,7 @@ pub(crate) async fn set_permits(
     timeouts: Option<&str>,
     permits: i64,
 ) -> Result<Option<(i64, i64)>> {
-    if permits < 0 {
-        return Err(Error::InvalidArgument {
-            what: "permits",
-            reason: format!("{permits} is negative; a semaphore starts with 0 or more"),
-        });
-    }
+    check_total(permits)?;
     let mut script_keys: Vec<&str> = vec![&keys.key, &keys.channel];
     script_keys.extend(timeouts);
     let mut call = ScriptCall::new(&SEMAPHORE_SET, &script_keys, 2);
@@ -277,6 +272,18 @@ pub(crate) async fn set_permits(
     }
     let free = parse_count(&keys.key, free.as_deref())?;
     Ok(Some((free, taken)))
+}
+
+/// Refuses a negative count for [`Semaphore::try_set_permits`] and
+/// [`PermitSemaphore::try_set_permits`](crate::PermitSemaphore::try_set_permits).
+pub(crate) fn check_total(permits: i64) -> Result<()> {
+    if permits < 0 {
+        return Err(Error::InvalidArgument {
+            what: "permits",
+            reason: format!("{permits} is negative; a semaphore starts with 0 or more"),
+        });
+    }
+    Ok(())
 }
 
 /// Permits taken from a [`Semaphore`]. Dropping the guard gives them back, in the

@@ -197,7 +197,8 @@ impl PgLink {
                         "{detail}; creating distlock's tables, or completing those an older \
                          distlock made, needs their owner (or CREATE on the schema for new \
                          ones): connect once as that user, or have it run \
-                         primitives/lock/sql/schema.sql then primitives/rw_lock/sql/schema.sql"
+                         primitives/lock/sql/schema.sql, primitives/rw_lock/sql/schema.sql, \
+                         then primitives/permit_semaphore/sql/schema.sql"
                     ),
                 },
                 other => other,
@@ -361,13 +362,15 @@ async fn set_up(
 
     // What exists is used as it is: creating it again (even IF NOT EXISTS) needs CREATE
     // on the schema, which a least-privileged user does not have.
-    // The newest part of the schema (the read-write lock's) stands for all of it: a
-    // table an older distlock made is completed.
+    // The newest part of the schema (the permit semaphore's) stands for all of it: a
+    // schema an older distlock made is completed.
     let present: bool = sqlx::query_scalar(
         "SELECT to_regclass('distlock_locks') IS NOT NULL \
             AND to_regclass('distlock_tokens') IS NOT NULL \
             AND to_regclass('distlock_readers') IS NOT NULL \
-            AND to_regprocedure('distlock_read_extend(text,text,double precision,text)') IS NOT NULL",
+            AND to_regprocedure('distlock_read_extend(text,text,double precision,text)') IS NOT NULL \
+            AND to_regclass('distlock_permits') IS NOT NULL \
+            AND to_regprocedure('distlock_permit_set(text,bigint,text)') IS NOT NULL",
     )
     .fetch_one(&mut *connection)
     .await?;

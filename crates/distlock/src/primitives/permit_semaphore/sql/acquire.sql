@@ -1,0 +1,15 @@
+-- Takes permits for a new owner if that many are free, in one round trip
+-- (distlock_permit_acquire, schema.sql): under the semaphore's row, it counts the live
+-- permit rows and adds the owner's.
+--
+-- $1  semaphore name
+-- $2  owner, "<client uuid>:<n>", unique to this attempt
+-- $3  permits wanted (integer, at least 1)
+-- $4  lease, milliseconds (double precision)
+--
+-- Returns one row (held, left_ms):
+--   (true, NULL)    the owner holds the permits now
+--   (false, left)   not enough are free; the soonest live permit's lease has `left` ms
+--                   left on the database's clock (NULL when none is taken, or the
+--                   semaphore has no total yet)
+SELECT held, left_ms FROM distlock_permit_acquire($1, $2, $3, $4)

@@ -1,0 +1,12 @@
+-- Gives an owner's permits back, or, sent again after a lost reply, finds that an earlier
+-- try of the same release did (distlock_permit_release, schema.sql). It notifies the
+-- semaphore's channel with the free count, which wakes the waiters whose asks fit.
+--
+-- $1  semaphore name
+-- $2  owner
+-- $3  the release's request id, unique to this release and the same on its retries
+-- $4  the semaphore's notification channel
+--
+-- Returns one text: 'released', 'before' (an earlier try of this release gave them back),
+-- or NULL when the owner no longer held them (their lease had run out).
+SELECT distlock_permit_release($1, $2, $3, $4)
