@@ -8,6 +8,8 @@
 mod common;
 // The read-write lock.
 mod etcd_rw;
+// The permit semaphore.
+mod etcd_permits;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

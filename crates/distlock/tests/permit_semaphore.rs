@@ -394,7 +394,10 @@ async fn the_scenarios_every_store_passes() {
             lease,
         )
         .await;
-        common::permits::counts_and_bad_asks(&clients[0], "shared:counts").await;
+        assert_eq!(
+            common::permits::counts_and_bad_asks(&clients[0], "shared:counts").await,
+            -2
+        );
         common::permits::cancellation_leaves_no_permit_taken(&clients[0], "shared:cancel").await;
     })
     .await;

@@ -156,12 +156,14 @@ impl Client {
     /// while held, that come back by themselves when their holder dies (Redisson's
     /// `RPermitExpirableSemaphore` layout).
     pub fn permit_semaphore(&self, name: impl Into<String>) -> Result<PermitSemaphore> {
-        // Redis and PostgreSQL have it (permit_semaphore/postgres.rs keeps each
-        // acquisition as a row); etcd and ZooKeeper do not yet.
+        // Redis, PostgreSQL (an acquisition is a row) and etcd (a key in the
+        // semaphore's queue) have it; ZooKeeper does not yet.
         match self.session.core().store() {
             Store::Redis => {}
             #[cfg(feature = "postgres")]
             Store::Postgres(_) => {}
+            #[cfg(feature = "etcd")]
+            Store::Etcd(_) => {}
             #[allow(unreachable_patterns)]
             other => {
                 return Err(crate::error::Error::Unsupported {

@@ -58,7 +58,10 @@ async fn counts_cancellation_and_bad_asks() {
     let server = database().await;
     let client = client_at(&server.url(), Duration::from_secs(5)).await;
     bounded(LIMIT, async {
-        permits::counts_and_bad_asks(&client, "pg:sem:counts").await;
+        assert_eq!(
+            permits::counts_and_bad_asks(&client, "pg:sem:counts").await,
+            -2
+        );
         permits::cancellation_leaves_no_permit_taken(&client, "pg:sem:cancel").await;
     })
     .await;

@@ -10,8 +10,11 @@
 //! when released or dropped.
 //!
 //! On PostgreSQL (`postgres.rs`) an acquisition is one row with its permits and its own
-//! expiry, a holding like a lock's; the API is the same.
+//! expiry, and on etcd (`etcd.rs`) one key in the semaphore's queue, valued with its
+//! permits; either is a holding like a lock's, and the API is the same.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod held;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -32,14 +35,14 @@ use crate::engine::lease_set::LeaseSet;
 use crate::engine::session::Session;
 use crate::error::{Error, Result};
 use crate::primitives::keys::{permit_timeouts, semaphore_channel};
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 use crate::primitives::lock::LockGuard;
 use crate::primitives::lock::ReleaseOutcome;
 use crate::primitives::semaphore::{
     check_total, parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
 };
 use crate::transport::script::ScriptCall;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 use crate::transport::Store;
 use scripts::PERMIT_TOTAL;
 
@@ -175,16 +178,36 @@ impl PermitSemaphore {
                 (attempt.lease, attempt.lease_ms, attempt.renew),
             );
             let acquired = acquire(attempt.core(), &attempt, patience).await?;
-            return Ok(acquired.map(|hold| LeasedPermits {
-                held: Permits::Holding {
-                    guard: LockGuard::from_hold(hold, self.session.clone()),
-                    permits: attempt_permits(permits),
-                },
-                _session: self.session.clone(),
-            }));
+            return Ok(acquired.map(|hold| self.holding(hold, permits)));
+        }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let attempt = crate::primitives::lock::etcd::EtcdAttempt::permits(
+                Arc::clone(&attempt.core),
+                link.clone(),
+                Arc::clone(&self.keys.count),
+                attempt.core.next_owner(),
+                attempt.permits,
+                (attempt.lease, attempt.renew),
+            );
+            let acquired = acquire(attempt.core(), &attempt, patience).await?;
+            return Ok(acquired.map(|hold| self.holding(hold, permits)));
         }
         let acquired = acquire(attempt.core(), &attempt, patience).await?;
         Ok(acquired.map(|held| self.guard(held)))
+    }
+
+    /// The guard of permits held as a holding (on a store other than Redis).
+    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    fn holding(&self, hold: crate::primitives::lock::Hold, permits: i64) -> LeasedPermits {
+        LeasedPermits {
+            held: Permits::Holding {
+                guard: LockGuard::from_hold(hold, self.session.clone()),
+                // In range: checked by `attempt`.
+                permits: u32::try_from(permits).unwrap_or(1),
+            },
+            _session: self.session.clone(),
+        }
     }
 
     /// Sets the permits to `permits`, all free, if the semaphore has no count yet, and
@@ -198,6 +221,15 @@ impl PermitSemaphore {
         if let Store::Postgres(link) = self.session.core().store() {
             check_total(permits)?;
             let found = postgres::set_permits(link, &self.keys.count, permits).await?;
+            return Ok(match found {
+                None => PermitsSet::Set,
+                Some(found) => PermitsSet::Kept { found },
+            });
+        }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            check_total(permits)?;
+            let found = etcd::set_permits(link, &self.keys.count, permits).await?;
             return Ok(match found {
                 None => PermitsSet::Set,
                 Some(found) => PermitsSet::Kept { found },
@@ -227,6 +259,10 @@ impl PermitSemaphore {
         if let Store::Postgres(link) = self.session.core().store() {
             return Ok(postgres::counts(link, &self.keys.count).await?.0);
         }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            return Ok(etcd::counts(link, &self.keys.count).await?.0);
+        }
         let keys: [&str; 2] = [&self.keys.count, &self.keys.timeouts];
         let call = ScriptCall::new(&PERMIT_TOTAL, &keys, 0);
         let (free, taken): (Option<String>, i64) = self
@@ -248,6 +284,11 @@ impl PermitSemaphore {
             self.session.core().ensure_open()?;
             return postgres::add_permits(link, &self.keys.count, permits).await;
         }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            self.session.core().ensure_open()?;
+            return etcd::add_permits(link, &self.keys.count, permits).await;
+        }
         self.counter().add_permits(permits).await
     }
 
@@ -258,6 +299,11 @@ impl PermitSemaphore {
         #[cfg(feature = "postgres")]
         if let Store::Postgres(link) = self.session.core().store() {
             let (total, taken) = postgres::counts(link, &self.keys.count).await?;
+            return Ok(total.saturating_sub(taken));
+        }
+        #[cfg(feature = "etcd")]
+        if let Store::Etcd(link) = self.session.core().store() {
+            let (total, taken) = etcd::counts(link, &self.keys.count).await?;
             return Ok(total.saturating_sub(taken));
         }
         self.counter().available_permits().await
@@ -312,12 +358,6 @@ impl PermitSemaphore {
     }
 }
 
-/// `permits`, checked to be in range by [`PermitSemaphore::attempt`].
-#[cfg(feature = "postgres")]
-fn attempt_permits(permits: i64) -> u32 {
-    u32::try_from(permits).unwrap_or(1)
-}
-
 /// Permits taken from a [`PermitSemaphore`], each a lease. Dropping the guard gives them
 /// back, in the background on the client's own runtime.
 #[must_use = "dropping the permits gives them back at once"]
@@ -332,7 +372,7 @@ enum Permits {
     /// Redis: one lease per permit, each with its own id.
     Redis(Held),
     /// Another store: one holding for the acquisition, with its permits.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "etcd"))]
     Holding { guard: LockGuard, permits: u32 },
 }
 
@@ -340,7 +380,7 @@ impl fmt::Debug for LeasedPermits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let semaphore = match &self.held {
             Permits::Redis(held) => held.key(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.name(),
         };
         f.debug_struct("LeasedPermits")
@@ -356,7 +396,7 @@ impl LeasedPermits {
         match &self.held {
             // At most MAX_PERMITS_PER_CALL ids.
             Permits::Redis(held) => i64::try_from(held.ids().len()).unwrap_or(i64::MAX),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { permits, .. } => i64::from(*permits),
         }
     }
@@ -366,7 +406,7 @@ impl LeasedPermits {
     pub fn ids(&self) -> impl Iterator<Item = &str> {
         let ids: Vec<&str> = match &self.held {
             Permits::Redis(held) => held.ids().iter().map(|id| &**id).collect(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => vec![guard.owner()],
         };
         ids.into_iter()
@@ -376,7 +416,7 @@ impl LeasedPermits {
     pub fn is_lost(&self) -> bool {
         match &self.held {
             Permits::Redis(_) => !self.leases().is_trusted(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.is_lost(),
         }
     }
@@ -388,7 +428,7 @@ impl LeasedPermits {
     pub async fn verify(&self) -> Result<bool> {
         match &self.held {
             Permits::Redis(held) => held.verify().await,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.verify().await,
         }
     }
@@ -397,7 +437,7 @@ impl LeasedPermits {
     pub fn lease_remaining(&self) -> Duration {
         match &self.held {
             Permits::Redis(_) => self.leases().remaining(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.lease_remaining(),
         }
     }
@@ -409,7 +449,7 @@ impl LeasedPermits {
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         match &self.held {
             Permits::Redis(_) => futures_util::future::Either::Left(self.leases().lost()),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => futures_util::future::Either::Right(guard.lost()),
         }
     }
@@ -418,7 +458,7 @@ impl LeasedPermits {
     pub fn lost_token(&self) -> CancellationToken {
         match &self.held {
             Permits::Redis(_) => self.leases().lost_token(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.lost_token(),
         }
     }
@@ -438,7 +478,7 @@ impl LeasedPermits {
                     ReleaseOutcome::AlreadyLost
                 })
             }
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { guard, .. } => guard.release().await,
         }
     }
@@ -447,7 +487,7 @@ impl LeasedPermits {
     fn leases(&self) -> LeaseSet<'_> {
         let (background, leases) = match &self.held {
             Permits::Redis(held) => (held.core().map(|core| core.background()), held.leases()),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "etcd"))]
             Permits::Holding { .. } => (None, &[][..]),
         };
         LeaseSet::new(leases.iter(), leases.len(), background)

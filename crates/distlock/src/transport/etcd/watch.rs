@@ -8,7 +8,11 @@
 //!   was created before it (for a shared key, [`SHARED`], no exclusive key): a waiter's
 //!   turn. Only its predecessor is watched, so a release wakes the next waiter alone,
 //!   never the whole queue;
-//! - `gone:<key>`: until the key is deleted: a holder listening for a force-unlock.
+//! - `gone:<key>`: until the key is deleted: a holder listening for a force-unlock;
+//! - `fits:<key>`: until the permits asked by the keys of a permit semaphore's queue
+//!   created before it, plus its own, fit the semaphore's total ([`permits_fit`]). Any
+//!   release ahead, or a new total, may let it in, so it watches the whole queue and the
+//!   total: a herd bounded by the semaphore's own waiters.
 //!
 //! Each topic is a task that reads the state first and then watches from the revision it
 //! read, so a change between the read and the watch is never missed; after a broken watch
@@ -17,7 +21,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
+use etcd_client::{
+    EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -112,6 +119,12 @@ enum Step {
     Gone { key: Vec<u8>, after: i64 },
     /// It happens when `key` is deleted, at a revision after `after`.
     DeletionOf { key: Vec<u8>, after: i64 },
+    /// It may happen at any change of a key in `[start, end)` after revision `after`.
+    ChangeIn {
+        start: Vec<u8>,
+        end: Vec<u8>,
+        after: i64,
+    },
 }
 
 /// Answers the topic (a message `0` on `answers`) once its condition holds, and returns.
@@ -126,6 +139,7 @@ async fn follow(link: &EtcdLink, topic: &str, answers: &mpsc::UnboundedSender<(S
         let step = match topic.split_once(':') {
             Some(("first", key)) => first_step(link, key.as_bytes().to_vec()).await,
             Some(("gone", key)) => gone_step(link, key.as_bytes().to_vec()).await,
+            Some(("fits", key)) => fits_step(link, key.as_bytes().to_vec()).await,
             _ => Ok(Step::Answer),
         };
         match step {
@@ -144,6 +158,12 @@ async fn follow(link: &EtcdLink, topic: &str, answers: &mpsc::UnboundedSender<(S
             }
             Ok(Step::DeletionOf { key, after }) => {
                 if deleted(link, key, after).await {
+                    pause = Duration::from_millis(20);
+                    continue;
+                }
+            }
+            Ok(Step::ChangeIn { start, end, after }) => {
+                if changed_in(link, (start, end), after).await {
                     pause = Duration::from_millis(20);
                     continue;
                 }
@@ -205,6 +225,79 @@ async fn first_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
     .await
 }
 
+/// Whether a permit semaphore's waiter holds: its key, created at `own_revision`, is in
+/// `queue` (the semaphore's keys, each valued with the permits it asks for), and the
+/// permits of every key created before it plus its own fit `total` (the total's key).
+/// The one rule both an acquisition and a waiter's watch apply. A key whose value is not
+/// a count blocks everyone behind it rather than be counted as less than it may hold.
+pub(crate) fn permits_fit(total: Option<&KeyValue>, queue: &[KeyValue], own_revision: i64) -> bool {
+    let Some(total) = total.and_then(|total| count_of(total.value())) else {
+        return false;
+    };
+    let mut ahead: i64 = 0;
+    let mut own = None;
+    for key in queue {
+        let asked = count_of(key.value()).unwrap_or(i64::MAX);
+        match key.create_revision().cmp(&own_revision) {
+            std::cmp::Ordering::Less => ahead = ahead.saturating_add(asked),
+            std::cmp::Ordering::Equal => own = Some(asked),
+            std::cmp::Ordering::Greater => {}
+        }
+    }
+    own.is_some_and(|own| ahead.saturating_add(own) <= total)
+}
+
+/// A count kept as decimal text.
+pub(crate) fn count_of(value: &[u8]) -> Option<i64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
+/// `fits:<key>`: answered when the key's permits fit ([`permits_fit`]); otherwise any
+/// change of the semaphore's total or queue (`[total, queue end)`: the total's key is the
+/// queue without its last NUL, and nothing else sorts between them).
+async fn fits_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
+    let Some(end) = key.iter().rposition(|byte| *byte == 0) else {
+        return Ok(Step::Answer);
+    };
+    let queue = key[..=end].to_vec();
+    let total = key[..end].to_vec();
+    link.run(move |mut client| {
+        let (key, queue, total) = (key.clone(), queue.clone(), total.clone());
+        async move {
+            let everyone = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            let txn = Txn::new().and_then([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(total.clone(), None),
+                TxnOp::get(queue.clone(), Some(everyone)),
+            ]);
+            let read = client.txn(txn).await?;
+            let after = read.header().map_or(0, |header| header.revision());
+            let got = |at: usize| match read.op_responses().get(at) {
+                Some(TxnOpResponse::Get(got)) => got.kvs().to_vec(),
+                _ => Vec::new(),
+            };
+            let Some(own) = got(0).first().map(KeyValue::create_revision) else {
+                return Ok(Step::Gone { key, after });
+            };
+            if permits_fit(got(1).first(), &got(2), own) {
+                return Ok(Step::Answer);
+            }
+            let mut end = queue;
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            Ok(Step::ChangeIn {
+                start: total,
+                end,
+                after,
+            })
+        }
+    })
+    .await
+}
+
 /// `gone:<key>`: answered when the key is gone; otherwise its deletion.
 async fn gone_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
     link.run(move |mut client| {
@@ -235,6 +328,33 @@ async fn deleted(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
 /// watch fails (false).
 async fn put(link: &EtcdLink, key: Vec<u8>, after: i64) -> bool {
     changed(link, key, after, EventType::Put).await
+}
+
+/// Watches the keys in `[start, end)` from the revision after `after` until any of them
+/// changes (true), or until the watch fails (false: the caller reads the state again).
+async fn changed_in(link: &EtcdLink, (start, end): (Vec<u8>, Vec<u8>), after: i64) -> bool {
+    let Ok(mut client) = link.streaming_client().await else {
+        return false;
+    };
+    let options = WatchOptions::new()
+        .with_start_revision(after + 1)
+        .with_range(end);
+    let Ok(mut stream) = client.watch(start, Some(options)).await else {
+        return false;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) => {
+                if answer.canceled() {
+                    return false;
+                }
+                if !answer.events().is_empty() {
+                    return true;
+                }
+            }
+            _ => return false,
+        }
+    }
 }
 
 /// Watches `key` from the revision after `after` until an event of `kind` (true), or

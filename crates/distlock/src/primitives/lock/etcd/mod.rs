@@ -11,6 +11,11 @@
 //!   exclusive keys (an owner starts with hex digits) sort below `\0\x7f`, so one range
 //!   read finds the oldest exclusive key, and a reader holds when no exclusive key is
 //!   older than its own (etcd's `recipes.RWMutex`). It carries no token.
+//! - A permit semaphore's queue is `<prefix>\0permits\0<name>\0` (no lock's queue starts
+//!   with NUL), each key's value the permits it asks for, and its total at
+//!   `<prefix>\0permits\0<name>`. A waiter holds when the permits of every older key plus
+//!   its own fit the total ([`permits_fit`]), so the queue is served strictly in order,
+//!   as tokio's semaphore serves its waiters. Permits carry no token.
 //! - A waiter waits for its predecessor's deletion only (`first:<key>` topics, see
 //!   `transport/etcd/watch.rs`): a release wakes the next waiter alone, in FIFO order.
 //! - A watchdog-mode holding lives on the session lease, whose keepalive renews every
@@ -41,7 +46,7 @@ use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::{Error, Result};
-use crate::transport::etcd::watch::SHARED;
+use crate::transport::etcd::watch::{permits_fit, SHARED};
 use crate::transport::etcd::{is_lease_gone, EtcdLink};
 use hold::EtcdHold;
 
@@ -58,6 +63,26 @@ pub(crate) static ETCD_LOCK_RENEWAL: RenewalKind = RenewalKind {
 /// The queue of lock `name`: the prefix of every waiter's key.
 pub(crate) fn queue_of(link: &EtcdLink, name: &str) -> String {
     format!("{}{name}\0", link.prefix())
+}
+
+/// The queue of permit semaphore `name` (see the module's docs); its total's key is the
+/// queue without its last NUL.
+pub(crate) fn permits_queue_of(link: &EtcdLink, name: &str) -> String {
+    format!("{}\0permits\0{name}\0", link.prefix())
+}
+
+/// What a placement reads after the waiter's own key: the first key it waits for (see
+/// [`blocker_of`]), or for a permit waiter its semaphore's total and its whole queue.
+fn reads_of(queue: &str, shared: bool, permits: Option<u32>) -> Vec<TxnOp> {
+    if permits.is_some() {
+        let total = queue.strip_suffix('\0').unwrap_or(queue);
+        let everyone = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        return vec![TxnOp::get(total, None), TxnOp::get(queue, Some(everyone))];
+    }
+    let (queue, first) = blocker_of(queue, shared);
+    vec![TxnOp::get(queue, Some(first))]
 }
 
 /// Refuses a name etcd's layout cannot keep: NUL ends a name in its keys.
@@ -113,6 +138,8 @@ pub(crate) struct EtcdAttempt {
     pub(crate) renew: bool,
     /// A shared holding (an `RwLock` reader's), which waits for exclusive keys only.
     pub(crate) shared: bool,
+    /// A permit semaphore's waiter, asking for this many permits (see [`permits_fit`]).
+    permits: Option<u32>,
     /// The create revision of this waiter's key once placed (0: not yet, or gone): a
     /// waiter that has its place only reads the queue again, without a write.
     placed: Arc<AtomicI64>,
@@ -137,6 +164,7 @@ impl EtcdAttempt {
         let key: Arc<str> = format!("{queue}{kind}{owner}").into();
         EtcdAttempt {
             topic: format!("first:{key}"),
+            permits: None,
             core,
             link,
             name,
@@ -151,6 +179,35 @@ impl EtcdAttempt {
         }
     }
 
+    /// An acquisition of `permits` permits of semaphore `name` as `owner`: a key in the
+    /// semaphore's queue whose value is `permits`, waiting on a `fits:` topic.
+    pub(crate) fn permits(
+        core: Arc<Core>,
+        link: EtcdLink,
+        name: Arc<str>,
+        owner: Arc<str>,
+        permits: u32,
+        (lease, renew): (Duration, bool),
+    ) -> Self {
+        let queue: Arc<str> = permits_queue_of(&link, &name).into();
+        let key: Arc<str> = format!("{queue}{owner}").into();
+        EtcdAttempt {
+            topic: format!("fits:{key}"),
+            permits: Some(permits),
+            core,
+            link,
+            name,
+            queue_prefix: queue,
+            own_key: key,
+            owner,
+            lease,
+            renew,
+            shared: false,
+            placed: Arc::new(AtomicI64::new(0)),
+            resent: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
     pub(crate) fn core(&self) -> &Core {
         &self.core
     }
@@ -160,7 +217,9 @@ impl Acquire for EtcdAttempt {
     type Guard = Hold;
 
     fn kind(&self) -> &'static str {
-        if self.shared {
+        if self.permits.is_some() {
+            "permit_semaphore"
+        } else if self.shared {
             "read_lock"
         } else {
             "lock"
@@ -176,16 +235,18 @@ impl Acquire for EtcdAttempt {
             Arc::clone(&self.owner),
         );
         let (lease, renew, placed) = (self.lease, self.renew, Arc::clone(&self.placed));
-        let (resent, shared) = (Arc::clone(&self.resent), self.shared);
+        let (resent, shared, permits) = (Arc::clone(&self.resent), self.shared, self.permits);
+        // Shared holdings and permits carry no token.
+        let tokenless = shared || permits.is_some();
+        let value = permits.map_or_else(|| "1".to_owned(), |permits| permits.to_string());
         Box::pin(async move {
             let known = placed.load(Ordering::Acquire);
-            let spot = place(&link, (&queue, shared), &key, known, &resent).await;
+            let waiter = (&*queue, shared, permits);
+            let spot = place(&link, waiter, &key, known, &resent).await;
             let (session, spot) = match spot {
                 // The session lease expired between its check and the write: once more,
                 // on a new one.
-                Err(err) if is_lease_gone(&err) => {
-                    place(&link, (&queue, shared), &key, 0, &resent).await?
-                }
+                Err(err) if is_lease_gone(&err) => place(&link, waiter, &key, 0, &resent).await?,
                 other => other?,
             };
             placed.store(spot.own_revision, Ordering::Release);
@@ -197,11 +258,11 @@ impl Acquire for EtcdAttempt {
             if !spot.is_first || spot.own_revision == 0 {
                 return Ok(busy);
             }
-            let (lease_id, sent_at, lease, token) = if renew && (spot.created_now || shared) {
+            let (lease_id, sent_at, lease, token) = if renew && (spot.created_now || tokenless) {
                 // Created just now: its create revision is the newest write, so no
                 // token handed out before is as large. (A shared holding has no token,
                 // and its key, on the session lease already, needs no write.)
-                let token = if shared {
+                let token = if tokenless {
                     0
                 } else {
                     spot.own_revision.unsigned_abs()
@@ -223,14 +284,15 @@ impl Acquire for EtcdAttempt {
                 } else {
                     Some(link.grant(lease).await?)
                 };
-                let Some(taken) = take(&link, &key, spot.own_revision, own_lease).await? else {
+                let Some(taken) = take(&link, (&key, &value), spot.own_revision, own_lease).await?
+                else {
                     if let Some(fixed) = own_lease {
                         link.revoke(fixed).await;
                     }
                     placed.store(0, Ordering::Release);
                     return Ok(busy);
                 };
-                let taken = if shared { 0 } else { taken };
+                let taken = if tokenless { 0 } else { taken };
                 match own_lease {
                     Some(fixed) => (fixed, sent_at, lease, taken),
                     None => (
@@ -309,7 +371,7 @@ impl Acquire for EtcdAttempt {
     }
 
     fn token(&self, guard: &Hold) -> Option<u64> {
-        (!self.shared).then(|| guard.token())
+        (!self.shared && self.permits.is_none()).then(|| guard.token())
     }
 }
 
@@ -334,7 +396,7 @@ struct Spot {
 /// let that first send write the key again after a give-up or a release deleted it.
 async fn place(
     link: &EtcdLink,
-    (queue, shared): (&str, bool),
+    (queue, shared, permits): (&str, bool, Option<u32>),
     key: &str,
     known: i64,
     resent: &AtomicBool,
@@ -345,35 +407,32 @@ async fn place(
         let (queue, own_key) = (queue.clone(), key.clone());
         let read = link
             .run(move |mut client| {
-                let (queue, first) = blocker_of(&queue, shared);
-                let txn = Txn::new().and_then([
-                    TxnOp::get(own_key.clone(), None),
-                    TxnOp::get(queue, Some(first)),
-                ]);
+                let mut ops = vec![TxnOp::get(own_key.clone(), None)];
+                ops.extend(reads_of(&queue, shared, permits));
+                let txn = Txn::new().and_then(ops);
                 async move { client.txn(txn).await }
             })
             .await?;
-        let spot = spot_of(&read, (&key, shared), false);
+        let spot = spot_of(&read, (&key, shared, permits), false);
         // A key gone (its session lease expired) is placed again, at the queue's end.
         if spot.own_revision == known {
             return Ok((session, spot));
         }
     }
     let own_key = key.clone();
+    // A permit waiter's value is what it asks for; a lock waiter's its hold count.
+    let value = permits.map_or_else(|| "1".to_owned(), |permits| permits.to_string());
     let placed = link
         .run_noting_resends(move |mut client| {
-            let (queue, first) = blocker_of(&queue, shared);
             let put = PutOptions::new().with_lease(session.id);
+            let mut placing = vec![TxnOp::put(key.clone(), value.clone(), Some(put))];
+            placing.extend(reads_of(&queue, shared, permits));
+            let mut reading = vec![TxnOp::get(key.clone(), None)];
+            reading.extend(reads_of(&queue, shared, permits));
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(key.clone(), "1", Some(put)),
-                    TxnOp::get(queue.clone(), Some(first.clone())),
-                ])
-                .or_else([
-                    TxnOp::get(key.clone(), None),
-                    TxnOp::get(queue, Some(first)),
-                ]);
+                .and_then(placing)
+                .or_else(reading);
             async move { client.txn(txn).await }
         })
         .await;
@@ -383,7 +442,10 @@ async fn place(
                 resent.store(true, Ordering::Release);
             }
             let created_now = placed.succeeded();
-            Ok((session, spot_of(&placed, (&own_key, shared), created_now)))
+            Ok((
+                session,
+                spot_of(&placed, (&own_key, shared, permits), created_now),
+            ))
         }
         Err(err) => {
             if is_lease_gone(&err) {
@@ -398,7 +460,7 @@ async fn place(
 /// exclusive key for a `shared` waiter, which holds unless that key is older).
 fn spot_of(
     answer: &etcd_client::TxnResponse,
-    (key, shared): (&str, bool),
+    (key, shared, permits): (&str, bool, Option<u32>),
     created_now: bool,
 ) -> Spot {
     let responses = answer.op_responses();
@@ -410,6 +472,22 @@ fn spot_of(
             _ => 0,
         }
     };
+    if permits.is_some() {
+        // `[own key or its put, the total, the whole queue]`.
+        let total = match responses.get(1) {
+            Some(TxnOpResponse::Get(total)) => total.kvs().first(),
+            _ => None,
+        };
+        let fits = match responses.get(2) {
+            Some(TxnOpResponse::Get(queue)) => permits_fit(total, queue.kvs(), own_revision),
+            _ => false,
+        };
+        return Spot {
+            own_revision,
+            created_now,
+            is_first: fits,
+        };
+    }
     let is_first = match responses.get(1) {
         Some(TxnOpResponse::Get(first)) if shared => first
             .kvs()
@@ -429,16 +507,16 @@ fn spot_of(
 }
 
 /// Takes the lock for the waiter whose `key` was created at `revision`: writes the key
-/// again (onto `lease` if given, else on the lease it has) so that the write's revision,
+/// again with `value` (onto `lease` if given, else on the lease it has) so that the write's revision,
 /// newer than every token handed out or floor advanced before, is the holding's token.
 /// `None` when the key is not that one any more.
 async fn take(
     link: &EtcdLink,
-    key: &str,
+    (key, value): (&str, &str),
     revision: i64,
     lease: Option<i64>,
 ) -> Result<Option<u64>> {
-    let key = key.to_owned();
+    let (key, value) = (key.to_owned(), value.to_owned());
     let taken = link
         .run(move |mut client| {
             let put = match lease {
@@ -451,7 +529,7 @@ async fn take(
                     CompareOp::Equal,
                     revision,
                 )])
-                .and_then([TxnOp::put(key.clone(), "1", Some(put))]);
+                .and_then([TxnOp::put(key.clone(), value.clone(), Some(put))]);
             async move { client.txn(txn).await }
         })
         .await?;
