@@ -217,3 +217,51 @@ pub async fn a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permit
     cut(false);
     drop(permits);
 }
+
+/// The child process's side of [`a_killed_holders_permits_come_back`]: takes a permit of
+/// `name` on `client`, says so on stdout (as [`super::child_holding`] expects), and waits
+/// to be killed.
+pub async fn child_takes_a_permit(client: &Client, name: &str) {
+    let permits = client
+        .permit_semaphore(name)
+        .unwrap()
+        .acquire(1)
+        .await
+        .unwrap();
+    println!("HELD 0");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(permits);
+}
+
+/// kill -9 of a process holding a renewed permit of `name` (the child test `child`, told
+/// the store's `url` in `variable`, which runs [`child_takes_a_permit`] with a watchdog
+/// shorter than `renewed`): the permit is renewed for `renewed` while the process lives,
+/// and comes back within `within` of the kill.
+pub async fn a_killed_holders_permits_come_back(
+    client: &Client,
+    name: &str,
+    (child, variable, url): (&str, &str, &str),
+    (renewed, within): (Duration, Duration),
+) {
+    let semaphore = client.permit_semaphore(name).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap().is_set());
+    let (mut child, _) = super::child_holding(child, variable, url).await;
+    assert!(
+        semaphore
+            .try_acquire_for(1, renewed)
+            .await
+            .unwrap()
+            .is_none(),
+        "renewed while the holder lives"
+    );
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let killed_at = Instant::now();
+    let permits = semaphore.acquire(1).await.unwrap();
+    assert!(
+        killed_at.elapsed() < within,
+        "came back after {:?}",
+        killed_at.elapsed()
+    );
+    permits.release().await.unwrap();
+}

@@ -127,8 +127,7 @@ async fn waiters_are_served_in_order_and_a_new_total_wakes_them() {
     .await;
 }
 
-/// Entry point of the child process of the test below; skipped in a normal run. It takes
-/// a permit, says so on stdout, and waits to be killed.
+/// Entry point of the child process of the test below; skipped in a normal run.
 #[tokio::test]
 #[ignore = "run as a child process by a_killed_holders_permits_come_back_with_its_session"]
 async fn child_taking_a_permit() {
@@ -136,15 +135,7 @@ async fn child_taking_a_permit() {
         panic!("run only as a child of a_killed_holders_permits_come_back_with_its_session");
     };
     let client = client_at(&url, Duration::from_secs(2)).await;
-    let permits = client
-        .permit_semaphore("etcd:sem:killed")
-        .unwrap()
-        .acquire(1)
-        .await
-        .unwrap();
-    println!("HELD 0");
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    drop(permits);
+    permits::child_takes_a_permit(&client, "etcd:sem:killed").await;
 }
 
 /// kill -9 of a process holding a permit: renewed past its lease while the process
@@ -153,30 +144,18 @@ async fn child_taking_a_permit() {
 async fn a_killed_holders_permits_come_back_with_its_session() {
     let etcd = one_member().await;
     let client = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let semaphore = client.permit_semaphore("etcd:sem:killed").unwrap();
-    assert!(semaphore.try_set_permits(1).await.unwrap().is_set());
-    let (mut child, _) = common::child_holding(
-        "etcd_permits::child_taking_a_permit",
-        "DISTLOCK_ETCD_PERMIT_CHILD",
-        &etcd.url(),
+    bounded(
+        LIMIT,
+        permits::a_killed_holders_permits_come_back(
+            &client,
+            "etcd:sem:killed",
+            (
+                "etcd_permits::child_taking_a_permit",
+                "DISTLOCK_ETCD_PERMIT_CHILD",
+                &etcd.url(),
+            ),
+            (Duration::from_secs(4), Duration::from_millis(3500)),
+        ),
     )
-    .await;
-    bounded(LIMIT, async {
-        assert!(semaphore
-            .try_acquire_for(1, Duration::from_secs(4))
-            .await
-            .unwrap()
-            .is_none());
-        child.start_kill().unwrap();
-        child.wait().await.unwrap();
-        let killed_at = Instant::now();
-        let permits = semaphore.acquire(1).await.unwrap();
-        assert!(
-            killed_at.elapsed() < Duration::from_millis(3500),
-            "came back after {:?}",
-            killed_at.elapsed()
-        );
-        permits.release().await.unwrap();
-    })
     .await;
 }

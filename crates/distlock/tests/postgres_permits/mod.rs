@@ -5,11 +5,11 @@
 //! and a table cleared by hand loses the permits it held.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_testkit::FaultProxy;
 
-use super::common::{self, bounded, permits};
+use super::common::{bounded, permits};
 use super::{client_at, database, raw, LIMIT};
 
 #[tokio::test]
@@ -99,8 +99,7 @@ async fn a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permits() 
     .await;
 }
 
-/// Entry point of the child process of the test below; skipped in a normal run. It takes
-/// a permit, says so on stdout, and waits to be killed.
+/// Entry point of the child process of the test below; skipped in a normal run.
 #[tokio::test]
 #[ignore = "run as a child process by a_killed_holders_permits_come_back_at_its_leases_end"]
 async fn child_taking_a_permit() {
@@ -108,49 +107,28 @@ async fn child_taking_a_permit() {
         panic!("run only as a child of a_killed_holders_permits_come_back_at_its_leases_end");
     };
     let client = client_at(&url, Duration::from_millis(1000)).await;
-    let permits = client
-        .permit_semaphore("pg:sem:killed")
-        .unwrap()
-        .acquire(1)
-        .await
-        .unwrap();
-    println!("HELD 0");
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    drop(permits);
+    permits::child_takes_a_permit(&client, "pg:sem:killed").await;
 }
 
-/// kill -9 of a process holding a renewed permit: the permit is renewed past its lease
-/// while the process lives, and comes back within a lease of the kill.
+/// kill -9 of a process holding a renewed permit: the permit is renewed past its 1 s
+/// lease while the process lives, and comes back within a lease of the kill.
 #[tokio::test]
 async fn a_killed_holders_permits_come_back_at_its_leases_end() {
     let server = database().await;
     let client = client_at(&server.url(), Duration::from_secs(5)).await;
-    let semaphore = client.permit_semaphore("pg:sem:killed").unwrap();
-    assert!(semaphore.try_set_permits(1).await.unwrap().is_set());
-    let (mut child, _) = common::child_holding(
-        "postgres_permits::child_taking_a_permit",
-        "DISTLOCK_PG_PERMIT_CHILD",
-        &server.url(),
+    bounded(
+        LIMIT,
+        permits::a_killed_holders_permits_come_back(
+            &client,
+            "pg:sem:killed",
+            (
+                "postgres_permits::child_taking_a_permit",
+                "DISTLOCK_PG_PERMIT_CHILD",
+                &server.url(),
+            ),
+            (Duration::from_millis(2500), Duration::from_millis(1800)),
+        ),
     )
-    .await;
-    bounded(LIMIT, async {
-        // Renewed past its 1 s lease while the child lives.
-        assert!(semaphore
-            .try_acquire_for(1, Duration::from_millis(2500))
-            .await
-            .unwrap()
-            .is_none());
-        child.start_kill().unwrap();
-        child.wait().await.unwrap();
-        let killed_at = Instant::now();
-        let permits = semaphore.acquire(1).await.unwrap();
-        assert!(
-            killed_at.elapsed() < Duration::from_millis(1800),
-            "came back after {:?}",
-            killed_at.elapsed()
-        );
-        permits.release().await.unwrap();
-    })
     .await;
 }
 
