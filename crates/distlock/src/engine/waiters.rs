@@ -166,9 +166,16 @@ impl Queue {
                     return;
                 };
                 let mut left = free.max(0).unsigned_abs();
-                for waiter in &self.tickets {
+                for (position, waiter) in self.tickets.iter().enumerate() {
                     if waiter.ask > left {
                         // Strict arrival order: nobody passes a head that does not fit.
+                        // The head itself looks again all the same: its fallback timer
+                        // was set from the leases it saw at its last look, and a lease
+                        // taken since may end sooner with no message at all (a fixed
+                        // lease, a dead holder's).
+                        if position == 0 {
+                            waiter.wake.notify_one();
+                        }
                         break;
                     }
                     left -= waiter.ask;
@@ -206,9 +213,10 @@ mod tests {
         let one = queue.join(1);
         let two = queue.join(2);
         assert!(!three.behind_others && one.behind_others);
-        // Two permits: the head asks three, so nobody is woken, not even the one behind.
+        // Two permits: the head asks three, so nobody behind it is woken, not even the
+        // one whose ask fits; the head looks again (to set its timer afresh).
         queue.deliver(b"2");
-        assert!(!woken(&three) && !woken(&one) && !woken(&two));
+        assert!(woken(&three) && !woken(&one) && !woken(&two));
         // Four: the head's three and the next one's one fit; the two do not.
         queue.deliver(b"4");
         assert!(woken(&three) && woken(&one) && !woken(&two));
@@ -217,11 +225,13 @@ mod tests {
         assert!(woken(&one));
         queue.leave(one.ticket);
         assert!(woken(&two));
-        // A message that is not a count wakes everyone; zero wakes nobody.
+        // A message that is not a count wakes everyone; zero wakes the head alone.
+        let three_more = queue.join(3);
         queue.deliver(b"0");
-        assert!(!woken(&two));
+        assert!(woken(&two) && !woken(&three_more));
         queue.deliver(b"x");
-        assert!(woken(&two));
-        assert!(queue.leave(two.ticket));
+        assert!(woken(&two) && woken(&three_more));
+        assert!(!queue.leave(two.ticket));
+        assert!(queue.leave(three_more.ticket));
     }
 }

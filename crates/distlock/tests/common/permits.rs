@@ -138,8 +138,8 @@ async fn all_free(semaphore: &PermitSemaphore, total: i64) {
 /// count in the total, not in the free count; `add_permits` moves both and answers the
 /// free count. Bad asks are typed errors. Answers the free count `add_permits` gave after
 /// lowering the total below the 5 permits held (to 3), which stores read differently:
-/// -2 on Redis and PostgreSQL, which know their holders; on etcd, which keeps waiters and
-/// holders in one queue, what the head of the queue that fits the new total leaves.
+/// -2 on Redis and PostgreSQL, which know their holders; 0 on etcd, which keeps waiters
+/// and holders in one queue and keeps what is left for the first that does not fit.
 pub async fn counts_and_bad_asks(client: &Client, name: &str) -> i64 {
     let semaphore = client.permit_semaphore(name).unwrap();
     assert_eq!(semaphore.total_permits().await.unwrap(), 0);

@@ -16,6 +16,8 @@ mod hold_ops;
 mod holding;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres_rows;
 pub(crate) mod scripts;
 #[cfg(feature = "zk")]
 pub(crate) mod zk;
@@ -27,8 +29,6 @@ use std::time::Duration;
 pub(crate) use attempt::LockAttempt;
 pub use guard::LockGuard;
 pub(crate) use guard::{lease_set, listen_for_unlock};
-#[cfg(feature = "postgres")]
-pub(crate) use hold_ops::OpFuture;
 pub(crate) use hold_ops::{HoldOps, HoldScripts, ReleaseArgs};
 pub use holding::ReleaseOutcome;
 pub(crate) use holding::{Acquired, Hold};

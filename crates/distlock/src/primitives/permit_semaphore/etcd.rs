@@ -89,8 +89,12 @@ pub(crate) async fn add_permits(link: &EtcdLink, name: &str, delta: i64) -> Resu
     }
 }
 
-/// Semaphore `name`'s total and the permits its holders hold, read at one revision. The
-/// holders are the queue's oldest keys whose permits, added up in order, fit the total.
+/// Semaphore `name`'s total and the permits it has no free of, read at one revision: the
+/// permits of the queue's oldest keys that fit the total, added up in order (its holders,
+/// or waiters about to notice they hold); and when a waiter that does not fit is left
+/// behind them, every other permit too, since nobody queued behind that waiter can take
+/// them (tokio's semaphore counts them alike). So the free count is never more than an
+/// acquisition can take.
 pub(crate) async fn counts(link: &EtcdLink, name: &str) -> Result<(i64, i64)> {
     let (queue, total) = keys_of(link, name);
     let read = link
@@ -117,7 +121,8 @@ pub(crate) async fn counts(link: &EtcdLink, name: &str) -> Result<(i64, i64)> {
             let asked = count_of(key.value()).unwrap_or(i64::MAX);
             match taken.checked_add(asked) {
                 Some(next) if next <= total => taken = next,
-                _ => break,
+                // A waiter that does not fit: what is left is kept for it.
+                _ => return Ok((total, taken.max(total))),
             }
         }
     }

@@ -38,8 +38,10 @@ use crate::primitives::keys::{permit_timeouts, semaphore_channel};
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 use crate::primitives::lock::LockGuard;
 use crate::primitives::lock::ReleaseOutcome;
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+use crate::primitives::semaphore::check_total;
 use crate::primitives::semaphore::{
-    check_total, parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
+    parse_count, set_permits, PermitsSet, Semaphore, SemaphoreKeys,
 };
 use crate::transport::script::ScriptCall;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
@@ -447,11 +449,12 @@ impl LeasedPermits {
     /// [`LockGuard::lost`](crate::LockGuard::lost) does for a lock. Never after a normal
     /// release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        match &self.held {
-            Permits::Redis(_) => futures_util::future::Either::Left(self.leases().lost()),
+        let lost: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match &self.held {
+            Permits::Redis(_) => Box::pin(self.leases().lost()),
             #[cfg(any(feature = "postgres", feature = "etcd"))]
-            Permits::Holding { guard, .. } => futures_util::future::Either::Right(guard.lost()),
-        }
+            Permits::Holding { guard, .. } => Box::pin(guard.lost()),
+        };
+        lost
     }
 
     /// The same signal as [`LeasedPermits::lost`], as a token to hand to other tasks.

@@ -18,9 +18,10 @@ use crate::engine::acquire::{Acquire, Attempt, AttemptFuture};
 use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::primitives::lock::postgres::channel_of;
-use crate::primitives::lock::{Acquired, Hold, HoldOps, OpFuture, ReleaseArgs};
+use crate::primitives::lock::postgres_rows::{release_row, RowHold, RowStatements};
+use crate::primitives::lock::{Acquired, Hold};
 use crate::transport::postgres::PgLink;
 
 /// What a client creates at connect when missing, after the read-write lock's part.
@@ -30,17 +31,23 @@ pub(crate) const SCHEMA: &str = include_str!("sql/schema.sql");
 pub(crate) const SCHEMA_CHECK: &str = include_str!("sql/schema_check.sql");
 
 const ACQUIRE: &str = include_str!("sql/acquire.sql");
-const RELEASE: &str = include_str!("sql/release.sql");
-const EXTEND: &str = include_str!("sql/extend.sql");
-const VERIFY: &str = include_str!("sql/verify.sql");
 const ADD_PERMITS: &str = include_str!("sql/add_permits.sql");
 const SET_PERMITS: &str = include_str!("sql/set_permits.sql");
 const COUNTS: &str = include_str!("sql/counts.sql");
 
-/// Watchdog permits on PostgreSQL, renewed by `sql/renew.sql`.
-static PG_PERMIT_RENEWAL: RenewalKind = RenewalKind {
-    name: "permits",
-    renew: Renewal::Statement(include_str!("sql/renew.sql")),
+/// An acquisition's calls: a row of `distlock_permits`, renewed by `sql/renew.sql`. It
+/// has one hold, and no force-unlock to listen for (a renewal or `verify` finds it gone).
+static PERMITS: RowStatements = RowStatements {
+    release: include_str!("sql/release.sql"),
+    extend: include_str!("sql/extend.sql"),
+    verify: include_str!("sql/verify.sql"),
+    set_holds: None,
+    renewal: &RenewalKind {
+        name: "permits",
+        renew: Renewal::Statement(include_str!("sql/renew.sql")),
+    },
+    listens: false,
+    reentry: "re-entering permits",
 };
 
 /// The semaphore's notification channel: the lock channel's hash of a name no lock can
@@ -143,7 +150,11 @@ impl Acquire for PgPermitAttempt {
                     core,
                     name,
                     owner,
-                    release: Arc::new(PgPermits { link, channel }),
+                    release: Arc::new(RowHold {
+                        link,
+                        channel,
+                        statements: &PERMITS,
+                    }),
                     token: 0,
                     sent_at,
                     lease,
@@ -176,131 +187,13 @@ impl Acquire for PgPermitAttempt {
 /// nothing.
 async fn forget(link: PgLink, name: Arc<str>, channel: Arc<str>, owner: Arc<str>) {
     let request = format!("forget:{owner}");
-    if let Err(err) = release(&link, &name, &owner, &request, &channel).await {
+    if let Err(err) = release_row(&link, PERMITS.release, (&name, &owner), &request, &channel).await
+    {
         tracing::warn!(
             error = %err,
             semaphore = %name,
             "could not give back permits whose reply was lost; their lease runs out"
         );
-    }
-}
-
-/// Gives `owner`'s permits back: 0 when this release (or an earlier try of it) did, -1
-/// when the owner no longer held them.
-async fn release(
-    link: &PgLink,
-    name: &str,
-    owner: &str,
-    request: &str,
-    channel: &str,
-) -> Result<i64> {
-    let (name, owner, request, channel) = (
-        name.to_owned(),
-        owner.to_owned(),
-        request.to_owned(),
-        channel.to_owned(),
-    );
-    let outcome = link
-        .run_upkeep(move |mut conn| async move {
-            sqlx::query_scalar::<_, Option<String>>(RELEASE)
-                .bind(name)
-                .bind(owner)
-                .bind(request)
-                .bind(channel)
-                .fetch_one(&mut *conn)
-                .await
-        })
-        .await?;
-    Ok(if outcome.is_some() { 0 } else { -1 })
-}
-
-/// One acquisition's permits on PostgreSQL: its row of `distlock_permits`.
-struct PgPermits {
-    link: PgLink,
-    channel: Arc<str>,
-}
-
-impl HoldOps for PgPermits {
-    fn release<'a>(
-        &'a self,
-        _core: &'a Core,
-        name: &'a str,
-        owner: &'a str,
-        latch: &'a str,
-        _args: &'a ReleaseArgs<'a>,
-    ) -> OpFuture<'a, i64> {
-        // Permits have one hold: every release is the last. The latch is unique to this
-        // release and the same on its retries: the request id the row keeps.
-        Box::pin(release(&self.link, name, owner, latch, &self.channel))
-    }
-
-    fn reenter<'a>(
-        &'a self,
-        core: &'a Core,
-        _name: &'a str,
-        _owner: &'a str,
-        _holds: u32,
-        _lease_ms: u64,
-    ) -> OpFuture<'a, i64> {
-        // LeasedPermits offers no re-entry.
-        let store = core.store().name();
-        Box::pin(async move {
-            Err(Error::Unsupported {
-                store,
-                what: "re-entering permits",
-            })
-        })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        _core: &'a Core,
-        name: &'a str,
-        owner: &'a str,
-        lease_ms: u64,
-    ) -> OpFuture<'a, bool> {
-        let (name, owner, channel) = (name.to_owned(), owner.to_owned(), self.channel.to_string());
-        Box::pin(async move {
-            self.link
-                .run_upkeep(move |mut conn| async move {
-                    sqlx::query_scalar::<_, bool>(EXTEND)
-                        .bind(name)
-                        .bind(owner)
-                        .bind(lease_ms as f64)
-                        .bind(channel)
-                        .fetch_one(&mut *conn)
-                        .await
-                })
-                .await
-        })
-    }
-
-    fn verify<'a>(&'a self, _core: &'a Core, name: &'a str, owner: &'a str) -> OpFuture<'a, bool> {
-        let (name, owner) = (name.to_owned(), owner.to_owned());
-        Box::pin(async move {
-            self.link
-                .run_upkeep(move |mut conn| async move {
-                    sqlx::query_scalar::<_, bool>(VERIFY)
-                        .bind(name)
-                        .bind(owner)
-                        .fetch_one(&mut *conn)
-                        .await
-                })
-                .await
-        })
-    }
-
-    fn partial_release_renews(&self) -> bool {
-        false
-    }
-
-    fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
-        (&PG_PERMIT_RENEWAL, Arc::clone(owner))
-    }
-
-    // Permits have no force-unlock to listen for: a renewal or `verify` finds them gone.
-    fn unlock_channel(&self) -> Option<&str> {
-        None
     }
 }
 

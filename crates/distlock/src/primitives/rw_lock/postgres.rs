@@ -19,8 +19,9 @@ use crate::engine::renewal::registry::{Renewal, RenewalKind};
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
 use crate::error::Result;
-use crate::primitives::lock::postgres::{attempt as write_attempt, channel_of, set_hold_count};
-use crate::primitives::lock::{Acquired, Hold, HoldOps, OpFuture, ReleaseArgs};
+use crate::primitives::lock::postgres::{attempt as write_attempt, channel_of};
+use crate::primitives::lock::postgres_rows::{release_row, RowHold, RowStatements};
+use crate::primitives::lock::{Acquired, Hold};
 use crate::transport::postgres::PgLink;
 
 /// What a client creates at connect when missing, after the lease lock's table.
@@ -31,16 +32,20 @@ pub(crate) const SCHEMA_CHECK: &str = include_str!("sql/schema_check.sql");
 
 const READ_ACQUIRE: &str = include_str!("sql/read_acquire.sql");
 const READ_DOWNGRADE: &str = include_str!("sql/read_downgrade.sql");
-const READ_RELEASE: &str = include_str!("sql/read_release.sql");
-const READ_EXTEND: &str = include_str!("sql/read_extend.sql");
-const READ_SET_HOLDS: &str = include_str!("sql/read_set_holds.sql");
-const READ_VERIFY: &str = include_str!("sql/read_verify.sql");
 const IS_LOCKED: &str = include_str!("sql/is_locked.sql");
 
-/// A read holding on PostgreSQL, renewed by `sql/read_renew.sql`.
-static PG_READ_RENEWAL: RenewalKind = RenewalKind {
-    name: "read hold",
-    renew: Renewal::Statement(include_str!("sql/read_renew.sql")),
+/// A read holding's calls: a row of `distlock_readers`, renewed by `sql/read_renew.sql`.
+static READ_HOLD: RowStatements = RowStatements {
+    release: include_str!("sql/read_release.sql"),
+    extend: include_str!("sql/read_extend.sql"),
+    verify: include_str!("sql/read_verify.sql"),
+    set_holds: Some(include_str!("sql/read_set_holds.sql")),
+    renewal: &RenewalKind {
+        name: "read hold",
+        renew: Renewal::Statement(include_str!("sql/read_renew.sql")),
+    },
+    listens: true,
+    reentry: "re-entering a read hold",
 };
 
 /// One acquisition of a read or the write holding, tried as often as the engine needs,
@@ -89,9 +94,10 @@ impl PgRwAttempt {
             core: Arc::clone(&self.core),
             name: Arc::clone(&self.name),
             owner,
-            release: Arc::new(PgReadHold {
+            release: Arc::new(RowHold {
                 link: self.link.clone(),
                 channel: Arc::clone(&self.channel),
+                statements: &READ_HOLD,
             }),
             token: 0,
             sent_at,
@@ -180,7 +186,9 @@ impl PgRwAttempt {
         let request = format!("forget:{owner}");
         self.core
             .given_back(async move {
-                let ended = release(&link, &name, &owner, &request, &channel).await;
+                let ended =
+                    release_row(&link, READ_HOLD.release, (&name, &owner), &request, &channel)
+                        .await;
                 if let Err(err) = ended {
                     tracing::warn!(
                         error = %err,
@@ -242,134 +250,6 @@ impl Acquire for PgRwAttempt {
     fn token(&self, guard: &Hold) -> Option<u64> {
         (!self.shared).then(|| guard.token())
     }
-}
-
-/// Gives a read holding back: 0 when this release (or an earlier try of it) ended it,
-/// -1 when the owner no longer held it.
-async fn release(
-    link: &PgLink,
-    name: &str,
-    owner: &str,
-    request: &str,
-    channel: &str,
-) -> Result<i64> {
-    let (name, owner, request, channel) = (
-        name.to_owned(),
-        owner.to_owned(),
-        request.to_owned(),
-        channel.to_owned(),
-    );
-    let outcome = link
-        .run_upkeep(move |mut conn| async move {
-            sqlx::query_scalar::<_, Option<String>>(READ_RELEASE)
-                .bind(name)
-                .bind(owner)
-                .bind(request)
-                .bind(channel)
-                .fetch_one(&mut *conn)
-                .await
-        })
-        .await?;
-    Ok(if outcome.is_some() { 0 } else { -1 })
-}
-
-/// A read holding's calls on PostgreSQL, on its row of `distlock_readers`.
-struct PgReadHold {
-    link: PgLink,
-    channel: Arc<str>,
-}
-
-impl HoldOps for PgReadHold {
-    fn release<'a>(
-        &'a self,
-        _core: &'a Core,
-        name: &'a str,
-        owner: &'a str,
-        latch: &'a str,
-        args: &'a ReleaseArgs<'a>,
-    ) -> OpFuture<'a, i64> {
-        if args.left > 0 {
-            let left = args.left;
-            return Box::pin(async move {
-                let holds = set_holds(&self.link, name, owner, left).await?;
-                Ok(holds.map_or(-1, i64::from))
-            });
-        }
-        // The latch is unique to this release and the same on its retries: the request
-        // id the row keeps.
-        Box::pin(release(&self.link, name, owner, latch, &self.channel))
-    }
-
-    fn reenter<'a>(
-        &'a self,
-        _core: &'a Core,
-        name: &'a str,
-        owner: &'a str,
-        holds: u32,
-        _lease_ms: u64,
-    ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let set = set_holds(&self.link, name, owner, holds).await?;
-            Ok(i64::from(set.is_some()))
-        })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        _core: &'a Core,
-        name: &'a str,
-        owner: &'a str,
-        lease_ms: u64,
-    ) -> OpFuture<'a, bool> {
-        let (name, owner, channel) = (name.to_owned(), owner.to_owned(), self.channel.to_string());
-        Box::pin(async move {
-            self.link
-                .run_upkeep(move |mut conn| async move {
-                    sqlx::query_scalar::<_, bool>(READ_EXTEND)
-                        .bind(name)
-                        .bind(owner)
-                        .bind(lease_ms as f64)
-                        .bind(channel)
-                        .fetch_one(&mut *conn)
-                        .await
-                })
-                .await
-        })
-    }
-
-    fn verify<'a>(&'a self, _core: &'a Core, name: &'a str, owner: &'a str) -> OpFuture<'a, bool> {
-        let (name, owner) = (name.to_owned(), owner.to_owned());
-        Box::pin(async move {
-            self.link
-                .run_upkeep(move |mut conn| async move {
-                    sqlx::query_scalar::<_, bool>(READ_VERIFY)
-                        .bind(name)
-                        .bind(owner)
-                        .fetch_one(&mut *conn)
-                        .await
-                })
-                .await
-        })
-    }
-
-    // A partial release rewrites the hold count only.
-    fn partial_release_renews(&self) -> bool {
-        false
-    }
-
-    fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
-        (&PG_READ_RENEWAL, Arc::clone(owner))
-    }
-
-    fn unlock_channel(&self) -> Option<&str> {
-        Some(&self.channel)
-    }
-}
-
-/// Sets a read holding's hold count: the count now, or `None` when the owner no longer
-/// holds it.
-async fn set_holds(link: &PgLink, name: &str, owner: &str, holds: u32) -> Result<Option<i32>> {
-    set_hold_count(link, READ_SET_HOLDS, (name, owner), holds, None).await
 }
 
 /// Whether anyone holds the read-write lock `name`, for writing or reading.

@@ -9,10 +9,11 @@
 //!   turn. Only its predecessor is watched, so a release wakes the next waiter alone,
 //!   never the whole queue;
 //! - `gone:<key>`: until the key is deleted: a holder listening for a force-unlock;
-//! - `fits:<key>`: until the permits asked by the keys of a permit semaphore's queue
-//!   created before it, plus its own, fit the semaphore's total ([`permits_fit`]). Any
-//!   release ahead, or a new total, may let it in, so it watches the whole queue and the
-//!   total: a herd bounded by the semaphore's own waiters.
+//! - `fits:<key>`: whenever the permits asked by the keys of a permit semaphore's queue
+//!   created before it, plus its own, fit the semaphore's total ([`permits_fit`]),
+//!   answered again at each change while it is followed. Any release ahead, or a new
+//!   total, may let it in, so it watches the whole queue and the total: a herd bounded
+//!   by the semaphore's own waiters.
 //!
 //! Each topic is a task that reads the state first and then watches from the revision it
 //! read, so a change between the read and the watch is never missed; after a broken watch
@@ -119,11 +120,14 @@ enum Step {
     Gone { key: Vec<u8>, after: i64 },
     /// It happens when `key` is deleted, at a revision after `after`.
     DeletionOf { key: Vec<u8>, after: i64 },
-    /// It may happen at any change of a key in `[start, end)` after revision `after`.
+    /// It may happen at any change of a key in `[start, end)` after revision `after`;
+    /// `holds` says it holds now: answered, and followed on all the same (an attempt may
+    /// still find it does not, the state having changed since).
     ChangeIn {
         start: Vec<u8>,
         end: Vec<u8>,
         after: i64,
+        holds: bool,
     },
 }
 
@@ -162,7 +166,15 @@ async fn follow(link: &EtcdLink, topic: &str, answers: &mpsc::UnboundedSender<(S
                     continue;
                 }
             }
-            Ok(Step::ChangeIn { start, end, after }) => {
+            Ok(Step::ChangeIn {
+                start,
+                end,
+                after,
+                holds,
+            }) => {
+                if holds && !answer() {
+                    return;
+                }
                 if changed_in(link, (start, end), after).await {
                     pause = Duration::from_millis(20);
                     continue;
@@ -252,9 +264,11 @@ pub(crate) fn count_of(value: &[u8]) -> Option<i64> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
-/// `fits:<key>`: answered when the key's permits fit ([`permits_fit`]); otherwise any
-/// change of the semaphore's total or queue (`[total, queue end)`: the total's key is the
-/// queue without its last NUL, and nothing else sorts between them).
+/// `fits:<key>`: answered whenever the key's permits fit ([`permits_fit`]), and followed
+/// on at every change of the semaphore's total or queue (`[total, queue end)`: the
+/// total's key is the queue without its last NUL, and nothing else sorts between them).
+/// Unlike a lock's first key, which stays first, a waiter that fitted may not fit when
+/// its attempt looks (a total lowered in between): the topic must answer it again later.
 async fn fits_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
     let Some(end) = key.iter().rposition(|byte| *byte == 0) else {
         return Ok(Step::Answer);
@@ -281,9 +295,7 @@ async fn fits_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
             let Some(own) = got(0).first().map(KeyValue::create_revision) else {
                 return Ok(Step::Gone { key, after });
             };
-            if permits_fit(got(1).first(), &got(2), own) {
-                return Ok(Step::Answer);
-            }
+            let holds = permits_fit(got(1).first(), &got(2), own);
             let mut end = queue;
             if let Some(last) = end.last_mut() {
                 *last += 1;
@@ -292,6 +304,7 @@ async fn fits_step(link: &EtcdLink, key: Vec<u8>) -> Result<Step> {
                 start: total,
                 end,
                 after,
+                holds,
             })
         }
     })

@@ -63,8 +63,16 @@ BEGIN
             ceil(greatest(0, extract(epoch FROM soonest - clock_timestamp()) * 1000))::bigint;
         RETURN;
     END IF;
+    -- An owner's row that is there already is a give-up's mark (see
+    -- distlock_permit_release): this statement of a given-up attempt arrived late, after
+    -- the give-up, and must not take permits nobody would give back.
     INSERT INTO distlock_permits (name, owner, permits, expires_at)
-    VALUES (sem, taker, wanted, clock_timestamp() + lease_ms * interval '1 millisecond');
+    VALUES (sem, taker, wanted, clock_timestamp() + lease_ms * interval '1 millisecond')
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, NULL::bigint;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT true, NULL::bigint;
 END
 $$;
@@ -86,6 +94,13 @@ BEGIN
                WHERE p.name = sem AND p.owner = taker AND p.released_by = request) THEN
         RETURN 'before';
     END IF;
+    -- Nothing to give back: leave a mark of no permits, ended, under the owner's name, so
+    -- that its acquisition, if it is still on its way (the give-up of an attempt whose
+    -- reply was lost may overtake it on another connection), finds the owner taken and
+    -- takes nothing. Marks go with the ended rows, a minute after.
+    INSERT INTO distlock_permits (name, owner, permits, expires_at, released_by)
+    VALUES (sem, taker, 0, clock_timestamp(), request)
+    ON CONFLICT DO NOTHING;
     RETURN NULL;
 END
 $$;
