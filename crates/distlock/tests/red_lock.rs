@@ -579,7 +579,18 @@ async fn masters_that_may_evict_keys_refuse_a_redlock() {
         }
     })
     .await;
-    for server in &servers {
-        assert!(!lock_key_on(server).await, "a master kept a grant");
-    }
+    // A grant the refused attempt took on the master that does not evict is given back
+    // as its guard drops, on that master's runtime, a moment after the refusal returns.
+    common::eventually(Duration::from_secs(5), "no master keeps a grant", || {
+        let servers = &servers;
+        async move {
+            for server in servers {
+                if lock_key_on(server).await {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
 }
