@@ -27,11 +27,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::etcd::{b64, client_at, client_with, cluster, gw, http, num, queue, queue_under};
 use common::{bounded, join_bounded};
 use distlock::{Client, Error, ReleaseOutcome};
 use distlock_testkit::{monotonic_ns, EtcdCluster, ExclusionChecker, FaultProxy};
-use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -46,24 +47,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().await
-}
-
-async fn cluster(members: usize) -> EtcdCluster {
-    EtcdCluster::start(members).await.expect("start etcd")
-}
-
-async fn client_with(url: &str, watchdog: Duration, response: Duration) -> Client {
-    Client::builder()
-        .watchdog_timeout(watchdog)
-        .response_timeout(response)
-        .connection_timeout(Duration::from_secs(5))
-        .connect(url)
-        .await
-        .expect("connect to etcd")
-}
-
-async fn client_at(url: &str, watchdog: Duration) -> Client {
-    client_with(url, watchdog, Duration::from_secs(2)).await
 }
 
 /// One FaultProxy in front of each member, and the etcd:// URL through them.
@@ -84,148 +67,6 @@ async fn proxies_for(etcd: &EtcdCluster) -> (Vec<FaultProxy>, String) {
 // ---------------------------------------------------------------------------------------
 // etcd's v3 JSON gateway and /metrics, over plain HTTP/1.1
 // ---------------------------------------------------------------------------------------
-
-fn b64(bytes: &[u8]) -> String {
-    const TABLE: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .fold(0_u32, |n, byte| (n << 8) | u32::from(*byte))
-            << (8 * (3 - chunk.len()));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-fn unb64(text: &str) -> Vec<u8> {
-    const TABLE: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let digits: Vec<u32> = text
-        .trim_end_matches('=')
-        .bytes()
-        .map(|b| TABLE.iter().position(|&d| d == b).unwrap() as u32)
-        .collect();
-    let mut out = Vec::new();
-    for chunk in digits.chunks(4) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, d)| n | (d << (18 - 6 * i as u32)));
-        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&bytes[..chunk.len() - 1]);
-    }
-    out
-}
-
-async fn http(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &str,
-    token: Option<&str>,
-) -> (u16, String) {
-    let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .expect("gateway answered in time")
-        .expect("gateway request");
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    (code, body)
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let Some((size, tail)) = rest.split_once("\r\n") else {
-            return out;
-        };
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 {
-            return out;
-        }
-        out.push_str(&tail[..size]);
-        rest = &tail[size + 2..];
-    }
-}
-
-async fn gw_as(port: u16, path: &str, body: Value, token: Option<&str>) -> Value {
-    let (code, text) = http(port, "POST", path, &body.to_string(), token).await;
-    assert_eq!(code, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap_or(Value::Null)
-}
-
-async fn gw(port: u16, path: &str, body: Value) -> Value {
-    gw_as(port, path, body, None).await
-}
-
-fn num(value: &Value) -> i64 {
-    match value {
-        Value::String(text) => text.parse().unwrap_or(0),
-        other => other.as_i64().unwrap_or(0),
-    }
-}
-
-/// The keys of lock `name`'s queue (default prefix), oldest first: (owner, create
-/// revision, lease id).
-async fn queue(port: u16, name: &str) -> Vec<(String, i64, i64)> {
-    queue_under(port, &format!("distlock/{name}\0")).await
-}
-
-async fn queue_under(port: u16, prefix: &str) -> Vec<(String, i64, i64)> {
-    let mut end = prefix.as_bytes().to_vec();
-    *end.last_mut().unwrap() += 1;
-    let reply = gw(
-        port,
-        "/v3/kv/range",
-        json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end),
-               "sort_order": "ASCEND", "sort_target": "CREATE", "keys_only": true}),
-    )
-    .await;
-    reply["kvs"]
-        .as_array()
-        .map(|kvs| {
-            kvs.iter()
-                .map(|kv| {
-                    let key =
-                        String::from_utf8_lossy(&unb64(kv["key"].as_str().unwrap())).into_owned();
-                    let owner = key.rsplit_once('\0').map_or("", |(_, o)| o).to_owned();
-                    (owner, num(&kv["create_revision"]), num(&kv["lease"]))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 async fn wait_queue_len(port: u16, name: &str, len: usize) {
     bounded(Duration::from_secs(20), async {

@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::bounded;
-use distlock::{Client, Error, PermitSemaphore, PermitsSet};
+use common::etcd::{b64, client_at, client_with, cluster, gw, unb64};
+use distlock::{Error, PermitSemaphore, PermitsSet};
 use distlock_testkit::{EtcdCluster, FaultProxy};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -28,105 +28,12 @@ const LIMIT: Duration = Duration::from_secs(120);
 // Fixtures
 // ---------------------------------------------------------------------------------------
 
-async fn cluster(members: usize) -> EtcdCluster {
-    EtcdCluster::start(members).await.expect("start etcd")
-}
-
-async fn client_with(url: &str, watchdog: Duration, response: Duration) -> Client {
-    Client::builder()
-        .watchdog_timeout(watchdog)
-        .response_timeout(response)
-        .connection_timeout(Duration::from_secs(5))
-        .connect(url)
-        .await
-        .expect("connect to etcd")
-}
-
-async fn client_at(url: &str, watchdog: Duration) -> Client {
-    client_with(url, watchdog, Duration::from_secs(2)).await
-}
-
 /// A proxy in front of member 0, and the URL through it.
 async fn proxied(etcd: &EtcdCluster) -> (FaultProxy, String) {
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], etcd.client_ports()[0]));
     let proxy = FaultProxy::start(upstream).await.unwrap();
     let url = format!("etcd://127.0.0.1:{}", proxy.port());
     (proxy, url)
-}
-
-const B64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn b64(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n =
-            chunk.iter().fold(0_u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
-        for i in 0..4 {
-            out.push(if i <= chunk.len() {
-                B64[((n >> (18 - 6 * i)) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
-}
-
-fn unb64(text: &str) -> Vec<u8> {
-    let digits: Vec<u32> = text
-        .trim_end_matches('=')
-        .bytes()
-        .map(|b| B64.iter().position(|&d| d == b).unwrap() as u32)
-        .collect();
-    let mut out = Vec::new();
-    for chunk in digits.chunks(4) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, d)| n | (d << (18 - 6 * i as u32)));
-        out.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8][..chunk.len() - 1]);
-    }
-    out
-}
-
-/// One POST to etcd's HTTP gateway; the JSON answer.
-async fn gw(port: u16, path: &str, body: Value) -> Value {
-    let body = body.to_string();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let (head, mut rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    assert!(head.contains(" 200 "), "{path}: {head}");
-    let mut body = String::new();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        while let Some((size, tail)) = rest.split_once("\r\n") {
-            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if size == 0 {
-                break;
-            }
-            body.push_str(&tail[..size]);
-            rest = &tail[size + 2..];
-        }
-    } else {
-        body = rest.to_owned();
-    }
-    serde_json::from_str(&body).unwrap_or(Value::Null)
 }
 
 fn num(value: &Value) -> i64 {

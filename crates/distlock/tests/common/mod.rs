@@ -1,6 +1,7 @@
 //! Shared fixtures: a private redis-server per test and clients on it.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod examples;
 // The reviews' PostgreSQL harness: sqlx speaks PostgreSQL only with the feature.
 pub mod permits;
