@@ -101,54 +101,21 @@ async fn lock_queue_len(etcd: &EtcdCluster, name: &str) -> usize {
     etcd_range_count(etcd, &format!("distlock/{name}\0")).await
 }
 
-/// Counts keys under `prefix` with etcd's v3 JSON gateway (base64 keys).
+/// Counts keys under `prefix` with etcd's v3 JSON gateway.
 async fn etcd_range_count(etcd: &EtcdCluster, prefix: &str) -> usize {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let port = etcd.client_ports()[0];
     let mut end = prefix.as_bytes().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
     }
-    let body = format!(
-        "{{\"key\":\"{}\",\"range_end\":\"{}\",\"count_only\":true}}",
-        base64(prefix.as_bytes()),
-        base64(&end)
-    );
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let request = format!(
-        "POST /v3/kv/range HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
-        .split("\"count\":\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .and_then(|count| count.parse().ok())
-        .unwrap_or(0)
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const TABLE: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .fold(0_u32, |n, byte| (n << 8) | u32::from(*byte))
-            << (8 * (3 - chunk.len()));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    let reply = common::etcd::gw(
+        port,
+        "/v3/kv/range",
+        serde_json::json!({"key": common::etcd::b64(prefix.as_bytes()),
+                           "range_end": common::etcd::b64(&end), "count_only": true}),
+    )
+    .await;
+    usize::try_from(common::etcd::num(&reply["count"])).unwrap_or(0)
 }
 
 #[tokio::test]
