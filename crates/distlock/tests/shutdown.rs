@@ -268,11 +268,18 @@ fn shutdown_does_not_wait_for_a_parked_waiter() {
             tokio::pin!(waiter);
             let subscribed = until_subscribers(&admin, "redisson_lock__channel:{parked}", 1);
             tokio::pin!(subscribed);
-            // The `lock()` future stays alive, parked, while this branch shuts down.
             tokio::select! {
                 _ = &mut waiter => unreachable!("the lock is held by another client"),
                 _ = &mut subscribed => {}
             }
+            // Its attempt after subscribing may still be on its way: polled a moment
+            // longer, the waiter settles between attempts (an attempt in flight is work
+            // shutdown rightly waits for; a cold run once parked it mid-attempt, 3 s).
+            tokio::select! {
+                _ = &mut waiter => unreachable!("the lock is held by another client"),
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            // The `lock()` future stays alive, parked, while this branch shuts down.
             let shutting_down = Instant::now();
             bounded(LIMIT, client.shutdown()).await;
             let took = shutting_down.elapsed();
