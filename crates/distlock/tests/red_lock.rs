@@ -526,8 +526,14 @@ async fn lease_remaining_never_exceeds_the_redlock_validity() {
             let lock = RedLock::new(NAME, &clients).unwrap().with_lease(lease);
             for _ in 0..20 {
                 let started = Instant::now();
-                let Some(guard) = lock.try_lock().await.unwrap() else {
-                    continue;
+                let guard = match lock.try_lock().await {
+                    Ok(Some(guard)) => guard,
+                    Ok(None) => continue,
+                    // A 20 ms lease's node timeout is 10 ms, shorter than a busy machine's
+                    // stalls: a round whose masters all answered late grants nothing
+                    // (seen once in a cold run), which is not what this test looks at.
+                    Err(Error::QuorumUnavailable { .. }) => continue,
+                    Err(err) => panic!("{err}"),
                 };
                 let elapsed = started.elapsed();
                 let remaining = guard.lease_remaining();
