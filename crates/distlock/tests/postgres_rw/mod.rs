@@ -225,3 +225,69 @@ async fn a_force_unlock_ends_every_reader() {
     })
     .await;
 }
+
+/// A name only readers ever held has a row with no writer's expiry (`-infinity`). An
+/// acquisition that waits for another transaction's write of that row, and finds the
+/// lock taken once it may go on, answers "busy" from its statement's older view of the
+/// row: that answer's time left must not subtract an infinite timestamp (PostgreSQL
+/// refuses, "cannot subtract infinite timestamps"; a CI run failed so). Both a reader's
+/// and a writer's acquisition answer busy, with no error.
+#[tokio::test]
+async fn an_acquisition_that_waited_on_a_readers_row_answers_busy() {
+    let server = database().await;
+    let client = client_at(&server.url(), Duration::from_secs(30)).await;
+    let pool = raw(&server).await;
+    bounded(LIMIT, async {
+        let rw = client.rw_lock("pg:rw:infinite").unwrap();
+        // Readers came and went: the row's expiry and readers_until are both -infinity.
+        rw.try_read()
+            .await
+            .unwrap()
+            .expect("free")
+            .release()
+            .await
+            .unwrap();
+        for write in [false, true] {
+            // Another transaction holds the row and makes it a writer's, as another
+            // client's acquisition would; the attempt waits for it in the database.
+            let mut blocking = pool.begin().await.unwrap();
+            sqlx::query(
+                "UPDATE distlock_locks SET owner = 'elsewhere', holds = 1, token = token + 1, \
+                 expires_at = clock_timestamp() + interval '30 seconds' WHERE name = $1",
+            )
+            .bind("pg:rw:infinite")
+            .execute(&mut *blocking)
+            .await
+            .unwrap();
+            let attempt = {
+                let rw = rw.clone();
+                tokio::spawn(async move {
+                    if write {
+                        rw.try_write().await.map(|held| held.is_some())
+                    } else {
+                        rw.try_read().await.map(|held| held.is_some())
+                    }
+                })
+            };
+            while common::pg::lock_waiters(&pool).await == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            blocking.commit().await.unwrap();
+            let taken = attempt.await.unwrap();
+            assert!(
+                matches!(taken, Ok(false)),
+                "write {write}: {taken:?} where busy was due"
+            );
+            // Free the row again, as a writer's lease running out would.
+            sqlx::query(
+                "UPDATE distlock_locks SET owner = '', holds = 0, expires_at = '-infinity' \
+                 WHERE name = $1",
+            )
+            .bind("pg:rw:infinite")
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    })
+    .await;
+}

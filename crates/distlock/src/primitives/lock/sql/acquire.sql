@@ -12,6 +12,11 @@
 -- or no row, when another client wrote the row after this statement's snapshot was
 -- taken: busy, with no hint.
 --
+-- The busy answer reads the row as the statement's snapshot saw it, which may be older
+-- than the version found taken: a row only readers held has -infinity in both
+-- expiries, clamped to now before subtracting (PostgreSQL refuses to subtract an
+-- infinite timestamp).
+--
 -- The lock is free when its row's expiry has passed on the database's clock, so no two
 -- clients' clocks are ever compared. The expiry counts from when the row is written,
 -- never earlier than when the client sent the statement, which is where the client's own
@@ -38,7 +43,8 @@ WITH taken AS (
 SELECT token, NULL::bigint AS left_ms FROM taken
 UNION ALL
 SELECT NULL::bigint,
-       ceil(greatest(0, extract(epoch FROM greatest(expires_at, readers_until)
+       ceil(greatest(0, extract(epoch FROM greatest(expires_at, readers_until,
+                                                     clock_timestamp())
                                             - clock_timestamp()) * 1000))::bigint
 FROM distlock_locks
 WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM taken)

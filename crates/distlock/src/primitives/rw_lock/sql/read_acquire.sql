@@ -11,6 +11,11 @@
 -- or no row, when another client wrote the lock's row after this statement's snapshot
 -- was taken: busy, with no hint.
 --
+-- The busy answer reads the row as the statement's snapshot saw it, which may be older
+-- than the version the gate found taken: an expiry of -infinity (a row only readers
+-- held) is clamped to now before subtracting, as PostgreSQL refuses to subtract an
+-- infinite timestamp.
+--
 -- The lock's row is written first (created free for writers when the name is new): its
 -- readers_until rises to this holding's expiry, so a writer, which waits for
 -- readers_until to pass, decides on the row PostgreSQL serializes. The expiry is computed
@@ -39,6 +44,7 @@ WITH lease AS (
 SELECT true AS held, NULL::bigint AS left_ms FROM joined
 UNION ALL
 SELECT false,
-       ceil(greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+       ceil(greatest(0, extract(epoch FROM greatest(expires_at, clock_timestamp())
+                                            - clock_timestamp()) * 1000))::bigint
 FROM distlock_locks
 WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM gate)
