@@ -6,6 +6,7 @@ mod baseline;
 mod cost;
 mod report;
 mod scenarios;
+mod slowlog;
 mod stats;
 
 use std::sync::Arc;

@@ -211,6 +211,38 @@ async fn one_run(kind: Kind, url: &str, length: Duration) -> BenchResult<(Vec<Ho
     Ok((holds, per_hold))
 }
 
+/// A run with every command logged (crate::slowlog): the server's calls and time per
+/// hold, by kind of call, as figures ("server µs per hold: evalsha 6k+7a", with the calls
+/// per hold beside it).
+async fn profiled_run(
+    kind: Kind,
+    url: &str,
+    length: Duration,
+) -> BenchResult<Vec<crate::report::Figure>> {
+    let mut connection = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    crate::slowlog::start(&mut connection).await?;
+    let run = one_run(kind, url, length).await;
+    let calls = crate::slowlog::stop(&mut connection).await?;
+    let holds = run?.0.len().max(1) as f64;
+    let mut figures = Vec::new();
+    let mut ranked: Vec<_> = calls.into_iter().collect();
+    ranked.sort_by_key(|(_, calls)| std::cmp::Reverse(calls.micros));
+    for (call, calls) in ranked {
+        figures.push(figure(
+            format!(
+                "profiled: {} ({:.2} calls/hold), server µs per hold",
+                call.label(),
+                calls.count as f64 / holds
+            ),
+            calls.micros as f64 / holds,
+            "µs",
+        ));
+    }
+    Ok(figures)
+}
+
 struct Figures {
     server_per_hold: f64,
     rate: f64,
@@ -341,8 +373,13 @@ pub async fn run(
     }
     let rtt = median(&rtts);
     let floor = median(&floors);
+    // Where the server's time goes: one more run of each, every command logged.
+    let mut profiles = Vec::new();
+    for (kind, _) in &kinds {
+        profiles.push(profiled_run(*kind, url, plan.length).await?);
+    }
     let mut reports = Vec::new();
-    for ((kind, scenario), runs) in kinds.iter().zip(measured) {
+    for (((kind, scenario), runs), profile) in kinds.iter().zip(measured).zip(profiles) {
         let pick = |f: fn(&Figures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
         let (rate, hold, gap_p50, gap_p99, jain) = (
             pick(|f| f.rate),
@@ -408,6 +445,7 @@ pub async fn run(
                 "",
             ));
         }
+        details.extend(profile);
         let met = !fair || (ratio >= TARGET_RATIO && details.iter().all(|d| d.met != Some(false)));
         reports.push(Report {
             scenario,

@@ -8,7 +8,8 @@
 //!    caller that will not wait gets "busy" without trying);
 //! 2. if that failed and the caller will wait, subscribes to the channel (shared with the
 //!    client's other waiters), and only then tries again, so a release between the try and
-//!    the wait cannot be missed;
+//!    the wait cannot be missed (a primitive whose first try kept the waiter's place on
+//!    the server, a fair lock's, makes a cheaper look instead: [`Acquire::look`]);
 //! 3. waits for a release message, or for the holder's lease to run out (messages can be
 //!    lost), or for the caller's deadline, and tries again.
 //!
@@ -64,6 +65,9 @@ pub(crate) enum Attempt<G> {
 /// A boxed attempt, owned so that it can run in a task of its own.
 pub(crate) type AttemptFuture<G> = Pin<Box<dyn Future<Output = Result<Attempt<G>>> + Send>>;
 
+/// A cheap read that tells whether an attempt is due ([`Acquire::look`]).
+pub(crate) type LookFuture = Pin<Box<dyn Future<Output = Result<bool>> + Send>>;
+
 /// A primitive's clean-up after an acquisition that ended without it, owned so that it
 /// can run in a task of its own.
 pub(crate) type AbandonFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
@@ -113,6 +117,17 @@ pub(crate) trait Acquire {
     /// attempt, so a lease it set started no earlier.
     fn granted(&self, payload: &[u8], since: Instant) -> Option<Self::Guard> {
         let _ = (payload, since);
+        None
+    }
+
+    /// A read, cheaper than an attempt, made in place of the attempt that follows
+    /// subscribing when the attempt before it found the primitive busy and the waiter's
+    /// place is kept on the server (a fair lock's queue entry): it answers whether
+    /// anything this waiter could not have heard of, before its subscription was live,
+    /// makes an attempt due (a direct grant, or the primitive freed). `false` counts as
+    /// a busy attempt; `true` or an error is followed by the attempt. `None` (the
+    /// default): attempt again, as every primitive whose attempt queues nothing does.
+    fn look(&self) -> Option<LookFuture> {
         None
     }
 
@@ -238,6 +253,9 @@ async fn wait_for<A: Acquire>(
         && deadline.is_none_or(|deadline| deadline > Instant::now());
     // When the last attempt that found the primitive busy was sent (see `granted`).
     let mut last_busy = None;
+    // The first attempt's answer, when it found the primitive busy: the attempt after
+    // subscribing is then a look ([`Acquire::look`]), busy with the same hint.
+    let mut first_busy = None;
     // Waiters of a primitive that every message wakes all at once (a latch) do not take
     // turns: a newcomer looks at once, as the woken ones do.
     let takes_turns = primitive.wake_rule() != WakeRule::All;
@@ -248,7 +266,7 @@ async fn wait_for<A: Acquire>(
             return Ok(None);
         }
     } else {
-        let first = last_chance(core, primitive, abandon, &mut last_busy).await;
+        let first = last_chance(core, primitive, abandon, &mut last_busy, &mut first_busy).await;
         // The first try may have taken all of the caller's patience (a synced write that
         // waited for replicas): its outcome is then the answer, not a reason to try again.
         let still_patient =
@@ -295,7 +313,7 @@ async fn wait_for<A: Acquire>(
     let (subscription, others) = tokio::select! {
         subscribed = subscribing => subscribed,
         _ = core.background().sleep_until_some(deadline) => {
-            return last_chance(core, primitive, abandon, &mut last_busy).await;
+            return last_chance(core, primitive, abandon, &mut last_busy, &mut None).await;
         }
         _ = core.closing().cancelled() => return Err(Error::Shutdown),
     };
@@ -341,7 +359,18 @@ async fn wait_for<A: Acquire>(
         // rather than "busy" (the lock may be free, with no replica acknowledging, or the
         // server unreachable).
         let sent_at = Instant::now();
-        let (retry_after, failure) = match attempt(core, primitive, abandon).await {
+        let looked_busy = match first_busy.take() {
+            Some(retry_after) => match primitive.look() {
+                Some(look) => matches!(look.await, Ok(false)).then_some(retry_after),
+                None => None,
+            },
+            None => None,
+        };
+        let outcome = match looked_busy {
+            Some(retry_after) => Ok(Attempt::Busy { retry_after }),
+            None => attempt(core, primitive, abandon).await,
+        };
+        let (retry_after, failure) = match outcome {
             Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
                 last_busy = Some(sent_at);
@@ -435,11 +464,14 @@ fn grant_in_mail<A: Acquire>(
 /// a server found to be a replica now (a failover since), is replaced because of that
 /// failure; one more attempt, as a new owner, then tells whether the server is really
 /// gone. The first attempt's owner gives itself up.
+///
+/// `last_busy` is set to when a busy attempt was sent, `busy_hint` to its retry hint.
 async fn last_chance<A: Acquire>(
     core: &Core,
     primitive: &A,
     abandon: &Abandon<'_>,
     last_busy: &mut Option<Instant>,
+    busy_hint: &mut Option<Option<Duration>>,
 ) -> Result<Option<A::Guard>> {
     let mut sent_at = Instant::now();
     let outcome = match attempt(core, primitive, abandon).await {
@@ -452,8 +484,9 @@ async fn last_chance<A: Acquire>(
     };
     Ok(match outcome? {
         Attempt::Acquired(guard) => Some(guard),
-        Attempt::Busy { .. } => {
+        Attempt::Busy { retry_after } => {
             *last_busy = Some(sent_at);
+            *busy_hint = Some(retry_after);
             None
         }
     })

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::scripts::{FAIR_ACQUIRE, FAIR_LEAVE, FAIR_RELEASE};
+use super::scripts::{FAIR_ACQUIRE, FAIR_LEAVE, FAIR_LOOK, FAIR_RELEASE};
 use super::FairKeys;
-use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture};
+use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture, LookFuture};
 use crate::engine::renewal::registry::safety_margin;
 use crate::engine::session::Core;
 use crate::engine::subscriptions::WakeRule;
@@ -190,6 +190,26 @@ impl Acquire for FairAttempt {
             return None;
         }
         Some(self.owner.hold(token, since))
+    }
+
+    /// The waiter's first attempt queued it: once subscribed, it only needs to know
+    /// whether a grant or a "try now" came before the subscription did (fair_look.lua),
+    /// a read of two fields instead of the whole queueing script again.
+    fn look(&self) -> Option<LookFuture> {
+        if !self.queue {
+            return None;
+        }
+        let mut call = ScriptCall::new(&FAIR_LOOK, &[&self.owner.keys.lock], 1);
+        call.arg(&*self.owner.owner);
+        let core = Arc::clone(&self.owner.core);
+        Some(Box::pin(async move {
+            // A read: harmless to send again on a connection found dropped.
+            let call = &call;
+            let due: i64 = core
+                .request(|mut connection| async move { call.invoke(&mut connection).await })
+                .await?;
+            Ok(due != 0)
+        }))
     }
 
     fn abandon(&self) -> Option<AbandonFuture> {

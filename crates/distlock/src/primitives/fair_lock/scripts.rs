@@ -21,5 +21,8 @@ pub(crate) static FAIR_LEAVE: LuaScript = LuaScript::new(concat!(
     include_str!("scripts/fair_leave.lua")
 ));
 
+/// Standalone: it reads two fields and needs none of the shared functions.
+pub(crate) static FAIR_LOOK: LuaScript = LuaScript::new(include_str!("scripts/fair_look.lua"));
+
 /// Every script of the fair lock, for loading at connect.
-pub(crate) static ALL: [&LuaScript; 3] = [&FAIR_ACQUIRE, &FAIR_RELEASE, &FAIR_LEAVE];
+pub(crate) static ALL: [&LuaScript; 4] = [&FAIR_ACQUIRE, &FAIR_RELEASE, &FAIR_LEAVE, &FAIR_LOOK];

@@ -161,7 +161,22 @@ end
 -- set earlier would take the Redisson waiter's entry with it, and later arrivals would be
 -- served first. Run after every change that takes a distlock waiter out of a queue others
 -- are still in (it may have been the one whose refreshes set the expiry).
+--
+-- Nothing needs counting while the head is a distlock waiter still alive, the common case
+-- of every handoff: it refreshes its place at least every second, and each refresh that
+-- finds the keys' expiry less than half an alive time (plus a second) away counts the
+-- Redisson waiters itself (expire_queue) before that expiry can come. The count costs an
+-- HGETALL and a ZSCORE per distlock waiter, so skipping it keeps a handoff's cost from
+-- growing with the queue.
 local function keep_for_redissons(queue, timeouts, waiters, now, wait)
+    local head = redis.call('lindex', queue, 0)
+    if not head then
+        return
+    end
+    local waiter = distlock_waiter(waiters, head)
+    if waiter ~= nil and waiter.alive > now then
+        return
+    end
     if redis.call('pttl', queue) ~= -1 and redissons_queued(timeouts, waiters) then
         persist_queue(queue, timeouts, waiters, now, wait)
     end
