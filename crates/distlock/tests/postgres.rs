@@ -34,6 +34,15 @@ async fn client_at(url: &str, watchdog: Duration) -> Client {
         .expect("connect to postgres")
 }
 
+/// A fault proxy in front of the database, and the URL that goes through it.
+async fn behind_proxy(server: &PostgresServer) -> (FaultProxy, String) {
+    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
+        .await
+        .expect("start a fault proxy");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    (proxy, url)
+}
+
 /// A raw pool on the test database, to look at and change what distlock keeps.
 async fn raw(server: &PostgresServer) -> sqlx::PgPool {
     sqlx::PgPool::connect(&server.url())
@@ -195,10 +204,7 @@ async fn a_force_unlock_fires_the_lost_signal_at_its_notification() {
 #[tokio::test]
 async fn a_database_out_of_reach_fires_the_lost_signal_before_anyone_else_holds() {
     let server = database().await;
-    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
-        .await
-        .unwrap();
-    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let (proxy, through_proxy) = behind_proxy(&server).await;
     let lease = Duration::from_millis(1500);
     let holder = client_at(&through_proxy, lease).await;
     let other = client_at(&server.url(), Duration::from_secs(5)).await;
@@ -438,11 +444,8 @@ async fn the_examples_run_unchanged_on_postgres() {
 #[tokio::test]
 async fn a_burst_larger_than_the_pool_waits_for_a_connection_not_for_its_timeout() {
     let server = database().await;
-    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
-        .await
-        .unwrap();
+    let (proxy, url) = behind_proxy(&server).await;
     proxy.set_delay_in(distlock_testkit::Direction::Both, Duration::from_millis(20));
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
     let client = Client::builder()
         .response_timeout(Duration::from_millis(150))
         .connection_timeout(Duration::from_secs(5))

@@ -14,7 +14,21 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use distlock::{Client, ReleaseOutcome};
-use distlock_testkit::{ExclusionChecker, ExclusionReport, RedisServer};
+use distlock_testkit::{ExclusionChecker, ExclusionReport, FaultProxy, RedisServer};
+
+/// The switch the shared cut-off scenarios take: `true` swallows everything every proxy
+/// carries, `false` lets it through again.
+pub fn cut_switch(proxies: &[FaultProxy]) -> impl Fn(bool) + '_ {
+    move |cut| {
+        for proxy in proxies {
+            if cut {
+                proxy.blackhole();
+            } else {
+                proxy.heal();
+            }
+        }
+    }
+}
 
 /// Fails the test, instead of hanging it, when `future` does not finish in `limit`.
 pub async fn bounded<T>(limit: Duration, future: impl Future<Output = T>) -> T {

@@ -61,15 +61,7 @@ async fn a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permits() 
     let lease = Duration::from_secs(2);
     let holder = client_at(&through, lease).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let cut = |cut: bool| {
-        for proxy in &proxies {
-            if cut {
-                proxy.blackhole()
-            } else {
-                proxy.heal()
-            }
-        }
-    };
+    let cut = common::cut_switch(&proxies);
     bounded(
         LIMIT,
         permits::a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permits(

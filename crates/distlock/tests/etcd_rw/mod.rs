@@ -124,15 +124,7 @@ async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     let lease = Duration::from_secs(2);
     let holder = client_at(&through, lease).await;
     let other = client_at(&etcd.url(), Duration::from_secs(5)).await;
-    let cut = |cut: bool| {
-        for proxy in &proxies {
-            if cut {
-                proxy.blackhole()
-            } else {
-                proxy.heal()
-            }
-        }
-    };
+    let cut = common::cut_switch(&proxies);
     bounded(
         LIMIT,
         rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(

@@ -4,13 +4,10 @@
 //! then what is PostgreSQL's own: a killed holder's permits come back at its lease's end,
 //! and a table cleared by hand loses the permits it held.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use distlock_testkit::FaultProxy;
-
-use super::common::{bounded, permits};
-use super::{client_at, database, raw, LIMIT};
+use super::common::{self, bounded, permits};
+use super::{behind_proxy, client_at, database, raw, LIMIT};
 
 #[tokio::test]
 async fn holders_never_hold_more_permits_than_there_are() {
@@ -79,14 +76,11 @@ async fn counts_cancellation_and_bad_asks() {
 #[tokio::test]
 async fn a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permits() {
     let server = database().await;
-    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
-        .await
-        .unwrap();
-    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let (proxy, through_proxy) = behind_proxy(&server).await;
     let lease = Duration::from_millis(1500);
     let holder = client_at(&through_proxy, lease).await;
     let other = client_at(&server.url(), Duration::from_secs(5)).await;
-    let cut = |cut: bool| if cut { proxy.blackhole() } else { proxy.heal() };
+    let cut = common::cut_switch(std::slice::from_ref(&proxy));
     bounded(
         LIMIT,
         permits::a_holder_cut_off_learns_of_its_loss_before_another_takes_its_permits(

@@ -6,14 +6,12 @@
 //! share and a writer waits for their leases, a reader cut off learns of its loss before
 //! a writer holds, and a table an older distlock made is completed at connect.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use distlock::ReleaseOutcome;
-use distlock_testkit::FaultProxy;
 
 use super::common::{self, bounded, rw};
-use super::{client_at, database, raw, LIMIT};
+use super::{behind_proxy, client_at, database, raw, LIMIT};
 
 /// The scenario every store's read-write lock passes (tests/common/rw.rs), on two clients.
 #[tokio::test]
@@ -177,14 +175,11 @@ async fn fixed_lease_readers_share_and_a_writer_waits_for_their_leases() {
 #[tokio::test]
 async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     let server = database().await;
-    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, server.port())))
-        .await
-        .unwrap();
-    let through_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let (proxy, through_proxy) = behind_proxy(&server).await;
     let lease = Duration::from_millis(1500);
     let holder = client_at(&through_proxy, lease).await;
     let other = client_at(&server.url(), Duration::from_secs(5)).await;
-    let cut = |cut: bool| if cut { proxy.blackhole() } else { proxy.heal() };
+    let cut = common::cut_switch(std::slice::from_ref(&proxy));
     bounded(
         LIMIT,
         rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(

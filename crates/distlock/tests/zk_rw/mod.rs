@@ -118,15 +118,7 @@ async fn a_reader_cut_off_learns_of_its_loss_before_a_writer_holds() {
     let session = Duration::from_secs(2);
     let holder = client_at(&through, session).await;
     let other = client_at(&zk.url(), Duration::from_secs(5)).await;
-    let cut = |cut: bool| {
-        for proxy in &proxies {
-            if cut {
-                proxy.blackhole()
-            } else {
-                proxy.heal()
-            }
-        }
-    };
+    let cut = common::cut_switch(&proxies);
     bounded(
         LIMIT,
         rw::a_reader_cut_off_learns_of_its_loss_before_a_writer_holds(
