@@ -750,3 +750,57 @@ async fn a_redisson_waiter_that_gives_up_moves_the_distlock_waiter_behind_it_up(
     })
     .await;
 }
+
+/// A grant published while the waiter's subscription is not live yet is not heard; the
+/// waiter's look after subscribing (`fair_look.lua`, in place of a second queueing
+/// attempt) must find the lock already its own and take it at once, not at its next
+/// refresh of its place (a second later). The waiter's client is behind a 20 ms delay
+/// each way, and the holder releases the moment the waiter's entry is queued: the grant
+/// goes out while the waiter's reply, and then its first SUBSCRIBE, are still on their
+/// way.
+#[tokio::test]
+async fn a_grant_made_before_the_waiter_subscribed_is_taken_at_once() {
+    let server = server().await;
+    let holder = client(&server).await;
+    let proxy = distlock_testkit::FaultProxy::in_front_of(&server)
+        .await
+        .expect("start proxy");
+    let waiter_client = distlock::Client::builder()
+        .response_timeout(Duration::from_secs(3))
+        .connect(&proxy.url())
+        .await
+        .expect("connect through the proxy");
+    proxy.set_delay(Duration::from_millis(20));
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        // The waiter's client opens its pub/sub connection first (a wait that times
+        // out): a connection opened for the waiter itself would wake it once it is up,
+        // and that wake-up, not the look, would find the grant.
+        let warm = holder.fair_lock("fair:warm").unwrap().lock().await.unwrap();
+        let timed_out = waiter_client
+            .fair_lock("fair:warm")
+            .unwrap()
+            .try_lock_for(Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert!(timed_out.is_none());
+        warm.release().await.unwrap();
+        let name = "fair:missed-grant";
+        let guard = holder.fair_lock(name).unwrap().lock().await.unwrap();
+        let waiter = wait_for(&waiter_client, name);
+        // Polled without pause: the release must go out before the waiter subscribes.
+        while queue_length(&mut conn, name).await == 0 {}
+        let released_at = std::time::Instant::now();
+        guard.release().await.unwrap();
+        let taken = waiter.await.unwrap().unwrap();
+        let after = released_at.elapsed();
+        // Its own refresh would come a second after its look; everything else (the
+        // reply, a SUBSCRIBE, the look and the attempt, 40 ms each) takes far less.
+        assert!(
+            after < Duration::from_millis(800),
+            "the waiter took a grant it missed {after:?} after the release"
+        );
+        taken.release().await.unwrap();
+    })
+    .await;
+}
