@@ -734,6 +734,168 @@ async fn a_fair_release_refused_a_read_changes_nothing() {
     rival.shutdown().await;
 }
 
+/// Issue 32: the common fair release (a live distlock waiter at the head, another behind
+/// it) checks only the writes it makes, not every command a fair-lock script may run.
+/// One of those writes refused (ZINCRBY, which moves the score of the waiter behind the
+/// head), the release fails with a typed error before writing anything: the lock stays
+/// the holder's, the queue and its scores are as they were, and no latch is left.
+#[tokio::test]
+async fn a_plain_fair_handoff_refused_a_write_changes_nothing() {
+    let server = server().await;
+    let url = user(&server, "fairhand", &[]).await;
+    let holder = client_as(&url).await;
+    let rivals = [client_as(&url).await, client_as(&url).await];
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = holder.fair_lock("app:handoff").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let mut waiting = Vec::new();
+        for (queued, rival) in rivals.iter().enumerate() {
+            let rival = rival.fair_lock("app:handoff").unwrap();
+            waiting.push(tokio::spawn(async move {
+                rival.try_lock_for(Duration::from_secs(3)).await
+            }));
+            common::eventually(Duration::from_secs(5), "a fair waiter queued", || {
+                let lock = lock.clone();
+                async move { lock.queued().await.unwrap() == queued + 1 }
+            })
+            .await;
+        }
+        let reader = admin.clone();
+        let scores = || {
+            let mut reader = reader.clone();
+            async move {
+                redis::cmd("ZRANGE")
+                    .arg("redisson_lock_timeout:{app:handoff}")
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async::<Vec<(String, String)>>(&mut reader)
+                    .await
+                    .unwrap()
+            }
+        };
+        let before = scores().await;
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("fairhand")
+            .arg("-zincrby")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let owner = guard.owner().to_owned();
+        let refused = guard.release().await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        let holders: Vec<String> = redis::cmd("HKEYS")
+            .arg("app:handoff")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(holders, [owner], "the refused release changed the lock");
+        assert_eq!(
+            scores().await,
+            before,
+            "the refused release changed the queue"
+        );
+        let queue: Vec<String> = redis::cmd("LRANGE")
+            .arg("redisson_lock_queue:{app:handoff}")
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(queue.len(), 2, "{queue:?}");
+        let latches: Vec<String> = redis::cmd("KEYS")
+            .arg("redisson_unlock_latch:*")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(latches.is_empty(), "{latches:?}");
+        for waiter in waiting {
+            waiter.abort();
+        }
+    })
+    .await;
+    holder.shutdown().await;
+    for rival in rivals {
+        rival.shutdown().await;
+    }
+}
+
+/// Issue 32: a waiter queueing behind a holder and another waiter checks only its own
+/// entry's writes. One of them refused (ZADD), its attempt fails with a typed error and
+/// writes nothing: the queue, its scores and distlock's waiters hold the first waiter
+/// alone. (The first waiter of a queue takes the general path: it sets the keys' expiry.)
+#[tokio::test]
+async fn a_plain_fair_queueing_refused_a_write_leaves_nothing() {
+    let server = server().await;
+    let url = user(&server, "fairjoin", &[]).await;
+    let holder = client_as(&url).await;
+    let (first, second) = (client_as(&url).await, client_as(&url).await);
+    let mut admin = raw(&server).await;
+    bounded(LIMIT, async {
+        let lock = holder.fair_lock("app:join").unwrap();
+        let guard = lock.lock().await.unwrap();
+        let queued = tokio::spawn({
+            let lock = first.fair_lock("app:join").unwrap();
+            async move { lock.try_lock_for(Duration::from_secs(3)).await }
+        });
+        common::eventually(Duration::from_secs(5), "a fair waiter queued", || {
+            let lock = lock.clone();
+            async move { lock.queued().await.unwrap() == 1 }
+        })
+        .await;
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("fairjoin")
+            .arg("-zadd")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let refused = second
+            .fair_lock("app:join")
+            .unwrap()
+            .try_lock_for(Duration::from_secs(2))
+            .await;
+        assert!(
+            matches!(refused, Err(Error::NoPermission { .. })),
+            "{refused:?}"
+        );
+        let queue: Vec<String> = redis::cmd("LRANGE")
+            .arg("redisson_lock_queue:{app:join}")
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(
+            queue.len(),
+            1,
+            "the refused attempt wrote the queue: {queue:?}"
+        );
+        for (key, command) in [
+            ("redisson_lock_timeout:{app:join}", "ZCARD"),
+            ("distlock_fair_waiters:{app:join}", "HLEN"),
+        ] {
+            let entries: i64 = redis::cmd(command)
+                .arg(key)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            assert_eq!(entries, 1, "the refused attempt wrote {key}");
+        }
+        assert!(guard.verify().await.unwrap());
+        queued.abort();
+    })
+    .await;
+    holder.shutdown().await;
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
 /// Issue 30 (1.1), for a user whose ACL was written before `+persist` was in the
 /// documented minimal ACL: a Redisson waiter queued behind a distlock waiter still keeps
 /// its entry when the distlock waiter is handed the lock, because the queue's keys are set

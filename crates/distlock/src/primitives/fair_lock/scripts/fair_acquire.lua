@@ -44,31 +44,51 @@
 -- waiter that stopped refreshing still counts as alive for a while, and a grant to a dead
 -- one would hold the lock for a whole lease instead of until its alive time passes.
 local publish = ARGV[7] == 'spublish' and 'spublish' or 'publish'
+local now = now_ms()
+local wait = tonumber(ARGV[6])
+local alive_ms = tonumber(ARGV[5])
+-- The common case of a waiter (queue, or refresh its place, behind a holder) reads first
+-- and then writes its own entry only, so only those writes need an ACL check first.
+if ARGV[4] == '1' then
+    local plan = plain_queueing(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now, alive_ms)
+    if plan then
+        local refusal = refused_plain_queueing(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], plan.join)
+        if refusal then
+            return refusal
+        end
+        if plan.join then
+            join_queue(KEYS[1], KEYS[2], KEYS[3], ARGV[2], wait, now)
+        end
+        redis.call('hset', KEYS[4], ARGV[2], ARGV[1] .. ':' .. (now + alive_ms))
+        return 'busy:' .. fence_high(KEYS[5], ARGV[3])
+    end
+end
 local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
 if refusal then
     return refusal
 end
-local now = now_ms()
-local wait = tonumber(ARGV[6])
-drop_gone(KEYS[2], KEYS[3], KEYS[4], now)
+local head = drop_gone(KEYS[2], KEYS[3], KEYS[4], now)
 local granted = redis.call('hexists', KEYS[1], ARGV[2]) == 1
-local head = redis.call('lindex', KEYS[2], 0)
-if granted or (redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[2])) then
+-- Whether nobody holds the lock (read once; an owner granted it holds it).
+local free = not granted and redis.call('exists', KEYS[1]) == 0
+if granted or (free and (not head or head == ARGV[2])) then
     local token = fence_token(KEYS[5], ARGV[3])
     if type(token) == 'table' then
         return token
     end
+    -- The queue's head once this owner is out of it, when known without a read.
+    local next_head = nil
     if head == ARGV[2] then
         -- Taken from the head: as Redisson's acquisition, one wait off every score.
         redis.call('lpop', KEYS[2])
-        shift_deadlines(KEYS[2], KEYS[3], wait, 0)
+        next_head = shift_deadlines(KEYS[2], KEYS[3], wait, 0)[1] or false
     elseif granted then
         leave_queue(KEYS[2], KEYS[3], KEYS[4], ARGV[2], wait)
     end
     redis.call('zrem', KEYS[3], ARGV[2])
     redis.call('hdel', KEYS[4], ARGV[2])
     if head then
-        keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now, wait)
+        keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now, wait, next_head)
     end
     if not granted then
         redis.call('hset', KEYS[1], ARGV[2], 1)
@@ -76,14 +96,14 @@ if granted or (redis.call('exists', KEYS[1]) == 0 and (not head or head == ARGV[
     redis.call('pexpire', KEYS[1], ARGV[1])
     return token
 end
-if head and redis.call('exists', KEYS[1]) == 0 then
+if head and free then
     redis.call(publish, KEYS[6] .. ':' .. head, '0')
 end
 if ARGV[4] == '1' then
     if not redis.call('zscore', KEYS[3], ARGV[2]) then
         join_queue(KEYS[1], KEYS[2], KEYS[3], ARGV[2], wait, now)
     end
-    redis.call('hset', KEYS[4], ARGV[2], ARGV[1] .. ':' .. (now + tonumber(ARGV[5])))
-    expire_queue(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[5]), wait)
+    redis.call('hset', KEYS[4], ARGV[2], ARGV[1] .. ':' .. (now + alive_ms))
+    expire_queue(KEYS[2], KEYS[3], KEYS[4], now, alive_ms, wait)
 end
 return 'busy:' .. fence_high(KEYS[5], ARGV[3])

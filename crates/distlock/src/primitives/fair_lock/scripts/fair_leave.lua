@@ -27,13 +27,14 @@ local wait = tonumber(ARGV[4])
 local held = redis.call('hexists', KEYS[1], ARGV[1]) == 1
 local was_head = leave_queue(KEYS[2], KEYS[3], KEYS[4], ARGV[1], wait)
 -- This waiter's refreshes may have set the expiry a Redisson waiter behind it must outlive.
-keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now_ms(), wait)
+local now = now_ms()
+keep_for_redissons(KEYS[2], KEYS[3], KEYS[4], now, wait)
 if held then
     redis.call('del', KEYS[1])
 end
 if (held or was_head) and redis.call('exists', KEYS[1]) == 0 then
     -- The next waiter would otherwise wait for its own next look: hand it on now.
-    drop_gone(KEYS[2], KEYS[3], KEYS[4], now_ms())
-    hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], KEYS[6], publish, wait)
+    local head, waiter = drop_gone(KEYS[2], KEYS[3], KEYS[4], now)
+    hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], KEYS[6], publish, wait, now, head, waiter)
 end
 return held and 1 or 0

@@ -28,6 +28,11 @@
 --
 -- The final release hands the lock on in the same call (queue.lua's hand_to_head): a
 -- distlock waiter at the head holds it, with its token, before this reply is sent.
+--
+-- Every read comes before the first write, so only writes need an ACL check first. The
+-- common case (nobody queued, or a live distlock waiter at the head and behind it: see
+-- queue.lua's plain_handoff) checks only the writes it makes; any other case checks every
+-- command a fair-lock script may run, as before.
 local latched = latched_answer(KEYS[7], ARGV[5], ARGV[4])
 if latched then
     return latched
@@ -36,16 +41,29 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return -1
 end
 local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
-local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
-if refusal then
-    return refusal
-end
 if ARGV[2] ~= '0' then
+    -- A partial release writes the lock's hash alone.
+    local relet = ARGV[3] ~= '0'
+    if redis.acl_check_cmd and not (redis.acl_check_cmd('hset', KEYS[1], ARGV[1], ARGV[2])
+            and (not relet or redis.acl_check_cmd('pexpire', KEYS[1], ARGV[3]))) then
+        return refused_fair_lock(KEYS[1])
+    end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-    if ARGV[3] ~= '0' then
+    if relet then
         redis.call('pexpire', KEYS[1], ARGV[3])
     end
     return tonumber(ARGV[2])
+end
+local now = now_ms()
+local plan = plain_handoff(KEYS[2], KEYS[3], KEYS[4], now)
+local refusal
+if plan then
+    refusal = refused_plain_handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, plan.head)
+else
+    refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+end
+if refusal then
+    return refusal
 end
 if ARGV[4] ~= '0' and redis.acl_check_cmd
         and not redis.acl_check_cmd('set', KEYS[7], '0', 'px', ARGV[4]) then
@@ -55,6 +73,11 @@ redis.call('del', KEYS[1])
 if ARGV[4] ~= '0' then
     redis.call('set', KEYS[7], 0, 'px', ARGV[4])
 end
-drop_gone(KEYS[2], KEYS[3], KEYS[4], now_ms())
-hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[7], KEYS[6], publish, tonumber(ARGV[8]))
+local wait = tonumber(ARGV[8])
+if plan then
+    hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[7], KEYS[6], publish, wait, now, plan.head, plan.waiter, plan.behind)
+else
+    local head, waiter = drop_gone(KEYS[2], KEYS[3], KEYS[4], now)
+    hand_to_head(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[7], KEYS[6], publish, wait, now, head, waiter)
+end
 return 0

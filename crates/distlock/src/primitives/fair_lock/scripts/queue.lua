@@ -45,21 +45,24 @@ end
 
 -- Drops the waiters at the head that are gone: past their score, with no score at all
 -- (a list and a set out of step: Redisson's scripts fail comparing nil there), or
--- distlock's, past their alive time.
+-- distlock's, past their alive time. Returns the head left (false when nobody is queued)
+-- and its distlock entry (nil for a Redisson waiter), which the caller would otherwise
+-- read again.
 local function drop_gone(queue, timeouts, waiters, now)
     while true do
         local head = redis.call('lindex', queue, 0)
         if not head then
-            return
+            return false, nil
         end
         local deadline = tonumber(redis.call('zscore', timeouts, head))
         local gone = deadline == nil or deadline <= now
+        local waiter = nil
         if not gone then
-            local waiter = distlock_waiter(waiters, head)
+            waiter = distlock_waiter(waiters, head)
             gone = waiter ~= nil and waiter.alive <= now
         end
         if not gone then
-            return
+            return head, waiter
         end
         redis.call('lpop', queue)
         redis.call('zrem', timeouts, head)
@@ -68,11 +71,14 @@ local function drop_gone(queue, timeouts, waiters, now)
 end
 
 -- Takes one wait off the scores of the waiters from list index `from` on: one waiter
--- ahead of them has left.
-local function shift_deadlines(queue, timeouts, wait, from)
-    for _, owner in ipairs(redis.call('lrange', queue, from, -1)) do
+-- ahead of them has left. Returns those waiters, oldest first. `behind`, when given, is
+-- that list as the caller already read it.
+local function shift_deadlines(queue, timeouts, wait, from, behind)
+    behind = behind or redis.call('lrange', queue, from, -1)
+    for _, owner in ipairs(behind) do
         redis.call('zincrby', timeouts, -wait, owner)
     end
+    return behind
 end
 
 -- Takes `owner` out of the queue wherever it is (Redisson's "acquire failed" step):
@@ -168,8 +174,12 @@ end
 -- Redisson waiters itself (expire_queue) before that expiry can come. The count costs an
 -- HGETALL and a ZSCORE per distlock waiter, so skipping it keeps a handoff's cost from
 -- growing with the queue.
-local function keep_for_redissons(queue, timeouts, waiters, now, wait)
-    local head = redis.call('lindex', queue, 0)
+--
+-- `head` is the queue's head when the caller knows it (false: nobody is queued), or nil.
+local function keep_for_redissons(queue, timeouts, waiters, now, wait, head)
+    if head == nil then
+        head = redis.call('lindex', queue, 0)
+    end
     if not head then
         return
     end
@@ -212,13 +222,16 @@ end
 -- holds the lock when the message arrives. A Redisson waiter is told to try (`0` on its
 -- channel), as Redisson expects. With nobody queued, `0` goes to the lock's own channel,
 -- for waiters of a plain lock of the same name. Returns the owner granted, or false.
-local function hand_to_head(lock, queue, timeouts, waiters, counter, other, channel, publish, wait)
-    local head = redis.call('lindex', queue, 0)
+--
+-- `head` and `waiter` are what drop_gone just answered (the head, false for an empty
+-- queue, and its distlock entry); `now` is the time it was given. `behind`, when given,
+-- is plain_handoff's list of the waiters behind the head: the next head is then known to
+-- be a live distlock waiter, or nobody, and keep_for_redissons has nothing to do.
+local function hand_to_head(lock, queue, timeouts, waiters, counter, other, channel, publish, wait, now, head, waiter, behind)
     if not head then
         redis.call(publish, channel, '0')
         return false
     end
-    local waiter = distlock_waiter(waiters, head)
     local token = false
     if waiter then
         token = fence_token(counter, other)
@@ -237,10 +250,122 @@ local function hand_to_head(lock, queue, timeouts, waiters, counter, other, chan
     redis.call('lpop', queue)
     redis.call('zrem', timeouts, head)
     redis.call('hdel', waiters, head)
-    shift_deadlines(queue, timeouts, wait, 0)
-    keep_for_redissons(queue, timeouts, waiters, now_ms(), wait)
+    if behind then
+        shift_deadlines(queue, timeouts, wait, 0, behind)
+    else
+        behind = shift_deadlines(queue, timeouts, wait, 0)
+        keep_for_redissons(queue, timeouts, waiters, now, wait, behind[1] or false)
+    end
     redis.call(publish, channel .. ':' .. head, token_text(token))
     return head
+end
+
+-- A final release's common case, read before anything is written: nobody is queued, or
+-- the head is a distlock waiter that drop_gone would keep and the waiter behind it, if
+-- any, is one too, so that keep_for_redissons has nothing to do. Such a release writes
+-- only the few keys refused_plain_handoff checks, not everything a fair-lock script may
+-- touch. Returns { head = false } for an empty queue, { head, waiter, behind } for a live
+-- distlock head (behind: the owners after it, oldest first), or nil for any other case.
+local function plain_handoff(queue, timeouts, waiters, now)
+    local head = redis.call('lindex', queue, 0)
+    if not head then
+        return { head = false }
+    end
+    local deadline = tonumber(redis.call('zscore', timeouts, head))
+    if deadline == nil or deadline <= now then
+        return nil
+    end
+    local waiter = distlock_waiter(waiters, head)
+    if waiter == nil or waiter.alive <= now then
+        return nil
+    end
+    local behind = redis.call('lrange', queue, 1, -1)
+    if behind[1] then
+        local next_waiter = distlock_waiter(waiters, behind[1])
+        if next_waiter == nil or next_waiter.alive <= now then
+            return nil
+        end
+    end
+    return { head = head, waiter = waiter, behind = behind }
+end
+
+-- The refusal every fair-lock script answers when the user's ACL refuses a command it
+-- would run.
+local function refused_fair_lock(lock)
+    return redis.error_reply('NOPERM this user may not run the fair lock ' .. lock .. ' (its queue keys, their commands, or its channels)')
+end
+
+-- An acquisition's common case when it cannot take the lock, read before anything is
+-- written: another owner holds it, the head (if any) is another waiter that drop_gone
+-- would keep, and queueing this owner (or refreshing its entry) leaves the queue's keys
+-- as expire_queue would leave them: no Redisson waiter to persist them for, and an expiry
+-- far enough off. Such an attempt writes only its own entry (refused_plain_queueing).
+-- Returns { join = whether the owner is not queued yet }, or nil for any other case
+-- (fair_acquire.lua's general path).
+local function plain_queueing(lock, queue, timeouts, waiters, owner, now, alive_ms)
+    local head = redis.call('lindex', queue, 0)
+    if head then
+        if head == owner then
+            return nil
+        end
+        local deadline = tonumber(redis.call('zscore', timeouts, head))
+        if deadline == nil or deadline <= now then
+            return nil
+        end
+        local waiter = distlock_waiter(waiters, head)
+        if waiter ~= nil and waiter.alive <= now then
+            return nil
+        end
+    end
+    if redis.call('exists', lock) == 0 or redis.call('hexists', lock, owner) == 1 then
+        return nil
+    end
+    local join = not redis.call('zscore', timeouts, owner)
+    local listed = redis.call('hexists', waiters, owner) == 1
+    -- expire_queue's counts as they will be once this owner's entries are written.
+    local scored_after = redis.call('zcard', timeouts) + (join and 1 or 0)
+    local listed_after = redis.call('hlen', waiters) + (listed and 0 or 1)
+    if scored_after > listed_after or redis.call('pttl', waiters) <= alive_ms / 2 + 1000 then
+        return nil
+    end
+    return { join = join }
+end
+
+-- refused_queue_access, for an attempt plain_queueing planned: its own entry's writes.
+local function refused_plain_queueing(lock, queue, timeouts, waiters, owner, join)
+    if not redis.acl_check_cmd then
+        return nil
+    end
+    local check = redis.acl_check_cmd
+    local allowed = check('hset', waiters, owner, '1')
+        and (not join or (check('lrem', queue, '0', owner) and check('rpush', queue, owner)
+            and check('zadd', timeouts, '1', owner)))
+    if not allowed then
+        return refused_fair_lock(lock)
+    end
+    return nil
+end
+
+-- refused_queue_access, for a release plain_handoff planned: the writes of that handoff
+-- only (its reads came first, and a refused read aborts before any write).
+local function refused_plain_handoff(lock, queue, timeouts, waiters, channel, publish, head)
+    if not redis.acl_check_cmd then
+        return nil
+    end
+    local check = redis.acl_check_cmd
+    local allowed = check('del', lock)
+    if allowed and head then
+        allowed = check(publish, channel .. ':' .. head, '0')
+            and check('hset', lock, head, '1') and check('pexpire', lock, '1')
+            and check('lpop', queue) and check('zrem', timeouts, head)
+            and check('hdel', waiters, head) and check('zincrby', timeouts, '1', head)
+    elseif allowed then
+        allowed = check(publish, channel, '0')
+    end
+    if not allowed then
+        return refused_fair_lock(lock)
+    end
+    return nil
 end
 
 -- Fails, before anything is written, when the user's ACL refuses a command a fair-lock
@@ -269,7 +394,7 @@ local function refused_queue_access(lock, queue, timeouts, waiters, channel, pub
         and (channel == nil or (check(publish, channel, '0')
             and check(publish, channel .. ':o', '0')))
     if not allowed then
-        return redis.error_reply('NOPERM this user may not run the fair lock ' .. lock .. ' (its queue keys, their commands, or its channels)')
+        return refused_fair_lock(lock)
     end
     return nil
 end
