@@ -267,6 +267,64 @@ async fn dead_and_broken_queue_entries_do_not_hold_up_the_queue() {
     .await;
 }
 
+/// Review (issue 32): a release whose queue lists its head twice (a list out of step)
+/// does not take the plain handoff, which would see a live distlock waiter behind the
+/// head. It takes the general path: once the head's entry is gone, that path counts the
+/// second listing as a Redisson waiter and keeps the queue's keys from expiring, as it
+/// did before the plain handoff existed.
+#[tokio::test]
+async fn a_head_listed_twice_takes_the_general_release() {
+    let server = server().await;
+    let holder = client(&server).await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let held = holder.fair_lock("twice").unwrap().lock().await.unwrap();
+        let now = server_time_ms(&mut conn).await;
+        let _: () = redis::pipe()
+            .cmd("RPUSH")
+            .arg(queue("twice"))
+            .arg("twin:1")
+            .arg("twin:1")
+            .cmd("ZADD")
+            .arg(timeouts("twice"))
+            .arg(now + 30_000)
+            .arg("twin:1")
+            .cmd("HSET")
+            .arg(waiters("twice"))
+            .arg("twin:1")
+            .arg(format!("30000:{}", now + 5_000))
+            .cmd("PEXPIRE")
+            .arg(queue("twice"))
+            .arg(60_000)
+            .cmd("PEXPIRE")
+            .arg(timeouts("twice"))
+            .arg(60_000)
+            .cmd("PEXPIRE")
+            .arg(waiters("twice"))
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        held.release().await.unwrap();
+        let holders: Vec<String> = redis::cmd("HKEYS")
+            .arg("twice")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(holders, ["twin:1"], "the head was not granted the lock");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(queue("twice"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            ttl, -1,
+            "the queue's keys were not kept as the general path keeps them"
+        );
+    })
+    .await;
+}
+
 /// A grant to a waiter that died right after it last refreshed its place frees itself at
 /// the end of the lease the waiter registered, and the next waiter gets the lock then.
 #[tokio::test]

@@ -57,6 +57,8 @@ struct Hold {
     wait_started: u64,
     acquired: u64,
     release_started: u64,
+    /// When the release call returned to the holder.
+    release_done: u64,
     token: u64,
 }
 
@@ -111,11 +113,13 @@ pub async fn worker(
                     let release_started = wall_nanos();
                     let token = guard.fencing_token();
                     guard.release().await?;
+                    let release_done = wall_nanos();
                     holds.push(Hold {
                         task: first_task + n,
                         wait_started,
                         acquired,
                         release_started,
+                        release_done,
                         token,
                     });
                     tokio::time::sleep(THINK).await;
@@ -249,6 +253,11 @@ struct Figures {
     hold: f64,
     gap_p50: f64,
     gap_p99: f64,
+    /// The release call, from its start to its return to the holder, p50.
+    release_call_p50: f64,
+    /// Handoffs whose next holder had the lock before the release call returned, as a
+    /// share of all handoffs to a waiting task.
+    before_reply: f64,
     jain: f64,
     overtaken: usize,
     token_regressions: usize,
@@ -267,12 +276,17 @@ fn figures(holds: &[Hold], server_per_hold: f64, rtt_micros: f64, debug: bool) -
         .unwrap_or(first);
     let span = (last.saturating_sub(first)) as f64 / 1e9;
     let mut gaps = Latencies::new();
+    let mut release_calls = Latencies::new();
+    let (mut handoffs, mut before_reply) = (0u32, 0u32);
     let mut hold_times = Latencies::new();
     let mut per_task = [0u64; PROCESSES * TASKS_PER_PROCESS];
     let mut token_regressions = 0;
     for (index, hold) in holds.iter().enumerate() {
         hold_times.record(Duration::from_nanos(
             hold.release_started.saturating_sub(hold.acquired),
+        ));
+        release_calls.record(Duration::from_nanos(
+            hold.release_done.saturating_sub(hold.release_started),
         ));
         if let Some(count) = per_task.get_mut(hold.task) {
             *count += 1;
@@ -285,6 +299,10 @@ fn figures(holds: &[Hold], server_per_hold: f64, rtt_micros: f64, debug: bool) -
                 gaps.record(Duration::from_nanos(
                     next.acquired.saturating_sub(hold.release_started),
                 ));
+                handoffs += 1;
+                if next.acquired < hold.release_done {
+                    before_reply += 1;
+                }
             }
         }
     }
@@ -318,6 +336,8 @@ fn figures(holds: &[Hold], server_per_hold: f64, rtt_micros: f64, debug: bool) -
         hold: hold_times.micros(0.5),
         gap_p50: gaps.micros(0.5),
         gap_p99: gaps.micros(0.99),
+        release_call_p50: release_calls.micros(0.5),
+        before_reply: f64::from(before_reply) / f64::from(handoffs.max(1)),
         jain: jain(&per_task),
         overtaken,
         token_regressions,
@@ -407,6 +427,19 @@ pub async fn run(
                 "µs",
             ),
             figure("release→next acquire p99", gap_p99, "µs"),
+            // Where the handoff's time goes: the release call's own round trip, and how
+            // often the next holder's code ran before that call returned (a fair grant is
+            // published before the release's reply is sent).
+            figure(
+                "release call p50 (start → return)",
+                pick(|f| f.release_call_p50),
+                "µs",
+            ),
+            figure(
+                "next holder ran before the release returned (share)",
+                pick(|f| f.before_reply),
+                "",
+            ),
             checked(
                 "fencing tokens out of order (all runs)",
                 regressions as f64,

@@ -52,7 +52,7 @@ local alive_ms = tonumber(ARGV[5])
 if ARGV[4] == '1' then
     local plan = plain_queueing(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now, alive_ms)
     if plan then
-        local refusal = refused_plain_queueing(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], plan.join)
+        local refusal = refused_plain_queueing(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], plan.join, KEYS[5])
         if refusal then
             return refusal
         end
@@ -63,7 +63,7 @@ if ARGV[4] == '1' then
         return 'busy:' .. fence_high(KEYS[5], ARGV[3])
     end
 end
-local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, KEYS[5])
 if refusal then
     return refusal
 end

@@ -19,7 +19,7 @@
 -- Redisson's waiters run the same step ("acquire failed") and lower the scores of those
 -- behind them; a waiter that skipped it would hold them back until its own score passed.
 local publish = ARGV[2] == 'spublish' and 'spublish' or 'publish'
-local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, KEYS[5])
 if refusal then
     return refusal
 end

@@ -29,10 +29,11 @@
 -- The final release hands the lock on in the same call (queue.lua's hand_to_head): a
 -- distlock waiter at the head holds it, with its token, before this reply is sent.
 --
--- Every read comes before the first write, so only writes need an ACL check first. The
--- common case (nobody queued, or a live distlock waiter at the head and behind it: see
--- queue.lua's plain_handoff) checks only the writes it makes; any other case checks every
--- command a fair-lock script may run, as before.
+-- Every command that may run after the first write is checked against the ACL before
+-- it. The common case (nobody queued, or a live distlock waiter at the head and behind
+-- it: see queue.lua's plain_handoff) reads first and checks only its writes and the
+-- fencing counter's read; any other case checks every command a fair-lock script may
+-- run.
 local latched = latched_answer(KEYS[7], ARGV[5], ARGV[4])
 if latched then
     return latched
@@ -42,14 +43,14 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
 end
 local publish = ARGV[6] == 'spublish' and 'spublish' or 'publish'
 if ARGV[2] ~= '0' then
-    -- A partial release writes the lock's hash alone.
-    local relet = ARGV[3] ~= '0'
-    if redis.acl_check_cmd and not (redis.acl_check_cmd('hset', KEYS[1], ARGV[1], ARGV[2])
-            and (not relet or redis.acl_check_cmd('pexpire', KEYS[1], ARGV[3]))) then
-        return refused_fair_lock(KEYS[1])
+    -- A partial release writes the lock's hash alone, but is refused as any fair-lock
+    -- script is (docs/safety.md: a user without the fair lock's rights cannot release).
+    local refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, KEYS[5])
+    if refusal then
+        return refusal
     end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-    if relet then
+    if ARGV[3] ~= '0' then
         redis.call('pexpire', KEYS[1], ARGV[3])
     end
     return tonumber(ARGV[2])
@@ -58,9 +59,9 @@ local now = now_ms()
 local plan = plain_handoff(KEYS[2], KEYS[3], KEYS[4], now)
 local refusal
 if plan then
-    refusal = refused_plain_handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, plan.head)
+    refusal = refused_plain_handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, plan.head, KEYS[5])
 else
-    refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish)
+    refusal = refused_queue_access(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], publish, KEYS[5])
 end
 if refusal then
     return refusal

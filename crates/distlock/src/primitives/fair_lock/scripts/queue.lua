@@ -280,6 +280,11 @@ local function plain_handoff(queue, timeouts, waiters, now)
         return nil
     end
     local behind = redis.call('lrange', queue, 1, -1)
+    if behind[1] == head then
+        -- The head listed twice (a list out of step): once the head's entry is gone, the
+        -- general path counts the next "head" as a Redisson waiter.
+        return nil
+    end
     if behind[1] then
         local next_waiter = distlock_waiter(waiters, behind[1])
         if next_waiter == nil or next_waiter.alive <= now then
@@ -331,13 +336,14 @@ local function plain_queueing(lock, queue, timeouts, waiters, owner, now, alive_
     return { join = join }
 end
 
--- refused_queue_access, for an attempt plain_queueing planned: its own entry's writes.
-local function refused_plain_queueing(lock, queue, timeouts, waiters, owner, join)
+-- refused_queue_access, for an attempt plain_queueing planned: its own entry's writes,
+-- and the read of the fencing counter its busy answer makes after them (fence_high).
+local function refused_plain_queueing(lock, queue, timeouts, waiters, owner, join, counter)
     if not redis.acl_check_cmd then
         return nil
     end
     local check = redis.acl_check_cmd
-    local allowed = check('hset', waiters, owner, '1')
+    local allowed = check('hset', waiters, owner, '1') and check('get', counter)
         and (not join or (check('lrem', queue, '0', owner) and check('rpush', queue, owner)
             and check('zadd', timeouts, '1', owner)))
     if not allowed then
@@ -347,15 +353,17 @@ local function refused_plain_queueing(lock, queue, timeouts, waiters, owner, joi
 end
 
 -- refused_queue_access, for a release plain_handoff planned: the writes of that handoff
--- only (its reads came first, and a refused read aborts before any write).
-local function refused_plain_handoff(lock, queue, timeouts, waiters, channel, publish, head)
+-- only (its other reads came first, and a refused read aborts before any write), and the
+-- read of the fencing counter that the grant's token makes after them (fence_token
+-- checks its own writes).
+local function refused_plain_handoff(lock, queue, timeouts, waiters, channel, publish, head, counter)
     if not redis.acl_check_cmd then
         return nil
     end
     local check = redis.acl_check_cmd
     local allowed = check('del', lock)
     if allowed and head then
-        allowed = check(publish, channel .. ':' .. head, '0')
+        allowed = check(publish, channel .. ':' .. head, '0') and check('get', counter)
             and check('hset', lock, head, '1') and check('pexpire', lock, '1')
             and check('lpop', queue) and check('zrem', timeouts, head)
             and check('hdel', waiters, head) and check('zincrby', timeouts, '1', head)
@@ -370,9 +378,10 @@ end
 
 -- Fails, before anything is written, when the user's ACL refuses a command a fair-lock
 -- script may run (Redis >= 7.0): a refused call aborts a script but keeps what it wrote
--- before. `channel` is nil for a script that publishes nothing. Returns an error reply,
--- or nil.
-local function refused_queue_access(lock, queue, timeouts, waiters, channel, publish)
+-- before. `channel` is nil for a script that publishes nothing; `counter` is the lock's
+-- fencing counter, which a grant or a busy answer reads after the script's first write.
+-- Returns an error reply, or nil.
+local function refused_queue_access(lock, queue, timeouts, waiters, channel, publish, counter)
     if not redis.acl_check_cmd then
         return nil
     end
@@ -390,7 +399,7 @@ local function refused_queue_access(lock, queue, timeouts, waiters, channel, pub
         and check('hget', waiters, 'o') and check('hlen', waiters) and check('hgetall', waiters)
         and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
         and check('pexpire', waiters, '1')
-        and check('pttl', queue)
+        and check('pttl', queue) and check('get', counter)
         and (channel == nil or (check(publish, channel, '0')
             and check(publish, channel .. ':o', '0')))
     if not allowed then
