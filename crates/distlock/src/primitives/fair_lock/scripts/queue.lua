@@ -294,10 +294,16 @@ local function plain_handoff(queue, timeouts, waiters, now)
     return { head = head, waiter = waiter, behind = behind }
 end
 
--- The refusal every fair-lock script answers when the user's ACL refuses a command it
--- would run.
-local function refused_fair_lock(lock)
-    return redis.error_reply('NOPERM this user may not run the fair lock ' .. lock .. ' (its queue keys, their commands, or its channels)')
+-- The refusal every fair-lock script answers, before its first write, when the user's
+-- ACL refuses a command it would run (Redis >= 7.0: a refused call aborts a script but
+-- keeps what it wrote before). `allowed` is given redis.acl_check_cmd and answers whether
+-- every command the script will run is allowed. An older server has nothing to ask.
+-- Returns an error reply, or nil.
+local function refused_unless(lock, allowed)
+    if redis.acl_check_cmd and not allowed(redis.acl_check_cmd) then
+        return redis.error_reply('NOPERM this user may not run the fair lock ' .. lock .. ' (its queue keys, their commands, or its channels)')
+    end
+    return nil
 end
 
 -- An acquisition's common case when it cannot take the lock, read before anything is
@@ -339,17 +345,11 @@ end
 -- refused_queue_access, for an attempt plain_queueing planned: its own entry's writes,
 -- and the read of the fencing counter its busy answer makes after them (fence_high).
 local function refused_plain_queueing(lock, queue, timeouts, waiters, owner, join, counter)
-    if not redis.acl_check_cmd then
-        return nil
-    end
-    local check = redis.acl_check_cmd
-    local allowed = check('hset', waiters, owner, '1') and check('get', counter)
-        and (not join or (check('lrem', queue, '0', owner) and check('rpush', queue, owner)
-            and check('zadd', timeouts, '1', owner)))
-    if not allowed then
-        return refused_fair_lock(lock)
-    end
-    return nil
+    return refused_unless(lock, function(check)
+        return check('hset', waiters, owner, '1') and check('get', counter)
+            and (not join or (check('lrem', queue, '0', owner) and check('rpush', queue, owner)
+                and check('zadd', timeouts, '1', owner)))
+    end)
 end
 
 -- refused_queue_access, for a release plain_handoff planned: the writes of that handoff
@@ -357,23 +357,16 @@ end
 -- read of the fencing counter that the grant's token makes after them (fence_token
 -- checks its own writes).
 local function refused_plain_handoff(lock, queue, timeouts, waiters, channel, publish, head, counter)
-    if not redis.acl_check_cmd then
-        return nil
-    end
-    local check = redis.acl_check_cmd
-    local allowed = check('del', lock)
-    if allowed and head then
-        allowed = check(publish, channel .. ':' .. head, '0') and check('get', counter)
+    return refused_unless(lock, function(check)
+        if not head then
+            return check('del', lock) and check(publish, channel, '0')
+        end
+        return check('del', lock) and check(publish, channel .. ':' .. head, '0')
+            and check('get', counter)
             and check('hset', lock, head, '1') and check('pexpire', lock, '1')
             and check('lpop', queue) and check('zrem', timeouts, head)
             and check('hdel', waiters, head) and check('zincrby', timeouts, '1', head)
-    elseif allowed then
-        allowed = check(publish, channel, '0')
-    end
-    if not allowed then
-        return refused_fair_lock(lock)
-    end
-    return nil
+    end)
 end
 
 -- Fails, before anything is written, when the user's ACL refuses a command a fair-lock
@@ -382,28 +375,22 @@ end
 -- fencing counter, which a grant or a busy answer reads after the script's first write.
 -- Returns an error reply, or nil.
 local function refused_queue_access(lock, queue, timeouts, waiters, channel, publish, counter)
-    if not redis.acl_check_cmd then
-        return nil
-    end
-    local check = redis.acl_check_cmd
-    local allowed = check('time')
-        and check('exists', lock) and check('hexists', lock, 'o') and check('pttl', lock)
-        and check('hset', lock, 'o', '1') and check('pexpire', lock, '1') and check('del', lock)
-        and check('lindex', queue, '0') and check('lrange', queue, '0', '-1')
-        and check('rpush', queue, 'o') and check('lpop', queue) and check('lrem', queue, '0', 'o')
-        and check('pexpire', queue, '1')
-        and check('zscore', timeouts, 'o') and check('zrange', timeouts, '0', '-1')
-        and check('zcard', timeouts) and check('zadd', timeouts, '1', 'o')
-        and check('zincrby', timeouts, '1', 'o') and check('zrem', timeouts, 'o')
-        and check('pexpire', timeouts, '1')
-        and check('hget', waiters, 'o') and check('hlen', waiters) and check('hgetall', waiters)
-        and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
-        and check('pexpire', waiters, '1')
-        and check('pttl', queue) and check('get', counter)
-        and (channel == nil or (check(publish, channel, '0')
-            and check(publish, channel .. ':o', '0')))
-    if not allowed then
-        return refused_fair_lock(lock)
-    end
-    return nil
+    return refused_unless(lock, function(check)
+        return check('time')
+            and check('exists', lock) and check('hexists', lock, 'o') and check('pttl', lock)
+            and check('hset', lock, 'o', '1') and check('pexpire', lock, '1') and check('del', lock)
+            and check('lindex', queue, '0') and check('lrange', queue, '0', '-1')
+            and check('rpush', queue, 'o') and check('lpop', queue) and check('lrem', queue, '0', 'o')
+            and check('pexpire', queue, '1')
+            and check('zscore', timeouts, 'o') and check('zrange', timeouts, '0', '-1')
+            and check('zcard', timeouts) and check('zadd', timeouts, '1', 'o')
+            and check('zincrby', timeouts, '1', 'o') and check('zrem', timeouts, 'o')
+            and check('pexpire', timeouts, '1')
+            and check('hget', waiters, 'o') and check('hlen', waiters) and check('hgetall', waiters)
+            and check('hset', waiters, 'o', '1') and check('hdel', waiters, 'o')
+            and check('pexpire', waiters, '1')
+            and check('pttl', queue) and check('get', counter)
+            and (channel == nil or (check(publish, channel, '0')
+                and check(publish, channel .. ':o', '0')))
+    end)
 end
