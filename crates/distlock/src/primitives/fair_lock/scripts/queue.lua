@@ -43,24 +43,29 @@ local function distlock_waiter(waiters, owner)
     return { lease = lease, alive = tonumber(alive) }
 end
 
--- Drops the waiters at the head that are gone: past their score, with no score at all
+-- Whether a queued owner counts as gone at `now`: past its score, with no score at all
 -- (a list and a set out of step: Redisson's scripts fail comparing nil there), or
--- distlock's, past their alive time. Returns the head left (false when nobody is queued)
--- and its distlock entry (nil for a Redisson waiter), which the caller would otherwise
--- read again.
+-- distlock's, past its alive time. Also returns its distlock entry when it was read (nil
+-- for a Redisson waiter, or when the score alone says gone).
+local function is_gone(timeouts, waiters, owner, now)
+    local deadline = tonumber(redis.call('zscore', timeouts, owner))
+    if deadline == nil or deadline <= now then
+        return true, nil
+    end
+    local waiter = distlock_waiter(waiters, owner)
+    return waiter ~= nil and waiter.alive <= now, waiter
+end
+
+-- Drops the waiters at the head that are gone (is_gone). Returns the head left (false
+-- when nobody is queued) and its distlock entry (nil for a Redisson waiter), which the
+-- caller would otherwise read again.
 local function drop_gone(queue, timeouts, waiters, now)
     while true do
         local head = redis.call('lindex', queue, 0)
         if not head then
             return false, nil
         end
-        local deadline = tonumber(redis.call('zscore', timeouts, head))
-        local gone = deadline == nil or deadline <= now
-        local waiter = nil
-        if not gone then
-            waiter = distlock_waiter(waiters, head)
-            gone = waiter ~= nil and waiter.alive <= now
-        end
+        local gone, waiter = is_gone(timeouts, waiters, head, now)
         if not gone then
             return head, waiter
         end
@@ -271,12 +276,8 @@ local function plain_handoff(queue, timeouts, waiters, now)
     if not head then
         return { head = false }
     end
-    local deadline = tonumber(redis.call('zscore', timeouts, head))
-    if deadline == nil or deadline <= now then
-        return nil
-    end
-    local waiter = distlock_waiter(waiters, head)
-    if waiter == nil or waiter.alive <= now then
+    local gone, waiter = is_gone(timeouts, waiters, head, now)
+    if gone or waiter == nil then
         return nil
     end
     local behind = redis.call('lrange', queue, 1, -1)
@@ -316,15 +317,7 @@ end
 local function plain_queueing(lock, queue, timeouts, waiters, owner, now, alive_ms)
     local head = redis.call('lindex', queue, 0)
     if head then
-        if head == owner then
-            return nil
-        end
-        local deadline = tonumber(redis.call('zscore', timeouts, head))
-        if deadline == nil or deadline <= now then
-            return nil
-        end
-        local waiter = distlock_waiter(waiters, head)
-        if waiter ~= nil and waiter.alive <= now then
+        if head == owner or is_gone(timeouts, waiters, head, now) then
             return nil
         end
     end
