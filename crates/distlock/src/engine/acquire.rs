@@ -545,22 +545,20 @@ struct Abandon<'a> {
     /// In a mutex only so that `&Abandon` is `Send` (the acquisition holds one across its
     /// awaits); it is touched once, when dropped.
     work: std::sync::Mutex<Option<AbandonFuture>>,
-    /// Whether there is clean-up to order attempts before, read without the mutex.
-    has_work: bool,
     core: &'a Core,
     /// Held by each attempt while it runs, even one finishing in the background after its
     /// caller went away: the clean-up takes it first, so it never runs before an attempt
-    /// of the same acquisition lands (which could queue the waiter again).
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// of the same acquisition lands (which could queue the waiter again). Only made when
+    /// there is a clean-up: an acquisition with none (the lease lock's) allocates nothing.
+    turn: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl<'a> Abandon<'a> {
     fn new(core: &'a Core, work: Option<AbandonFuture>) -> Self {
         Self {
-            has_work: work.is_some(),
+            turn: work.as_ref().map(|_| Arc::default()),
             work: std::sync::Mutex::new(work),
             core,
-            turn: Arc::default(),
         }
     }
 
@@ -571,27 +569,29 @@ impl<'a> Abandon<'a> {
 
     /// Runs the clean-up now, to completion even if the caller goes away meanwhile.
     async fn run(mut self) {
-        let Some(work) = self.take() else {
+        let Some((work, turn)) = self.take() else {
             return;
         };
-        let turn = Arc::clone(&self.turn);
         Detached::new(self.core.background(), clean_up(turn, work)).await;
     }
 
-    fn take(&mut self) -> Option<AbandonFuture> {
-        self.work
+    /// The clean-up, with the turn it waits for, unless it was run or disarmed.
+    fn take(&mut self) -> Option<(AbandonFuture, Arc<tokio::sync::Mutex<()>>)> {
+        let work = self
+            .work
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
+            .take()?;
+        Some((work, Arc::clone(self.turn.as_ref()?)))
     }
 
     /// `attempt`, holding the turn while it runs when there is a clean-up to order after
     /// it (and as it is otherwise, without another allocation).
     fn after<G: Send + 'static>(&self, attempt: AttemptFuture<G>) -> AttemptFuture<G> {
-        if !self.has_work {
+        let Some(turn) = &self.turn else {
             return attempt;
-        }
-        let turn = Arc::clone(&self.turn);
+        };
+        let turn = Arc::clone(turn);
         Box::pin(async move {
             let _turn = turn.lock_owned().await;
             attempt.await
@@ -601,10 +601,9 @@ impl<'a> Abandon<'a> {
 
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        let Some(work) = self.take() else {
+        let Some((work, turn)) = self.take() else {
             return;
         };
-        let turn = Arc::clone(&self.turn);
         self.core.background().spawn(clean_up(turn, work));
     }
 }

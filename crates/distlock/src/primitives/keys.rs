@@ -182,12 +182,20 @@ pub(crate) fn release_channel(prefix: &str, key: &str) -> String {
 /// The key caching the answer of one release request, so a retry after an ambiguous
 /// failure reads the first answer instead of a false "not held".
 pub(crate) fn unlock_latch(prefix: &str, key: &str, request_id: impl std::fmt::Display) -> String {
-    // One allocation: this runs on every final release.
-    if key.contains('{') {
-        format!("{prefix}redisson_unlock_latch:{key}:{request_id}")
+    use std::fmt::Write;
+    // One allocation: this runs on every final release, and `format!` guesses a capacity
+    // from its literal parts alone, then grows the string while writing the rest.
+    const LATCH: &str = "redisson_unlock_latch:";
+    /// The braces, the colon, and a request id (a 36-character client id, ":r", a u64).
+    const BEYOND_THE_KEY: usize = 3 + 36 + 2 + 20;
+    let mut latch = String::with_capacity(prefix.len() + LATCH.len() + key.len() + BEYOND_THE_KEY);
+    // Writing to a String cannot fail.
+    let _ = if key.contains('{') {
+        write!(latch, "{prefix}{LATCH}{key}:{request_id}")
     } else {
-        format!("{prefix}redisson_unlock_latch:{{{key}}}:{request_id}")
-    }
+        write!(latch, "{prefix}{LATCH}{{{key}}}:{request_id}")
+    };
+    latch
 }
 
 #[cfg(test)]

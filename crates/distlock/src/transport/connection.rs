@@ -134,6 +134,20 @@ impl From<RedisConnection> for Link {
 }
 
 impl Link {
+    /// Sends one command. A plain connection (the common case) is called directly: its
+    /// `ConnectionLike` method boxes the call's future, an allocation per command that
+    /// the lock's cycle does not need to pay.
+    async fn send(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Link::Redis(RedisConnection::Manager(conn)) => conn.send_packed_command(cmd).await,
+            Link::Redis(RedisConnection::Multiplexed(conn)) => conn.send_packed_command(cmd).await,
+            // Built without Cluster, Sentinel and the other stores, the two arms above are
+            // every kind of link.
+            #[allow(unreachable_patterns)]
+            other => other.as_dyn().req_packed_command(cmd).await,
+        }
+    }
+
     fn as_dyn(&mut self) -> &mut (dyn ConnectionLike + Send) {
         match self {
             Link::Redis(RedisConnection::Manager(conn)) => conn,
@@ -261,6 +275,19 @@ impl Connection {
                 .spawn(async move { link.write_then_wait(&write, &*wait).await })
                 .await;
             Some(sent.map_err(handed_over_failed).and_then(|sent| sent))
+        }
+    }
+
+    /// Sends one command and reads its reply, as `req_packed_command` does, without
+    /// boxing the call when it stays on this thread's runtime (see [`Link::send`]).
+    pub(crate) async fn send(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        if self.refused() {
+            return Err(client_stopped());
+        }
+        match self.route() {
+            Route::Home => self.home_link().send(cmd).await,
+            Route::Background => self.background.send(cmd).await,
+            Route::Foreign => self.req_packed_command(cmd).await,
         }
     }
 

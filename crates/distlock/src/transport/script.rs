@@ -10,7 +10,7 @@
 
 use std::sync::OnceLock;
 
-use redis::{Arg, Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{Arg, Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::transport::connection::Connection;
 use crate::transport::replica_sync::{Acks, SyncedWrites};
@@ -112,10 +112,19 @@ impl ScriptCall {
         &self,
         connection: &mut Connection,
     ) -> RedisResult<T> {
-        match self.cmd.query_async(connection).await {
-            Err(err) if is_no_script(&err) => self.as_eval().query_async(connection).await,
+        // As `Cmd::query_async` reads a reply: a server error in it is the call's error.
+        let reply = match connection
+            .send(&self.cmd)
+            .await
+            .and_then(Value::extract_error)
+        {
+            Err(err) if is_no_script(&err) => connection
+                .send(&self.as_eval())
+                .await
+                .and_then(Value::extract_error),
             other => other,
-        }
+        };
+        Ok(redis::from_redis_value(reply?)?)
     }
 
     /// Sends the call followed by a WAIT for replicas, on a connection of `synced`.

@@ -19,7 +19,8 @@ pub(crate) struct LockAttempt {
     pub(super) name: Arc<str>,
     pub(super) token_key: Arc<str>,
     pub(super) other_token_key: Arc<str>,
-    pub(super) channel: Arc<str>,
+    /// The lock's release (its channel), shared by every holding the lock's attempts make.
+    pub(super) release: Arc<PlainRelease>,
     pub(super) lease: Duration,
     pub(super) lease_ms: u64,
     pub(super) renew: bool,
@@ -38,7 +39,7 @@ impl LockAttempt {
 
     /// The lock's release channel.
     pub(crate) fn channel_arc(&self) -> &Arc<str> {
-        &self.channel
+        &self.release.channel
     }
 }
 
@@ -54,7 +55,7 @@ impl Acquire for LockAttempt {
         let name = Arc::clone(&self.name);
         let token_key = Arc::clone(&self.token_key);
         let other_token_key = Arc::clone(&self.other_token_key);
-        let channel = Arc::clone(&self.channel);
+        let release = Arc::clone(&self.release);
         let (lease, lease_ms, renew) = (self.lease, self.lease_ms, self.renew);
         // The lease is counted from when the attempt was made, not from when it ran: a
         // RedLock makes its masters' attempts right after it starts its clock, and their
@@ -68,7 +69,7 @@ impl Acquire for LockAttempt {
                 core,
                 link,
                 name,
-                channel,
+                Arc::clone(&release.channel),
                 owner,
                 (lease, lease_ms, renew),
                 sent_at,
@@ -92,7 +93,7 @@ impl Acquire for LockAttempt {
                         give_up(
                             Arc::clone(&core),
                             Arc::clone(&name),
-                            Arc::clone(&channel),
+                            Arc::clone(&release.channel),
                             Arc::clone(&owner),
                         )
                     },
@@ -104,7 +105,7 @@ impl Acquire for LockAttempt {
                         core,
                         name,
                         owner,
-                        release: Arc::new(PlainRelease { channel }),
+                        release,
                         token: token.unsigned_abs(),
                         sent_at,
                         lease,
@@ -122,7 +123,7 @@ impl Acquire for LockAttempt {
     }
 
     fn channel(&self) -> &str {
-        &self.channel
+        &self.release.channel
     }
 
     fn queue(&self) -> &str {

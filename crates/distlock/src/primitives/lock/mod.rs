@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::primitives::keys::{release_channel, token_key, token_key_of_other};
 use crate::transport::script::ScriptCall;
 use crate::transport::Store;
+use hold_ops::PlainRelease;
 use scripts::{FENCE_ADVANCE, LOCK_FORCE_UNLOCK, RELEASE_MESSAGE};
 
 /// A handle on one named lock. Cheap to clone; holds no lock by itself.
@@ -84,10 +85,11 @@ pub struct Lock {
     name: Arc<str>,
     /// The name's fencing counter, the counter the other [`FencingCounter`] setting would
     /// use (read by every acquisition, so a mixed fleet never repeats a token) and its
-    /// release channel, worked out once per handle rather than on every acquisition.
+    /// release channel (in the release every acquisition's holding shares), worked out
+    /// once per handle rather than on every acquisition.
     token_key: Arc<str>,
     other_token_key: Arc<str>,
-    channel: Arc<str>,
+    release: Arc<PlainRelease>,
     lease: Option<Duration>,
 }
 
@@ -124,7 +126,7 @@ impl Lock {
             name: key.into(),
             token_key,
             other_token_key,
-            channel,
+            release: Arc::new(PlainRelease { channel }),
             lease: None,
         }
     }
@@ -386,7 +388,7 @@ impl Lock {
     }
 
     async fn force_unlock_where(&self, owner: &str) -> Result<bool> {
-        let channel = &self.channel;
+        let channel = &self.release.channel;
         #[cfg(feature = "etcd")]
         if let Store::Etcd(link) = self.session.core().store() {
             return etcd::force_unlock(link, &self.name, owner).await;
@@ -520,7 +522,7 @@ impl Lock {
             name: Arc::clone(&self.name),
             token_key: Arc::clone(&self.token_key),
             other_token_key: Arc::clone(&self.other_token_key),
-            channel: Arc::clone(&self.channel),
+            release: Arc::clone(&self.release),
             lease,
             lease_ms: to_millis("lease", lease)?,
             renew,
