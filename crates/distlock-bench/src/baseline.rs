@@ -2,7 +2,10 @@
 //!
 //! - a no-op script: one EVALSHA round trip and nothing else (the baseline);
 //! - distlock's own acquire and release scripts called raw, with none of the library
-//!   around them: the difference to the library is what the library itself costs.
+//!   around them: the difference to the library is what the library itself costs;
+//! - a leaner layout's scripts, raw (a string lock with a fencing INCR, released by a
+//!   compare-and-delete): what Redisson's layout costs the server, against the least a
+//!   lock with fencing tokens and release messages could cost.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -27,6 +30,11 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+static LEAN_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/lean_acquire.lua")));
+static LEAN_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/lean_release.lua")));
+
 /// Which raw load a baseline task runs.
 #[derive(Debug, Clone, Copy)]
 pub enum Raw {
@@ -34,6 +42,8 @@ pub enum Raw {
     Noop,
     /// distlock's acquire then release script per iteration (a lock cycle, raw).
     LockScripts,
+    /// The leaner layout's acquire then release per iteration (`scripts/lean_*.lua`).
+    LeanScripts,
 }
 
 /// `callers` tasks run `raw` back to back on `connection` for `length`. Returns iterations
@@ -85,6 +95,22 @@ pub async fn run(
                                 .arg(30_000)
                                 .arg("0")
                                 .arg(10_000)
+                                .arg("0")
+                                .invoke_async::<i64>(&mut connection)
+                                .await?;
+                        }
+                        Raw::LeanScripts => {
+                            LEAN_ACQUIRE
+                                .key(&key)
+                                .key(&token)
+                                .arg("bench:1")
+                                .arg(30_000)
+                                .invoke_async::<i64>(&mut connection)
+                                .await?;
+                            LEAN_RELEASE
+                                .key(&key)
+                                .key("bench:channel")
+                                .arg("bench:1")
                                 .arg("0")
                                 .invoke_async::<i64>(&mut connection)
                                 .await?;

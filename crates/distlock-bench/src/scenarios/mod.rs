@@ -89,6 +89,8 @@ pub struct CycleLoads {
     pub raw: Measured,
     pub lock: Measured,
     pub peer: Option<Measured>,
+    /// The leaner layout's raw scripts (measured when there is a peer).
+    pub lean: Option<Measured>,
 }
 
 /// The uncontended and parallel scenarios: one lock name per task, compared with a no-op
@@ -102,11 +104,14 @@ pub async fn cycles_against_baselines(
 ) -> BenchResult<CycleLoads> {
     let connection = client.connection();
     let callers = names.len();
-    let loads = if peer.is_some() { 4 } else { 3 };
+    // With a peer, the leaner layout's raw scripts too: what a layout other than
+    // Redisson's would give against the same peer.
+    let loads = if peer.is_some() { 5 } else { 3 };
     let mut measured = interleaved(plan, loads, async |load, length| match (load, peer) {
         (0, _) => Ok(baseline::run(Raw::Noop, &connection, callers, length).await?),
         (1, _) => Ok(baseline::run(Raw::LockScripts, &connection, callers, length).await?),
         (3, Some(peer)) => peer_cycles(peer, names, length).await,
+        (4, _) => Ok(baseline::run(Raw::LeanScripts, &connection, callers, length).await?),
         _ => lock_cycles(client, names, length).await,
     })
     .await?
@@ -117,6 +122,7 @@ pub async fn cycles_against_baselines(
         raw: next()?,
         lock: next()?,
         peer: if peer.is_some() { Some(next()?) } else { None },
+        lean: if peer.is_some() { Some(next()?) } else { None },
     })
 }
 
@@ -146,6 +152,18 @@ pub fn cycle_report(
             "×",
         ),
     ];
+    if let (Some(peer), Some(lean)) = (&loads.peer, &loads.lean) {
+        all.push(figure(
+            "raw lock scripts vs rslock 0.10 (Redisson's layout, no library)",
+            raw.ratio_to_first / peer.ratio_to_first,
+            "×",
+        ));
+        all.push(figure(
+            "leaner layout's raw scripts vs rslock 0.10 (scripts/lean_*.lua)",
+            lean.ratio_to_first / peer.ratio_to_first,
+            "×",
+        ));
+    }
     all.append(&mut details);
     Report {
         scenario,

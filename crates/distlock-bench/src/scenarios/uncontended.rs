@@ -15,7 +15,7 @@ use crate::report::{checked, figure, Figure, Report};
 pub const TARGET: f64 = 0.9;
 
 /// The ceiling on allocations per lock cycle.
-pub const MAX_ALLOCATIONS: f64 = 20.0;
+pub const MAX_ALLOCATIONS: f64 = 18.0;
 
 pub async fn run(
     client: &Client,
