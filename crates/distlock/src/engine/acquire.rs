@@ -542,9 +542,10 @@ fn went_stale(err: &redis::RedisError) -> bool {
 /// run on the client's runtime when this is dropped armed, which every way of ending
 /// does (a return, a `?`, a dropped future), so it runs exactly once.
 struct Abandon<'a> {
-    /// In a mutex only so that `&Abandon` is `Send` (the acquisition holds one across its
-    /// awaits); it is touched once, when dropped.
-    work: std::sync::Mutex<Option<AbandonFuture>>,
+    /// The clean-up and the turn it waits for. In a mutex only so that `&Abandon` is
+    /// `Send` (the acquisition holds one across its awaits); it is touched once, when
+    /// dropped.
+    work: std::sync::Mutex<Option<(AbandonFuture, Arc<tokio::sync::Mutex<()>>)>>,
     core: &'a Core,
     /// Held by each attempt while it runs, even one finishing in the background after its
     /// caller went away: the clean-up takes it first, so it never runs before an attempt
@@ -555,9 +556,10 @@ struct Abandon<'a> {
 
 impl<'a> Abandon<'a> {
     fn new(core: &'a Core, work: Option<AbandonFuture>) -> Self {
+        let turn: Option<Arc<tokio::sync::Mutex<()>>> = work.as_ref().map(|_| Arc::default());
         Self {
-            turn: work.as_ref().map(|_| Arc::default()),
-            work: std::sync::Mutex::new(work),
+            work: std::sync::Mutex::new(work.zip(turn.clone())),
+            turn,
             core,
         }
     }
@@ -577,12 +579,10 @@ impl<'a> Abandon<'a> {
 
     /// The clean-up, with the turn it waits for, unless it was run or disarmed.
     fn take(&mut self) -> Option<(AbandonFuture, Arc<tokio::sync::Mutex<()>>)> {
-        let work = self
-            .work
+        self.work
             .get_mut()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()?;
-        Some((work, Arc::clone(self.turn.as_ref()?)))
+            .take()
     }
 
     /// `attempt`, holding the turn while it runs when there is a clean-up to order after

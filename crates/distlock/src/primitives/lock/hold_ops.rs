@@ -74,6 +74,55 @@ pub(crate) trait HoldOps: Send + Sync {
     /// lost signal is asked for listens there, and asks the store whether it still holds
     /// the lock at each message; `None`: it does not listen.
     fn unlock_channel(&self) -> Option<&str>;
+
+    /// The Redis scripts behind these calls, if that is what they are: this module's
+    /// `release` function then sends the release script itself, without the boxed future
+    /// of [`HoldOps::release`] (an allocation on every release of every Redis primitive).
+    fn scripts(&self) -> Option<&dyn HoldScripts> {
+        None
+    }
+}
+
+/// Gives back one hold through `ops` (as [`HoldOps::release`] does): a Redis holding's
+/// release script is sent from here, without a box around the call.
+pub(crate) async fn release(
+    ops: &dyn HoldOps,
+    core: &Core,
+    name: &str,
+    owner: &str,
+    latch: &str,
+    args: &ReleaseArgs<'_>,
+) -> Result<i64> {
+    match ops.scripts() {
+        Some(scripts) => release_by_script(scripts, core, name, owner, latch, args).await,
+        None => ops.release(core, name, owner, latch, args).await,
+    }
+}
+
+/// Sends the release script of `scripts`: over the client's connection, or with a WAIT
+/// under replica sync.
+async fn release_by_script(
+    scripts: &(impl HoldScripts + ?Sized),
+    core: &Core,
+    name: &str,
+    owner: &str,
+    latch: &str,
+    args: &ReleaseArgs<'_>,
+) -> Result<i64> {
+    let call = scripts.release(name, owner, latch, args);
+    match core.synced() {
+        None => send(core, &call).await,
+        Some(synced) => {
+            let (reply, acks) = call.invoke_synced::<i64>(synced).await?;
+            if !acks.enough() {
+                // Done on the master. A failover before a replica gets it brings the lock
+                // back until its lease runs out: the next holder waits longer, but no two
+                // hold it.
+                tracing::warn!(lock = %name, acknowledged = acks.acknowledged, "no replica acknowledged a release in time");
+            }
+            Ok(reply)
+        }
+    }
 }
 
 /// Every Redis primitive's holdings: its scripts, sent over the client's connection.
@@ -86,22 +135,7 @@ impl<S: HoldScripts> HoldOps for S {
         latch: &'a str,
         args: &'a ReleaseArgs<'a>,
     ) -> OpFuture<'a, i64> {
-        Box::pin(async move {
-            let call = HoldScripts::release(self, name, owner, latch, args);
-            match core.synced() {
-                None => send(core, &call).await,
-                Some(synced) => {
-                    let (reply, acks) = call.invoke_synced::<i64>(synced).await?;
-                    if !acks.enough() {
-                        // Done on the master. A failover before a replica gets it brings
-                        // the lock back until its lease runs out: the next holder waits
-                        // longer, but no two hold it.
-                        tracing::warn!(lock = %name, acknowledged = acks.acknowledged, "no replica acknowledged a release in time");
-                    }
-                    Ok(reply)
-                }
-            }
-        })
+        Box::pin(release_by_script(self, core, name, owner, latch, args))
     }
 
     fn reenter<'a>(
@@ -165,6 +199,10 @@ impl<S: HoldScripts> HoldOps for S {
 
     fn unlock_channel(&self) -> Option<&str> {
         HoldScripts::unlock_channel(self)
+    }
+
+    fn scripts(&self) -> Option<&dyn HoldScripts> {
+        Some(self)
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::hold_ops::{HoldOps, ReleaseArgs};
+use super::hold_ops::{self, HoldOps, ReleaseArgs};
 use crate::config::{RELEASE_ATTEMPTS, RELEASE_RETRY_PAUSE};
 use crate::duration::to_millis;
 use crate::engine::renewal::lease::Lease;
@@ -244,10 +244,15 @@ impl Holding {
                 retry: attempt > 1 && latch.is_some(),
                 publish: self.core.deployment().publish_command(),
             };
-            let reply = self
-                .release
-                .release(&self.core, &self.name, &self.owner, latch_key, &args)
-                .await;
+            let reply = hold_ops::release(
+                &*self.release,
+                &self.core,
+                &self.name,
+                &self.owner,
+                latch_key,
+                &args,
+            )
+            .await;
             match reply {
                 Err(err) if attempt < RELEASE_ATTEMPTS && err.is_connection_error() => {
                     tracing::debug!(error = %err, attempt, "release reply lost; asking again");
