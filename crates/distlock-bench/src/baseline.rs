@@ -60,66 +60,13 @@ pub async fn run(
         .map(|caller| {
             let mut connection = connection.clone();
             tokio::spawn(async move {
-                let key = format!("bench:raw:{caller}");
-                let token = format!("bench:raw:{caller}:token");
-                // The other fencing-counter setting's key, which every acquisition reads.
-                let other_counter = format!("bench:raw:{caller}:other-token");
+                let keys = RawKeys::of(caller);
                 let mut latencies = Latencies::new();
                 let mut request = 0u64;
                 while Instant::now() < until {
                     let sent = Instant::now();
-                    match raw {
-                        Raw::Noop => {
-                            NOOP.prepare_invoke()
-                                .invoke_async::<i64>(&mut connection)
-                                .await?;
-                        }
-                        Raw::LockScripts => {
-                            request += 1;
-                            let token = ACQUIRE
-                                .key(&key)
-                                .key(&token)
-                                .arg(30_000)
-                                .arg("bench:1")
-                                .arg(&other_counter)
-                                .invoke_async::<i64>(&mut connection)
-                                .await?;
-                            answered("acquire", token >= 1)?;
-                            // A final release, as the lock sends it: channel and latch as
-                            // keys; hold count 0, lease, message, latch PX, first attempt.
-                            let left = RELEASE
-                                .key(&key)
-                                .key("bench:channel")
-                                .key(format!("{key}:latch:{request}"))
-                                .arg("bench:1")
-                                .arg(0)
-                                .arg(30_000)
-                                .arg("0")
-                                .arg(10_000)
-                                .arg("0")
-                                .invoke_async::<i64>(&mut connection)
-                                .await?;
-                            answered("release", left == 0)?;
-                        }
-                        Raw::LeanScripts => {
-                            let token = LEAN_ACQUIRE
-                                .key(&key)
-                                .key(&token)
-                                .arg("bench:1")
-                                .arg(30_000)
-                                .invoke_async::<i64>(&mut connection)
-                                .await?;
-                            answered("leaner acquire", token >= 1)?;
-                            let freed = LEAN_RELEASE
-                                .key(&key)
-                                .key("bench:channel")
-                                .arg("bench:1")
-                                .arg("0")
-                                .invoke_async::<i64>(&mut connection)
-                                .await?;
-                            answered("leaner release", freed == 1)?;
-                        }
-                    }
+                    request += 1;
+                    one(raw, &mut connection, &keys, request).await?;
                     latencies.record(sent.elapsed());
                 }
                 Ok::<_, RedisError>(latencies)
@@ -134,6 +81,121 @@ pub async fn run(
         all.merge(&latencies);
     }
     Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
+}
+
+/// One task runs `raw` back to back for `length`, each iteration on every connection at
+/// once (as a RedLock asks its masters). Returns iterations per second and the latency
+/// of each iteration.
+pub async fn run_across(
+    raw: Raw,
+    connections: &[Connection],
+    length: Duration,
+) -> Result<(f64, Latencies), RedisError> {
+    let mut connections = connections.to_vec();
+    // In a task, as the lock's own cycles run: a future polled by `block_on` would have
+    // each call handed to the client's thread.
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let until = started + length;
+        let keys = RawKeys::of(0);
+        let mut latencies = Latencies::new();
+        let mut request = 0u64;
+        while Instant::now() < until {
+            let sent = Instant::now();
+            request += 1;
+            let keys = &keys;
+            futures_util::future::try_join_all(
+                connections
+                    .iter_mut()
+                    .map(|connection| one(raw, connection, keys, request)),
+            )
+            .await?;
+            latencies.record(sent.elapsed());
+        }
+        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        Ok::<_, RedisError>((rate, latencies))
+    });
+    task.await
+        .map_err(|err| RedisError::from(std::io::Error::other(err.to_string())))?
+}
+
+/// The keys one caller's raw cycles use, its own.
+struct RawKeys {
+    lock: String,
+    token: String,
+    /// The other fencing-counter setting's key, which every acquisition reads.
+    other_token: String,
+}
+
+impl RawKeys {
+    fn of(caller: usize) -> Self {
+        Self {
+            lock: format!("bench:raw:{caller}"),
+            token: format!("bench:raw:{caller}:token"),
+            other_token: format!("bench:raw:{caller}:other-token"),
+        }
+    }
+}
+
+/// One iteration of `raw`; `request` numbers the release's latch.
+async fn one(
+    raw: Raw,
+    connection: &mut Connection,
+    keys: &RawKeys,
+    request: u64,
+) -> Result<(), RedisError> {
+    match raw {
+        Raw::Noop => {
+            NOOP.prepare_invoke()
+                .invoke_async::<i64>(connection)
+                .await?;
+        }
+        Raw::LockScripts => {
+            let token = ACQUIRE
+                .key(&keys.lock)
+                .key(&keys.token)
+                .arg(30_000)
+                .arg("bench:1")
+                .arg(&keys.other_token)
+                .invoke_async::<i64>(connection)
+                .await?;
+            answered("acquire", token >= 1)?;
+            // A final release, as the lock sends it: channel and latch as keys; hold count
+            // 0, lease, message, latch PX, first attempt.
+            let left = RELEASE
+                .key(&keys.lock)
+                .key("bench:channel")
+                .key(format!("{}:latch:{request}", keys.lock))
+                .arg("bench:1")
+                .arg(0)
+                .arg(30_000)
+                .arg("0")
+                .arg(10_000)
+                .arg("0")
+                .invoke_async::<i64>(connection)
+                .await?;
+            answered("release", left == 0)?;
+        }
+        Raw::LeanScripts => {
+            let token = LEAN_ACQUIRE
+                .key(&keys.lock)
+                .key(&keys.token)
+                .arg("bench:1")
+                .arg(30_000)
+                .invoke_async::<i64>(connection)
+                .await?;
+            answered("leaner acquire", token >= 1)?;
+            let freed = LEAN_RELEASE
+                .key(&keys.lock)
+                .key("bench:channel")
+                .arg("bench:1")
+                .arg("0")
+                .invoke_async::<i64>(connection)
+                .await?;
+            answered("leaner release", freed == 1)?;
+        }
+    }
+    Ok(())
 }
 
 /// A raw cycle must take and free its lock every time: a busy or "not held" answer would

@@ -18,6 +18,7 @@ use distlock_testkit::{FaultProxy, RedisServer};
 use rslock::LockManager;
 
 use super::{interleaved, lock_cycles, timed_cycles, BenchResult, Measured, Plan};
+use crate::baseline::{self, Raw};
 use crate::report::{checked, figure, Report};
 
 pub const MASTERS: usize = 5;
@@ -27,8 +28,10 @@ const NAME: &str = "bench:redlock";
 const LINK_DELAY: Duration = Duration::from_millis(1);
 
 /// The single-node cycle, the RedLock cycle and rslock's, measured in the same rounds
-/// against the servers at `urls`.
-async fn measure(plan: Plan, urls: &[String]) -> BenchResult<[Measured; 3]> {
+/// against the servers at `urls`; with `layouts`, also the raw scripts of Redisson's
+/// layout and of the leaner one, sent to every master at once from one task (what a
+/// RedLock of either layout could reach before any library runs).
+async fn measure(plan: Plan, urls: &[String], layouts: bool) -> BenchResult<Vec<Measured>> {
     let mut clients = Vec::new();
     for url in urls {
         clients.push(Client::connect(url).await?);
@@ -37,7 +40,9 @@ async fn measure(plan: Plan, urls: &[String]) -> BenchResult<[Measured; 3]> {
     let redlock = RedLock::new(NAME, &clients)?.with_lease(Duration::from_secs(30));
     let peer = Arc::new(LockManager::new(urls.to_vec()));
     let names = vec![NAME.to_owned()];
-    let measured = interleaved(plan, 3, async |load, length| match load {
+    let connections: Vec<_> = clients.iter().map(Client::connection).collect();
+    let loads = if layouts { 5 } else { 3 };
+    let measured = interleaved(plan, loads, async |load, length| match load {
         0 => lock_cycles(&single, &names, length).await,
         1 => {
             timed_cycles(vec![redlock.clone()], length, |lock| {
@@ -48,6 +53,8 @@ async fn measure(plan: Plan, urls: &[String]) -> BenchResult<[Measured; 3]> {
             })
             .await
         }
+        3 => Ok(baseline::run_across(Raw::LockScripts, &connections, length).await?),
+        4 => Ok(baseline::run_across(Raw::LeanScripts, &connections, length).await?),
         _ => {
             timed_cycles(vec![Arc::clone(&peer)], length, |manager| {
                 Box::pin(async move {
@@ -63,8 +70,7 @@ async fn measure(plan: Plan, urls: &[String]) -> BenchResult<[Measured; 3]> {
     for client in clients {
         client.shutdown().await;
     }
-    <[_; 3]>::try_from(measured)
-        .map_err(|_| "interleaved returned the wrong number of loads".into())
+    Ok(measured)
 }
 
 pub async fn run(plan: Plan) -> BenchResult<Report> {
@@ -73,7 +79,9 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         servers.push(RedisServer::start().await?);
     }
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let [single_load, redlock_load, peer_load] = measure(plan, &urls).await?;
+    let [single_load, redlock_load, peer_load, raw_load, lean_load] =
+        <[_; 5]>::try_from(measure(plan, &urls, true).await?)
+            .map_err(|_| "interleaved returned the wrong number of loads")?;
 
     let mut proxies = Vec::new();
     for server in &servers {
@@ -82,7 +90,8 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         proxies.push(proxy);
     }
     let far: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
-    let [far_single, far_redlock, far_peer] = measure(plan, &far).await?;
+    let [far_single, far_redlock, far_peer] = <[_; 3]>::try_from(measure(plan, &far, false).await?)
+        .map_err(|_| "interleaved returned the wrong number of loads")?;
 
     let ratio = redlock_load.ratio_to_first;
     let versus_peer = redlock_load.ratio_to_first / peer_load.ratio_to_first;
@@ -122,6 +131,16 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
                 "×",
                 ">= 1.0".to_owned(),
                 versus_peer >= 1.0,
+            ),
+            figure(
+                "raw lock scripts on 5 masters at once vs rslock 0.10 (Redisson's layout, no library)",
+                raw_load.ratio_to_first / peer_load.ratio_to_first,
+                "×",
+            ),
+            figure(
+                "leaner layout's raw scripts on 5 masters at once vs rslock 0.10",
+                lean_load.ratio_to_first / peer_load.ratio_to_first,
+                "×",
             ),
             figure(
                 format!("{link}: single-node lock+release p50"),
