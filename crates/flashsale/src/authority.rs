@@ -176,6 +176,14 @@ impl Tenure {
 
 /// Beats for `tenure`'s instance every [`BEAT_EVERY`] until aborted, confirming it; stops
 /// once the store refuses a beat (it moved past this instance).
+///
+/// A slow beat is warned about after two beats, and still waited for: its answer counts
+/// from when it was sent, so a late confirmation is safe, and a late refusal is how an
+/// instance that woke from a freeze into a busy store learns it was taken over. (Cut at
+/// two beats, every beat of an instance whose store took longer than that to answer was
+/// thrown away: it never confirmed, and never heard that it had been evicted.) A beat is
+/// given up only once the sales lease has passed since it was sent, when it can no
+/// longer confirm anything: a connection that stopped answering is then replaced.
 pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TIMING.beat);
@@ -184,17 +192,31 @@ pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<(
             tick.tick().await;
             let sent = Instant::now();
             let beat = db.beat(tenure.admission());
-            match tokio::time::timeout(TIMING.beat * 2, beat).await {
-                Ok(Ok(true)) => tenure.confirm_from(sent),
-                Ok(Ok(false)) => {
+            tokio::pin!(beat);
+            let answer = match tokio::time::timeout(TIMING.beat * 2, &mut beat).await {
+                Ok(answer) => Some(answer),
+                Err(_) => {
+                    tracing::warn!(
+                        "the store is slow to answer the authority beat; sales stop if no beat is confirmed for {:?}",
+                        TIMING.lease
+                    );
+                    tokio::time::timeout_at((sent + TIMING.lease).into(), beat)
+                        .await
+                        .ok()
+                }
+            };
+            match answer {
+                Some(Ok(true)) => tenure.confirm_from(sent),
+                Some(Ok(false)) => {
                     tenure.evict();
                     return;
                 }
-                Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {SALES_LEASE:?}")
+                Some(Err(err)) => {
+                    tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {:?}", TIMING.lease)
                 }
-                Err(_) => tracing::warn!(
-                    "the store did not answer the authority beat in time; sales stop if this lasts {SALES_LEASE:?}"
+                None => tracing::warn!(
+                    "the store did not answer the authority beat within the sales lease ({:?}); sales have stopped until a beat is confirmed",
+                    TIMING.lease
                 ),
             }
         }

@@ -343,8 +343,19 @@ impl Service {
         // leaving, two stopping at once each saw the other and neither released.)
         self.heartbeat.abort();
         crate::faults::stop_at(crate::faults::STOPPING);
-        if let Err(err) = self.state.db.leave(&self.tenure.admission().instance).await {
-            tracing::warn!(error = %err, "could not remove this instance's beat");
+        // A busy or silent database does not hold the exit up past the shutdown timeout:
+        // a beat left behind only delays a take-over by the silence.
+        match tokio::time::timeout(
+            timeout,
+            self.state.db.leave(&self.tenure.admission().instance),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not remove this instance's beat"),
+            Err(_) => tracing::warn!(
+                "the database did not remove this instance's beat before the shutdown deadline"
+            ),
         }
         if drain == Drain::Complete && !self.tenure.moved() {
             let mut conn = self.state.locks.connection();

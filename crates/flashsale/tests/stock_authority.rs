@@ -304,8 +304,22 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
         // that matters is the one made again when their batch is formed, after the wake.
         // A exposes no queue depth to wait on, hence the pause.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
-        common::child::stopped(a.pid()).await;
+        // Frozen inside a write (its beat's transaction), A would hold SQLite's one write
+        // lock and no take-over could start (store_epoch.rs's
+        // `a_take_over_names_the_process_holding_sqlites_lock` covers that case). Here A
+        // must freeze between writes: it is continued and frozen again until it holds no
+        // write lock.
+        let db_path = dir.path().join("shop.db");
+        loop {
+            kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+            common::child::stopped(a.pid()).await;
+            let holders = flashsale::db::sqlite_lock::write_lock_holders(&db_path);
+            if holders.iter().all(|holder| holder.pid != a.pid().as_raw()) {
+                break;
+            }
+            kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
 
         let env = |extra: &[(&'static str, String)]| {
             let mut env = vec![
@@ -323,10 +337,17 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
                 common::child::run(args, &env).await
             }
         };
-        let (code, stderr) = run(&["serve", "--take-over-store"]).await;
+        let (code, stderr) = run(&["serve", "--listen", "127.0.0.1:0", "--take-over-store"]).await;
         assert_eq!(code, 4, "{stderr}");
         assert!(stderr.contains("which was not released"), "{stderr}");
-        let (code, stderr) = run(&["serve", "--take-over-store", "--abandon-old-authority"]).await;
+        let (code, stderr) = run(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--take-over-store",
+            "--abandon-old-authority",
+        ])
+        .await;
         assert_eq!(code, 4, "{stderr}");
         assert!(stderr.contains("is still being sold"), "{stderr}");
         let db = flashsale::db::Db::connect(&database).await.expect("db");
@@ -357,13 +378,131 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
                 "{body}"
             );
         }
-        let exited = tokio::time::timeout(Duration::from_secs(10), a.child.wait())
-            .await
-            .expect("A still up 10 s after it woke")
-            .expect("wait");
+        let exited = match tokio::time::timeout(Duration::from_secs(10), a.child.wait()).await {
+            Ok(exited) => exited.expect("wait"),
+            Err(_) => panic!(
+                "A still up 10 s after it woke; its stderr since the start:\n{}",
+                a.later.lock().expect("lines").join("\n")
+            ),
+        };
         assert_eq!(exited.code(), Some(1));
         drain(&http, &b.base, coupon).await;
         assert_eq!(db.order_count(coupon).await.expect("count"), 5);
+        drop(b);
+    })
+    .await;
+}
+
+/// A store slower to answer a beat than two beats, but well within the sales lease, keeps
+/// an instance selling, and a take-over still reaches it: woken from a freeze into that
+/// slow store, it hears that it was taken over and exits 1. (Beats used to be cut at two
+/// beats: behind a database 80 ms away every beat was thrown away, sales stopped a lease
+/// after the start, and a taken-over instance never heard of it and stayed up. CI saw
+/// the second on a busy SQLite file.) Timings shortened: beat 100 ms, lease 2 s, silence
+/// 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_store_keeps_sales_going_and_still_evicts_a_taken_over_instance() {
+    use common::child::{start_or_exit, start_serve, BIN};
+    use distlock_testkit::FaultProxy;
+    use nix::sys::signal::{kill, Signal};
+    use sqlx::{Connection, PgConnection};
+    bounded(Duration::from_secs(90), async {
+        const TIMING: &str = "100,2000,4000";
+        // A beat is five to nine round trips (pool check, begin, admission, beat, commit,
+        // and the statements' preparation on a new connection): 0.4 to 0.75 s, against
+        // the 0.2 s beats were cut at, and half the lease.
+        const ONE_WAY: Duration = Duration::from_millis(40);
+        let (redis_a, redis_b) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        let postgres = PostgresServer::start().await.expect("postgres");
+        let direct = postgres.url();
+        let proxy = FaultProxy::start(std::net::SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            postgres.port(),
+        )))
+        .await
+        .expect("proxy");
+        let slow = direct.replace(
+            &format!(":{}/", postgres.port()),
+            &format!(":{}/", proxy.port()),
+        );
+        let command = |redis: &RedisServer, database: &str| {
+            let mut command = tokio::process::Command::new(BIN);
+            command
+                .env("REDIS_URL", redis.url())
+                .env("DATABASE_URL", database)
+                .env("FLASHSALE_TEST_AUTHORITY_TIMING", TIMING);
+            command
+        };
+        let mut a = start_serve(command(&redis_a, &slow), &[]).await;
+        proxy.set_delay(ONE_WAY);
+        let http = reqwest::Client::new();
+        let coupon = open_coupon(&http, &a.base, 100).await;
+        // Sales go on for two leases behind the slow store.
+        let selling_until = tokio::time::Instant::now() + Duration::from_secs(4);
+        let mut user = 0;
+        while tokio::time::Instant::now() < selling_until {
+            user += 1;
+            let bought = buy(&http, &a.base, coupon, user).await;
+            assert_eq!(
+                bought.status,
+                201,
+                "purchase {user}: {}; A's stderr:\n{}",
+                bought.body,
+                a.later.lock().expect("lines").join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drain(&http, &a.base, coupon).await;
+
+        // Frozen between transactions: a transaction of A's left open would hold the
+        // store row against the take-over until PostgreSQL ended it. Whatever A sent
+        // before the freeze lands within the proxy's delay; then the row is free or A is
+        // continued and frozen again.
+        let mut check = PgConnection::connect(&direct).await.expect("connect");
+        loop {
+            kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+            common::child::stopped(a.pid()).await;
+            tokio::time::sleep(ONE_WAY * 3).await;
+            let mut tx = check.begin().await.expect("begin");
+            let free = sqlx::query("SELECT 1 FROM store WHERE id = 1 FOR UPDATE NOWAIT")
+                .execute(&mut *tx)
+                .await
+                .is_ok();
+            tx.rollback().await.expect("rollback");
+            if free {
+                break;
+            }
+            kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+            tokio::time::sleep(ONE_WAY).await;
+        }
+        let abandon = ["--take-over-store", "--abandon-old-authority"];
+        let b = loop {
+            match start_or_exit(command(&redis_b, &direct), &abandon).await {
+                Ok(b) => break b,
+                Err((4, stderr)) if stderr.contains("is still being sold") => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
+            }
+        };
+        let sold_on_b = buy(&http, &b.base, coupon, 100_000).await;
+        assert_eq!(sold_on_b.status, 201, "{}", sold_on_b.body);
+
+        kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+        let exited = match tokio::time::timeout(Duration::from_secs(10), a.child.wait()).await {
+            Ok(exited) => exited.expect("wait"),
+            Err(_) => panic!(
+                "A still up 10 s after it woke; its stderr since the start:\n{}",
+                a.later.lock().expect("lines").join("\n")
+            ),
+        };
+        assert_eq!(exited.code(), Some(1));
+        drain(&http, &b.base, coupon).await;
+        let db = flashsale::db::Db::connect(&direct).await.expect("db");
+        assert_eq!(db.order_count(coupon).await.expect("count"), user + 1);
         drop(b);
     })
     .await;
