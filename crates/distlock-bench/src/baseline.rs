@@ -83,11 +83,24 @@ pub async fn run(
     Ok((all.len() as f64 / started.elapsed().as_secs_f64(), all))
 }
 
+/// How a raw cycle is spread over several masters.
+#[derive(Debug, Clone, Copy)]
+pub enum Fan {
+    /// Each master runs its own acquire then release, all masters at once: a master's
+    /// release may go while another's acquire is still out. No RedLock can do this (it
+    /// must hear a majority before it holds anything), so it flatters the raw scripts.
+    Chained,
+    /// Every master's acquire at once, then, once all have answered, every master's
+    /// release at once: the two rounds a RedLock makes, with no library around them.
+    Phased,
+}
+
 /// One task runs `raw` back to back for `length`, each iteration on every connection at
-/// once (as a RedLock asks its masters). Returns iterations per second and the latency
-/// of each iteration.
+/// once (as a RedLock asks its masters), spread as `fan` says. Returns iterations per
+/// second and the latency of each iteration.
 pub async fn run_across(
     raw: Raw,
+    fan: Fan,
     connections: &[Connection],
     length: Duration,
 ) -> Result<(f64, Latencies), RedisError> {
@@ -104,12 +117,30 @@ pub async fn run_across(
             let sent = Instant::now();
             request += 1;
             let keys = &keys;
-            futures_util::future::try_join_all(
-                connections
-                    .iter_mut()
-                    .map(|connection| one(raw, connection, keys, request)),
-            )
-            .await?;
+            match fan {
+                Fan::Chained => {
+                    futures_util::future::try_join_all(
+                        connections
+                            .iter_mut()
+                            .map(|connection| one(raw, connection, keys, request)),
+                    )
+                    .await?;
+                }
+                Fan::Phased => {
+                    futures_util::future::try_join_all(
+                        connections
+                            .iter_mut()
+                            .map(|connection| acquire(raw, connection, keys)),
+                    )
+                    .await?;
+                    futures_util::future::try_join_all(
+                        connections
+                            .iter_mut()
+                            .map(|connection| release(raw, connection, keys, request)),
+                    )
+                    .await?;
+                }
+            }
             latencies.record(sent.elapsed());
         }
         let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
@@ -144,6 +175,12 @@ async fn one(
     keys: &RawKeys,
     request: u64,
 ) -> Result<(), RedisError> {
+    acquire(raw, connection, keys).await?;
+    release(raw, connection, keys, request).await
+}
+
+/// The first call of an iteration of `raw`: the acquisition (the no-op's only call).
+async fn acquire(raw: Raw, connection: &mut Connection, keys: &RawKeys) -> Result<(), RedisError> {
     match raw {
         Raw::Noop => {
             NOOP.prepare_invoke()
@@ -160,6 +197,32 @@ async fn one(
                 .invoke_async::<i64>(connection)
                 .await?;
             answered("acquire", token >= 1)?;
+        }
+        Raw::LeanScripts => {
+            let token = LEAN_ACQUIRE
+                .key(&keys.lock)
+                .key(&keys.token)
+                .arg("bench:1")
+                .arg(30_000)
+                .invoke_async::<i64>(connection)
+                .await?;
+            answered("leaner acquire", token >= 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// The second call of an iteration of `raw`: the release (none for the no-op);
+/// `request` numbers the release's latch.
+async fn release(
+    raw: Raw,
+    connection: &mut Connection,
+    keys: &RawKeys,
+    request: u64,
+) -> Result<(), RedisError> {
+    match raw {
+        Raw::Noop => {}
+        Raw::LockScripts => {
             // A final release, as the lock sends it: channel and latch as keys; hold count
             // 0, lease, message, latch PX, first attempt.
             let left = RELEASE
@@ -177,14 +240,6 @@ async fn one(
             answered("release", left == 0)?;
         }
         Raw::LeanScripts => {
-            let token = LEAN_ACQUIRE
-                .key(&keys.lock)
-                .key(&keys.token)
-                .arg("bench:1")
-                .arg(30_000)
-                .invoke_async::<i64>(connection)
-                .await?;
-            answered("leaner acquire", token >= 1)?;
             let freed = LEAN_RELEASE
                 .key(&keys.lock)
                 .key("bench:channel")

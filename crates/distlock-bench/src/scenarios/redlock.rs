@@ -18,7 +18,7 @@ use distlock_testkit::{FaultProxy, RedisServer};
 use rslock::LockManager;
 
 use super::{interleaved, lock_cycles, timed_cycles, BenchResult, Measured, Plan};
-use crate::baseline::{self, Raw};
+use crate::baseline::{self, Fan, Raw};
 use crate::report::{checked, figure, Report};
 
 pub const MASTERS: usize = 5;
@@ -28,9 +28,11 @@ const NAME: &str = "bench:redlock";
 const LINK_DELAY: Duration = Duration::from_millis(1);
 
 /// The single-node cycle, the RedLock cycle and rslock's, measured in the same rounds
-/// against the servers at `urls`; with `layouts`, also the raw scripts of Redisson's
-/// layout and of the leaner one, sent to every master at once from one task (what a
-/// RedLock of either layout could reach before any library runs).
+/// against the servers at `urls`; with `layouts`, also the raw scripts sent to every
+/// master at once from one task: Redisson's layout and the leaner one in a RedLock's two
+/// rounds (every acquire, then every release: what a RedLock of either layout could reach
+/// before any library runs), and Redisson's chained per master (each master's release
+/// straight after its own acquire, which no RedLock can do).
 async fn measure(plan: Plan, urls: &[String], layouts: bool) -> BenchResult<Vec<Measured>> {
     let mut clients = Vec::new();
     for url in urls {
@@ -41,7 +43,7 @@ async fn measure(plan: Plan, urls: &[String], layouts: bool) -> BenchResult<Vec<
     let peer = Arc::new(LockManager::new(urls.to_vec()));
     let names = vec![NAME.to_owned()];
     let connections: Vec<_> = clients.iter().map(Client::connection).collect();
-    let loads = if layouts { 5 } else { 3 };
+    let loads = if layouts { 6 } else { 3 };
     let measured = interleaved(plan, loads, async |load, length| match load {
         0 => lock_cycles(&single, &names, length).await,
         1 => {
@@ -53,8 +55,9 @@ async fn measure(plan: Plan, urls: &[String], layouts: bool) -> BenchResult<Vec<
             })
             .await
         }
-        3 => Ok(baseline::run_across(Raw::LockScripts, &connections, length).await?),
-        4 => Ok(baseline::run_across(Raw::LeanScripts, &connections, length).await?),
+        3 => Ok(baseline::run_across(Raw::LockScripts, Fan::Phased, &connections, length).await?),
+        4 => Ok(baseline::run_across(Raw::LeanScripts, Fan::Phased, &connections, length).await?),
+        5 => Ok(baseline::run_across(Raw::LockScripts, Fan::Chained, &connections, length).await?),
         _ => {
             timed_cycles(vec![Arc::clone(&peer)], length, |manager| {
                 Box::pin(async move {
@@ -79,8 +82,8 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
         servers.push(RedisServer::start().await?);
     }
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let [single_load, redlock_load, peer_load, raw_load, lean_load] =
-        <[_; 5]>::try_from(measure(plan, &urls, true).await?)
+    let [single_load, redlock_load, peer_load, raw_load, lean_load, chained_load] =
+        <[_; 6]>::try_from(measure(plan, &urls, true).await?)
             .map_err(|_| "interleaved returned the wrong number of loads")?;
 
     let mut proxies = Vec::new();
@@ -133,13 +136,23 @@ pub async fn run(plan: Plan) -> BenchResult<Report> {
                 versus_peer >= 1.0,
             ),
             figure(
-                "raw lock scripts on 5 masters at once vs rslock 0.10 (Redisson's layout, no library)",
+                "raw lock scripts in a RedLock's two rounds vs rslock 0.10 (Redisson's layout, no library)",
                 raw_load.ratio_to_first / peer_load.ratio_to_first,
                 "×",
             ),
             figure(
-                "leaner layout's raw scripts on 5 masters at once vs rslock 0.10",
+                "leaner layout's raw scripts in a RedLock's two rounds vs rslock 0.10",
                 lean_load.ratio_to_first / peer_load.ratio_to_first,
+                "×",
+            ),
+            figure(
+                "distlock RedLock vs its raw scripts in two rounds (the library's own cost)",
+                redlock_load.ratio_to_first / raw_load.ratio_to_first,
+                "×",
+            ),
+            figure(
+                "raw lock scripts chained per master vs rslock 0.10 (no barrier between the rounds, which no RedLock can skip)",
+                chained_load.ratio_to_first / peer_load.ratio_to_first,
                 "×",
             ),
             figure(
