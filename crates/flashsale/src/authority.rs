@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::AsyncCommands;
 
 use crate::db::{Admission, AuthorityRecord, Db, DbError, Joined, TakeOver};
@@ -174,53 +175,70 @@ impl Tenure {
     }
 }
 
+/// At most this many beats in flight at once. A beat stuck on a connection that stopped
+/// answering does not hold up the next one, which goes out on schedule on another.
+const BEATS_IN_FLIGHT: usize = 4;
+
 /// Beats for `tenure`'s instance every [`BEAT_EVERY`] until aborted, confirming it; stops
 /// once the store refuses a beat (it moved past this instance).
 ///
-/// A slow beat is warned about after two beats, and still waited for: its answer counts
-/// from when it was sent, so a late confirmation is safe, and a late refusal is how an
-/// instance that woke from a freeze into a busy store learns it was taken over. (Cut at
-/// two beats, every beat of an instance whose store took longer than that to answer was
-/// thrown away: it never confirmed, and never heard that it had been evicted.) A beat is
-/// given up only once the sales lease has passed since it was sent, when it can no
-/// longer confirm anything: a connection that stopped answering is then replaced.
+/// A beat is not cut short at a deadline of its own: it is warned about after two beats,
+/// and waited for until the sales lease has passed since it was sent, when it can no
+/// longer confirm anything. Its answer counts from when it was sent, so a late
+/// confirmation is safe, and a late refusal is how an instance that woke from a freeze
+/// into a busy store learns it was taken over. (Cut at two beats, every beat of an
+/// instance whose store took longer than that to answer was thrown away: it never
+/// confirmed, and never heard that it had been evicted.) Meanwhile the next beats go out
+/// on schedule, up to [`BEATS_IN_FLIGHT`], so one stuck beat does not stop the others;
+/// answers may arrive in any order, and each confirms from its own sending time.
 pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TIMING.beat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut in_flight = FuturesUnordered::new();
         loop {
-            tick.tick().await;
-            let sent = Instant::now();
-            let beat = db.beat(tenure.admission());
-            tokio::pin!(beat);
-            let answer = match tokio::time::timeout(TIMING.beat * 2, &mut beat).await {
-                Ok(answer) => Some(answer),
-                Err(_) => {
-                    tracing::warn!(
-                        "the store is slow to answer the authority beat; sales stop if no beat is confirmed for {:?}",
+            tokio::select! {
+                _ = tick.tick(), if in_flight.len() < BEATS_IN_FLIGHT => {
+                    in_flight.push(beat_once(db.clone(), Arc::clone(&tenure)));
+                }
+                Some((sent, answer)) = in_flight.next() => match answer {
+                    Some(Ok(true)) => tenure.confirm_from(sent),
+                    Some(Ok(false)) => {
+                        tenure.evict();
+                        return;
+                    }
+                    Some(Err(err)) => {
+                        tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {:?}", TIMING.lease)
+                    }
+                    None => tracing::warn!(
+                        "the store did not answer an authority beat within the sales lease ({:?}); sales stop until a beat is confirmed",
                         TIMING.lease
-                    );
-                    tokio::time::timeout_at((sent + TIMING.lease).into(), beat)
-                        .await
-                        .ok()
-                }
-            };
-            match answer {
-                Some(Ok(true)) => tenure.confirm_from(sent),
-                Some(Ok(false)) => {
-                    tenure.evict();
-                    return;
-                }
-                Some(Err(err)) => {
-                    tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {:?}", TIMING.lease)
-                }
-                None => tracing::warn!(
-                    "the store did not answer the authority beat within the sales lease ({:?}); sales have stopped until a beat is confirmed",
-                    TIMING.lease
-                ),
+                    ),
+                },
             }
         }
     })
+}
+
+/// One beat, sent now: when it was sent, and the store's answer, or `None` if none came
+/// within the sales lease.
+async fn beat_once(db: Db, tenure: Arc<Tenure>) -> (Instant, Option<Result<bool, DbError>>) {
+    let sent = Instant::now();
+    let beat = db.beat(tenure.admission());
+    tokio::pin!(beat);
+    let answer = match tokio::time::timeout(TIMING.beat * 2, &mut beat).await {
+        Ok(answer) => Some(answer),
+        Err(_) => {
+            tracing::warn!(
+                "the store is slow to answer an authority beat; sales stop if no beat is confirmed for {:?}",
+                TIMING.lease
+            );
+            tokio::time::timeout_at((sent + TIMING.lease).into(), beat)
+                .await
+                .ok()
+        }
+    };
+    (sent, answer)
 }
 
 /// This process, for people: host and pid.

@@ -59,18 +59,34 @@ impl Served {
     }
 }
 
-/// Waits until process `pid` is stopped (state `T` in /proc): a SIGSTOP took effect.
+/// Waits until process `pid` is stopped (state `T` in /proc): a SIGSTOP took effect on
+/// every one of its threads, so none of them can still finish a write or take a lock.
 pub async fn stopped(pid: nix::unistd::Pid) {
-    let stat = format!("/proc/{pid}/stat");
     loop {
-        let text = tokio::fs::read_to_string(&stat).await.expect("read stat");
-        // The state follows the command name, which is in parentheses.
-        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state == Some(Some('T')) {
+        if all_threads_stopped(pid).await {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// Whether every thread of `pid` is in state `T`.
+async fn all_threads_stopped(pid: nix::unistd::Pid) -> bool {
+    let mut tasks = tokio::fs::read_dir(format!("/proc/{pid}/task"))
+        .await
+        .expect("read the process's threads");
+    while let Some(task) = tasks.next_entry().await.expect("read a thread") {
+        // A thread that exited meanwhile has no stat to read, and stops nothing.
+        let Ok(text) = tokio::fs::read_to_string(task.path().join("stat")).await else {
+            continue;
+        };
+        // The state follows the command name, which is in parentheses.
+        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state != Some(Some('T')) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Runs the binary to completion, in a scratch working directory (the defaults write
