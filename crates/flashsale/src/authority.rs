@@ -175,10 +175,6 @@ impl Tenure {
     }
 }
 
-/// At most this many beats in flight at once. A beat stuck on a connection that stopped
-/// answering does not hold up the next one, which goes out on schedule on another.
-const BEATS_IN_FLIGHT: usize = 4;
-
 /// Beats for `tenure`'s instance every [`BEAT_EVERY`] until aborted, confirming it; stops
 /// once the store refuses a beat (it moved past this instance).
 ///
@@ -188,42 +184,67 @@ const BEATS_IN_FLIGHT: usize = 4;
 /// confirmation is safe, and a late refusal is how an instance that woke from a freeze
 /// into a busy store learns it was taken over. (Cut at two beats, every beat of an
 /// instance whose store took longer than that to answer was thrown away: it never
-/// confirmed, and never heard that it had been evicted.) Meanwhile the next beats go out
-/// on schedule, up to [`BEATS_IN_FLIGHT`], so one stuck beat does not stop the others;
-/// answers may arrive in any order, and each confirms from its own sending time.
+/// confirmed, and never heard that it had been evicted.)
+///
+/// One beat is out at a time, as long as it answers within a quarter of the lease. On
+/// PostgreSQL a beat out longer than that (a connection that stopped answering) gets a
+/// second one beside it, on another connection, so sales do not stop for it; never more,
+/// since every beat holds the store row (FOR SHARE) until it commits, and beats that
+/// always overlapped would keep a take-over from ever getting the row. On SQLite a second
+/// beat would only wait for the same file lock, and take a connection from the readers.
 pub fn spawn_heartbeat(db: Db, tenure: Arc<Tenure>) -> tokio::task::JoinHandle<()> {
+    let at_most = match db.dialect() {
+        crate::db::Dialect::Sqlite => 1,
+        crate::db::Dialect::Postgres => 2,
+    };
+    let stuck_after = TIMING.lease / 4;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TIMING.beat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut in_flight = FuturesUnordered::new();
+        // When each beat in flight was sent.
+        let mut out_since: Vec<Instant> = Vec::with_capacity(at_most);
         loop {
             tokio::select! {
-                _ = tick.tick(), if in_flight.len() < BEATS_IN_FLIGHT => {
-                    in_flight.push(beat_once(db.clone(), Arc::clone(&tenure)));
+                _ = tick.tick() => {
+                    let all_stuck = out_since.iter().all(|sent| sent.elapsed() >= stuck_after);
+                    if out_since.len() < at_most && all_stuck {
+                        let sent = Instant::now();
+                        out_since.push(sent);
+                        in_flight.push(beat_once(db.clone(), Arc::clone(&tenure), sent));
+                    }
                 }
-                Some((sent, answer)) = in_flight.next() => match answer {
-                    Some(Ok(true)) => tenure.confirm_from(sent),
-                    Some(Ok(false)) => {
-                        tenure.evict();
-                        return;
+                Some((sent, answer)) = in_flight.next() => {
+                    if let Some(index) = out_since.iter().position(|out| *out == sent) {
+                        out_since.swap_remove(index);
                     }
-                    Some(Err(err)) => {
-                        tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {:?}", TIMING.lease)
+                    match answer {
+                        Some(Ok(true)) => tenure.confirm_from(sent),
+                        Some(Ok(false)) => {
+                            tenure.evict();
+                            return;
+                        }
+                        Some(Err(err)) => {
+                            tracing::warn!(error = %err, "could not confirm the store's stock authority; sales stop if this lasts {:?}", TIMING.lease)
+                        }
+                        None => tracing::warn!(
+                            "the store did not answer an authority beat within the sales lease ({:?}); sales stop until a beat is confirmed",
+                            TIMING.lease
+                        ),
                     }
-                    None => tracing::warn!(
-                        "the store did not answer an authority beat within the sales lease ({:?}); sales stop until a beat is confirmed",
-                        TIMING.lease
-                    ),
-                },
+                }
             }
         }
     })
 }
 
-/// One beat, sent now: when it was sent, and the store's answer, or `None` if none came
-/// within the sales lease.
-async fn beat_once(db: Db, tenure: Arc<Tenure>) -> (Instant, Option<Result<bool, DbError>>) {
-    let sent = Instant::now();
+/// One beat, sent at `sent`: when it was sent, and the store's answer, or `None` if none
+/// came within the sales lease.
+async fn beat_once(
+    db: Db,
+    tenure: Arc<Tenure>,
+    sent: Instant,
+) -> (Instant, Option<Result<bool, DbError>>) {
     let beat = db.beat(tenure.admission());
     tokio::pin!(beat);
     let answer = match tokio::time::timeout(TIMING.beat * 2, &mut beat).await {

@@ -46,7 +46,7 @@ const SQLITE_SETUP: &str =
 const POSTGRES_SETUP: &str = "SET idle_in_transaction_session_timeout = '10s'";
 
 /// How long a query may wait for a pooled connection before it fails.
-pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

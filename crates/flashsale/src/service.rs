@@ -343,24 +343,17 @@ impl Service {
         // leaving, two stopping at once each saw the other and neither released.)
         self.heartbeat.abort();
         crate::faults::stop_at(crate::faults::STOPPING);
-        // A database that stopped answering does not hold the exit up for ever. The bound
-        // is not the shutdown timeout alone, which may be 100 ms: a beat left behind keeps
-        // another instance stopping at the same moment from releasing the store (it sees
-        // this one still selling), so `leave` gets as long as any query may wait for a
-        // connection, and a second more. An instance the store moved past cannot release
-        // it anyway and stops within the shutdown timeout.
-        let leave_within = if self.tenure.moved() {
-            timeout
-        } else {
-            timeout.max(crate::db::ACQUIRE_TIMEOUT + std::time::Duration::from_secs(1))
-        };
+        // A database that stopped answering does not hold the exit up past the shutdown
+        // timeout. With a timeout shorter than the database takes, the beat may be left
+        // behind: instances stopping at the same moment then see this one still selling and
+        // keep the store until the take-over silence has passed.
         let leave = self.state.db.leave(&self.tenure.admission().instance);
-        match tokio::time::timeout(leave_within, leave).await {
+        match tokio::time::timeout(timeout, leave).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::warn!(error = %err, "could not remove this instance's beat"),
             Err(_) => tracing::warn!(
-                after = ?leave_within,
-                "the database did not remove this instance's beat in time"
+                after = ?timeout,
+                "the database did not remove this instance's beat before the shutdown deadline"
             ),
         }
         if drain == Drain::Complete && !self.tenure.moved() {

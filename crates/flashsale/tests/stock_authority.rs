@@ -457,9 +457,10 @@ async fn a_slow_store_keeps_sales_going_and_still_evicts_a_taken_over_instance()
         }
         drain(&http, &a.base, coupon).await;
 
-        // Frozen with beats in flight: their transactions hold the store row (FOR SHARE)
-        // until PostgreSQL ends them as idle (`idle_in_transaction_session_timeout`, 10 s);
-        // the take-over waits for the row meanwhile.
+        // Frozen with a beat in flight, its transaction holds the store row (FOR SHARE)
+        // until PostgreSQL ends it as idle (`idle_in_transaction_session_timeout`, 10 s;
+        // 10 s more for a second beat, out beside a slow one, queued behind it on the
+        // instance's row); the take-over waits for the row meanwhile.
         kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
         common::child::stopped(a.pid()).await;
         let abandon = ["--take-over-store", "--abandon-old-authority"];
