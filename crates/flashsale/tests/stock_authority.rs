@@ -397,9 +397,9 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
 /// an instance selling, and a take-over still reaches it: woken from a freeze into that
 /// slow store, it hears that it was taken over and exits 1. (Beats used to be cut at two
 /// beats: behind a database 80 ms away every beat was thrown away, sales stopped a lease
-/// after the start, and a taken-over instance never heard of it and stayed up. CI saw
-/// the second on a busy SQLite file.) Timings shortened: beat 100 ms, lease 3 s, silence
-/// 5 s.
+/// after the start, and a taken-over instance never heard of it and stayed up, the
+/// likely cause of a CI run where a woken instance stayed up on a busy SQLite file.)
+/// Timings shortened: beat 100 ms, lease 3 s, silence 5 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_store_keeps_sales_going_and_still_evicts_a_taken_over_instance() {
     use common::child::{start_or_exit, start_serve, BIN};
