@@ -658,20 +658,18 @@ async fn a_redisson_waiter_keeps_its_turn_behind_a_distlock_holder() {
         told_its_turn(&mut listener, Duration::from_secs(2)).await;
         assert!(redisson_acquire(&mut conn, "turn", "r:1").await);
         assert!(!last.is_finished());
+        // The last waiter's owner, read while the Redisson holder keeps it queued: once
+        // the lock is deleted, its own next refresh may take the lock and leave the queue
+        // before the queue is read (CI read an empty queue here).
+        until_queued(&conn, "turn", 1).await;
+        let last_owner = queued(&mut conn, "turn").await[0].clone();
         let _: () = redis::cmd("DEL")
             .arg("turn")
             .query_async(&mut conn)
             .await
             .unwrap();
-        // The last waiter, whatever happened meanwhile: on a loaded machine its refreshes
-        // can fall behind its alive time, and a dead-looking entry is dropped until its
-        // next refresh queues it again (CI once read an empty queue here).
-        until_queued(&conn, "turn", 1).await;
         let _: () = redis::cmd("PUBLISH")
-            .arg(format!(
-                "redisson_lock__channel:{{turn}}:{}",
-                queued(&mut conn, "turn").await[0]
-            ))
+            .arg(format!("redisson_lock__channel:{{turn}}:{last_owner}"))
             .arg("0")
             .query_async(&mut conn)
             .await
