@@ -352,16 +352,7 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
         assert!(stderr.contains("is still being sold"), "{stderr}");
         let db = flashsale::db::Db::connect(&database).await.expect("db");
         // Accepted once A has been silent for the 3 s, by the database's clock.
-        let abandon = ["--take-over-store", "--abandon-old-authority"];
-        let b = loop {
-            match common::child::start_or_exit(command(&redis_b), &abandon).await {
-                Ok(b) => break b,
-                Err((4, stderr)) if stderr.contains("is still being sold") => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
-            }
-        };
+        let b = common::child::abandoning_take_over(|| command(&redis_b)).await;
         let sold_on_b = buy(&http, &b.base, coupon, 50).await;
         assert_eq!(sold_on_b.status, 201, "{}", sold_on_b.body);
 
@@ -378,13 +369,7 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
                 "{body}"
             );
         }
-        let exited = match tokio::time::timeout(Duration::from_secs(10), a.child.wait()).await {
-            Ok(exited) => exited.expect("wait"),
-            Err(_) => panic!(
-                "A still up 10 s after it woke; its stderr since the start:\n{}",
-                a.later.lock().expect("lines").join("\n")
-            ),
-        };
+        let exited = common::child::exits_within(&mut a, Duration::from_secs(10)).await;
         assert_eq!(exited.code(), Some(1));
         drain(&http, &b.base, coupon).await;
         assert_eq!(db.order_count(coupon).await.expect("count"), 5);
@@ -402,7 +387,7 @@ async fn an_instance_frozen_past_an_abandoning_take_over_sells_nothing_when_it_w
 /// Timings shortened: beat 100 ms, lease 3 s, silence 5 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_store_keeps_sales_going_and_still_evicts_a_taken_over_instance() {
-    use common::child::{start_or_exit, start_serve, BIN};
+    use common::child::{abandoning_take_over, start_serve, BIN};
     use distlock_testkit::FaultProxy;
     use nix::sys::signal::{kill, Signal};
     bounded(Duration::from_secs(90), async {
@@ -463,27 +448,12 @@ async fn a_slow_store_keeps_sales_going_and_still_evicts_a_taken_over_instance()
         // instance's row); the take-over waits for the row meanwhile.
         kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
         common::child::stopped(a.pid()).await;
-        let abandon = ["--take-over-store", "--abandon-old-authority"];
-        let b = loop {
-            match start_or_exit(command(&redis_b, &direct), &abandon).await {
-                Ok(b) => break b,
-                Err((4, stderr)) if stderr.contains("is still being sold") => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
-            }
-        };
+        let b = abandoning_take_over(|| command(&redis_b, &direct)).await;
         let sold_on_b = buy(&http, &b.base, coupon, 100_000).await;
         assert_eq!(sold_on_b.status, 201, "{}", sold_on_b.body);
 
         kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
-        let exited = match tokio::time::timeout(Duration::from_secs(10), a.child.wait()).await {
-            Ok(exited) => exited.expect("wait"),
-            Err(_) => panic!(
-                "A still up 10 s after it woke; its stderr since the start:\n{}",
-                a.later.lock().expect("lines").join("\n")
-            ),
-        };
+        let exited = common::child::exits_within(&mut a, Duration::from_secs(10)).await;
         assert_eq!(exited.code(), Some(1));
         drain(&http, &b.base, coupon).await;
         let db = flashsale::db::Db::connect(&direct).await.expect("db");

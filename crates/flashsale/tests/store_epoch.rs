@@ -258,16 +258,7 @@ async fn take_over_is_refused(redis: &RedisServer, store: &TestStore, unreleased
 /// An abandoning take-over on `redis`, tried until every instance of the old authority
 /// has been silent long enough for it (about the 3 s silence).
 async fn abandoning_take_over(redis: &RedisServer, store: &TestStore) -> Served {
-    loop {
-        let command = serve_command(redis, store, &[]);
-        match start_or_exit(command, &["--take-over-store", "--abandon-old-authority"]).await {
-            Ok(served) => return served,
-            Err((4, stderr)) if stderr.contains("is still being sold") => {
-                tokio::time::sleep(Duration::from_millis(250)).await
-            }
-            Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
-        }
-    }
+    common::child::abandoning_take_over(|| serve_command(redis, store, &[])).await
 }
 
 /// `reconcile --json` against `redis`: exit code and report.

@@ -59,34 +59,48 @@ impl Served {
     }
 }
 
-/// Waits until process `pid` is stopped (state `T` in /proc): a SIGSTOP took effect on
-/// every one of its threads, so none of them can still finish a write or take a lock.
-pub async fn stopped(pid: nix::unistd::Pid) {
+/// `serve --take-over-store --abandon-old-authority` with `command()`'s environment,
+/// started again every 250 ms while the old authority is still selling (silent for less
+/// than the take-over silence); panics on any other refusal.
+pub async fn abandoning_take_over(mut command: impl FnMut() -> Command) -> Served {
+    let abandon = ["--take-over-store", "--abandon-old-authority"];
     loop {
-        if all_threads_stopped(pid).await {
+        match start_or_exit(command(), &abandon).await {
+            Ok(served) => return served,
+            Err((4, stderr)) if stderr.contains("is still being sold") => {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await
+            }
+            Err((code, stderr)) => panic!("take-over exited {code}: {stderr}"),
+        }
+    }
+}
+
+/// The exit status of `served` within `limit`; panics with its stderr if it is still up.
+pub async fn exits_within(
+    served: &mut Served,
+    limit: std::time::Duration,
+) -> std::process::ExitStatus {
+    match tokio::time::timeout(limit, served.child.wait()).await {
+        Ok(exited) => exited.expect("wait"),
+        Err(_) => panic!(
+            "still up {limit:?} later; its stderr since the start:\n{}",
+            served.later.lock().expect("lines").join("\n")
+        ),
+    }
+}
+
+/// Waits until process `pid` is stopped (state `T` in /proc): a SIGSTOP took effect.
+pub async fn stopped(pid: nix::unistd::Pid) {
+    let stat = format!("/proc/{pid}/stat");
+    loop {
+        let text = tokio::fs::read_to_string(&stat).await.expect("read stat");
+        // The state follows the command name, which is in parentheses.
+        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-}
-
-/// Whether every thread of `pid` is in state `T`.
-async fn all_threads_stopped(pid: nix::unistd::Pid) -> bool {
-    let mut tasks = tokio::fs::read_dir(format!("/proc/{pid}/task"))
-        .await
-        .expect("read the process's threads");
-    while let Some(task) = tasks.next_entry().await.expect("read a thread") {
-        // A thread that exited meanwhile has no stat to read, and stops nothing.
-        let Ok(text) = tokio::fs::read_to_string(task.path().join("stat")).await else {
-            continue;
-        };
-        // The state follows the command name, which is in parentheses.
-        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state != Some(Some('T')) {
-            return false;
-        }
-    }
-    true
 }
 
 /// Runs the binary to completion, in a scratch working directory (the defaults write
