@@ -58,6 +58,21 @@ fn wait_for(
     tokio::spawn(async move { lock.lock().await })
 }
 
+/// A fault proxy in front of `server`, and a client `builder` connects through it.
+async fn behind_a_proxy(
+    server: &distlock_testkit::RedisServer,
+    builder: distlock::ClientBuilder,
+) -> (distlock_testkit::FaultProxy, distlock::Client) {
+    let proxy = distlock_testkit::FaultProxy::in_front_of(server)
+        .await
+        .expect("start proxy");
+    let client = builder
+        .connect(&proxy.url())
+        .await
+        .expect("connect through the proxy");
+    (proxy, client)
+}
+
 /// Waits at most `limit` for the Redisson waiter listening on `listener` to be told its
 /// turn (`0` on its own channel).
 async fn told_its_turn(listener: &mut redis::aio::PubSub, limit: Duration) {
@@ -467,43 +482,72 @@ async fn a_mixed_queue_follows_redissons_protocol() {
     .await;
 }
 
-/// Contenders on several clients never overlap, tokens strictly increase, and every
-/// contender gets its turn: nobody is overtaken by a waiter that queued after it.
-#[tokio::test]
-async fn contenders_never_overlap_and_take_turns() {
+/// Eight tasks, on two clients with a 2 s watchdog, each take `rounds` turns on the fair
+/// lock `name`, holding it 1 ms under an exclusion checker. `shared_handles`: the tasks
+/// of a client clone one handle (sharing its kept owner ids) instead of making their
+/// own. `give_up_every`: every so many rounds a task only waits 300 µs, so waits also
+/// end by leaving the queue. Returns the checker's report and the turns held.
+async fn take_turns(
+    name: &str,
+    rounds: usize,
+    shared_handles: bool,
+    give_up_every: Option<usize>,
+) -> (distlock_testkit::ExclusionReport, usize) {
     let server = server().await;
     let clients = [
         client_with_watchdog(&server, Duration::from_secs(2)).await,
         client_with_watchdog(&server, Duration::from_secs(2)).await,
     ];
+    let handles = [
+        clients[0].fair_lock(name).unwrap(),
+        clients[1].fair_lock(name).unwrap(),
+    ];
     let checker = Arc::new(ExclusionChecker::new());
-    let rounds = 15;
-    bounded(LIMIT, async {
+    let held = bounded(LIMIT, async {
         let mut tasks = Vec::new();
         for n in 0..8 {
-            let lock = clients[n % 2].fair_lock("turns").unwrap();
+            let lock = if shared_handles {
+                handles[n % 2].clone()
+            } else {
+                clients[n % 2].fair_lock(name).unwrap()
+            };
             let checker = Arc::clone(&checker);
             tasks.push(tokio::spawn(async move {
-                let mut count = 0;
-                for _ in 0..rounds {
+                let mut held = 0;
+                for round in 1..=rounds {
+                    if give_up_every.is_some_and(|every| round % every == 0) {
+                        let _ = lock.try_lock_for(Duration::from_micros(300)).await.unwrap();
+                        continue;
+                    }
                     let guard = lock.lock().await.unwrap();
                     let hold = checker.enter(guard.fencing_token(), format!("task {n}"));
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     hold.finish();
                     guard.release().await.unwrap();
-                    count += 1;
+                    held += 1;
                 }
-                count
+                held
             }));
         }
+        let mut held = 0;
         for task in tasks {
-            assert_eq!(task.await.unwrap(), rounds);
+            held += task.await.unwrap();
         }
+        held
     })
     .await;
-    let report = checker.report();
+    (checker.report(), held)
+}
+
+/// Contenders on several clients never overlap, tokens strictly increase, and every
+/// contender gets its turn: nobody is overtaken by a waiter that queued after it.
+#[tokio::test]
+async fn contenders_never_overlap_and_take_turns() {
+    let rounds = 15;
+    let (report, held) = take_turns("turns", rounds, false, None).await;
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.holds, 8 * rounds);
+    assert_eq!(held, 8 * rounds);
 }
 
 /// Review: a waiter stalled past the lease of a grant it never read (its process paused)
@@ -825,14 +869,11 @@ async fn a_redisson_waiter_that_gives_up_moves_the_distlock_waiter_behind_it_up(
 async fn a_grant_made_before_the_waiter_subscribed_is_taken_at_once() {
     let server = server().await;
     let holder = client(&server).await;
-    let proxy = distlock_testkit::FaultProxy::in_front_of(&server)
-        .await
-        .expect("start proxy");
-    let waiter_client = distlock::Client::builder()
-        .response_timeout(Duration::from_secs(3))
-        .connect(&proxy.url())
-        .await
-        .expect("connect through the proxy");
+    let (proxy, waiter_client) = behind_a_proxy(
+        &server,
+        distlock::Client::builder().response_timeout(Duration::from_secs(3)),
+    )
+    .await;
     proxy.set_delay(Duration::from_millis(20));
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
@@ -866,4 +907,280 @@ async fn a_grant_made_before_the_waiter_subscribed_is_taken_at_once() {
         taken.release().await.unwrap();
     })
     .await;
+}
+
+/// Every command the server ran since the last `SLOWLOG RESET`, oldest first, as its
+/// arguments (the server logs every command: `slowlog-log-slower-than 0`).
+async fn commands_run(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<String>> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100_000)
+        .query_async(conn)
+        .await
+        .expect("SLOWLOG GET");
+    let mut commands = Vec::new();
+    for entry in entries.into_iter().rev() {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let Some(args) = fields.get(3) else { continue };
+        let args: Vec<String> = redis::from_redis_value(args.clone()).expect("slowlog args");
+        commands.push(args);
+    }
+    commands
+}
+
+/// Starts logging every command the server runs, from an empty log.
+async fn log_every_command(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .arg("slowlog-max-len")
+        .arg(100_000)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// One contended round on `waiter`: `holder` takes the lock, the waiter queues behind
+/// it, and the holder releases once the waiter is queued. Returns the waiter's owner id
+/// and the two holdings' tokens.
+async fn contended_round(
+    holder: &distlock::FairLock,
+    waiter: &distlock::FairLock,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> (String, u64, u64) {
+    let name = waiter.name().to_owned();
+    let held = holder.lock().await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock().await }
+    });
+    until_queued(conn, &name, 1).await;
+    let owner = queued(conn, &name).await.remove(0);
+    let holder_token = held.fencing_token();
+    held.release().await.unwrap();
+    let taken = waiting.await.unwrap().unwrap();
+    let waiter_token = taken.fencing_token();
+    taken.release().await.unwrap();
+    (owner, holder_token, waiter_token)
+}
+
+/// Issue 32: a handle's waits take up the owner id of its last wait, whose channel stayed
+/// subscribed: the second contended acquisition sends no SUBSCRIBE or UNSUBSCRIBE and no
+/// look at the lock (`fair_look.lua`, the one fair script with one key), only its
+/// queueing attempt, and still gets the grant.
+#[tokio::test]
+async fn a_handles_next_wait_reuses_its_owner_and_subscribes_nothing() {
+    let server = server().await;
+    let (holder, waiter) = (client(&server).await, client(&server).await);
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let name = "fair:reuse";
+        let (holder, waiter) = (
+            holder.fair_lock(name).unwrap(),
+            waiter.fair_lock(name).unwrap(),
+        );
+        let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
+        // Between the waits, the id's channel stays subscribed.
+        let channel = format!("redisson_lock__channel:{{{name}}}:{first_owner}");
+        let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(listeners, 1, "the idle id's channel is kept subscribed");
+        log_every_command(&mut conn).await;
+        let (second_owner, holder_token, waiter_token) =
+            contended_round(&holder, &waiter, &mut conn).await;
+        assert_eq!(
+            second_owner, first_owner,
+            "the next wait took up the same id"
+        );
+        assert!(waiter_token > holder_token);
+        let commands = commands_run(&mut conn).await;
+        let named = |command: &str| {
+            commands
+                .iter()
+                .filter(|args| args[0].eq_ignore_ascii_case(command))
+                .count()
+        };
+        assert_eq!(named("subscribe") + named("unsubscribe"), 0, "{commands:?}");
+        let looks = commands
+            .iter()
+            .filter(|args| {
+                args[0].eq_ignore_ascii_case("evalsha")
+                    && args.get(2).map(String::as_str) == Some("1")
+            })
+            .count();
+        assert_eq!(looks, 0, "no look after a busy first attempt: {commands:?}");
+    })
+    .await;
+}
+
+/// Issue 32: a grant made while a reused id's new wait is on its way in is in the id's
+/// kept mailbox when the wait starts listening: taken at once, without a look. The
+/// waiter's runtime is blocked right after its queueing attempt goes out, and the holder
+/// releases the moment the waiter is queued: the grant reaches the client (whose own
+/// thread reads pub/sub) before the waiter has read its attempt's answer.
+#[tokio::test]
+async fn a_reused_owner_takes_a_grant_made_before_it_listened() {
+    let server = server().await;
+    let (holder, waiter) = (client(&server).await, client(&server).await);
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let name = "fair:kept-mailbox";
+        let (holder, waiter) = (
+            holder.fair_lock(name).unwrap(),
+            waiter.fair_lock(name).unwrap(),
+        );
+        let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
+        let guard = holder.lock().await.unwrap();
+        let blocked_for = Duration::from_millis(300);
+        let waiter_side = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let waiting = tokio::spawn(async move { waiter.lock().await });
+                // Runs once the waiter's first poll has sent its attempt.
+                tokio::spawn(async move { std::thread::sleep(blocked_for) });
+                waiting.await.unwrap()
+            })
+        });
+        until_queued(&conn, name, 1).await;
+        assert_eq!(queued(&mut conn, name).await, [first_owner]);
+        let released_at = std::time::Instant::now();
+        guard.release().await.unwrap();
+        let taken = tokio::task::spawn_blocking(move || waiter_side.join().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let after = released_at.elapsed();
+        // Its refresh would come a second after its attempt's answer was read.
+        assert!(
+            after < blocked_for + Duration::from_millis(500),
+            "the grant was taken {after:?} after the release"
+        );
+        taken.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Issue 32: the grant of an id's earlier wait, delivered late to the same id's next wait,
+/// is stale: the waiter keeps waiting, and takes the lock only from the holder's release,
+/// with a newer token.
+#[tokio::test]
+async fn a_reused_owner_refuses_a_grant_of_its_earlier_wait() {
+    let server = server().await;
+    let (holder, waiter) = (client(&server).await, client(&server).await);
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let name = "fair:stale-grant";
+        let (holder, waiter) = (holder.fair_lock(name).unwrap(), waiter.fair_lock(name).unwrap());
+        let (owner, _, earlier_grant) = contended_round(&holder, &waiter, &mut conn).await;
+        let held = holder.lock().await.unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.lock().await }
+        });
+        until_queued(&conn, name, 1).await;
+        assert_eq!(queued(&mut conn, name).await, std::slice::from_ref(&owner));
+        // The earlier wait's grant, as if delivered late.
+        let channel = format!("redisson_lock__channel:{{{name}}}:{owner}");
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg(earlier_grant)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let holder_token = held.fencing_token();
+        held.release().await.unwrap();
+        let taken = waiting.await.unwrap().unwrap();
+        assert!(
+            taken.fencing_token() > holder_token,
+            "the waiter took the stale grant {earlier_grant} (its token {}, the holder's {holder_token})",
+            taken.fencing_token()
+        );
+        taken.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Issue 32: an id whose holding ended in doubt (its release never answered: the link
+/// was blackholed) may still own the lock, and is never taken up again: the handle's next
+/// wait queues as a new owner and gets the lock once the old holding's lease runs out.
+#[tokio::test]
+async fn an_owner_whose_release_went_unanswered_is_not_reused() {
+    let server = server().await;
+    let holder = client(&server).await;
+    let (proxy, waiter_client) = behind_a_proxy(
+        &server,
+        distlock::Client::builder()
+            .watchdog_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_millis(200))
+            .connection_timeout(Duration::from_millis(500)),
+    )
+    .await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let name = "fair:in-doubt";
+        let (holder, waiter) = (
+            holder.fair_lock(name).unwrap(),
+            waiter_client.fair_lock(name).unwrap(),
+        );
+        let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
+        // The id, taken up again, holds the lock when the link goes dark.
+        let held = holder.lock().await.unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.lock().await }
+        });
+        until_queued(&conn, name, 1).await;
+        held.release().await.unwrap();
+        let taken = waiting.await.unwrap().unwrap();
+        let owners: Vec<String> = redis::cmd("HKEYS")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(owners, std::slice::from_ref(&first_owner));
+        proxy.blackhole();
+        assert!(
+            taken.release().await.is_err(),
+            "a release over a blackholed link fails"
+        );
+        proxy.heal();
+        // The next wait: the old holding still owns the lock until its lease runs out.
+        let next = bounded(Duration::from_secs(10), waiter.lock())
+            .await
+            .unwrap();
+        let owners: Vec<String> = redis::cmd("HKEYS")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_ne!(owners[0], first_owner, "the id in doubt was taken up again");
+        next.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Issue 32: tasks that share one handle (clones) each wait as an owner of their own,
+/// taken up from the handle's kept ids, some of them given back by a leave: no overlap,
+/// every token newer than the last.
+#[tokio::test]
+async fn tasks_sharing_a_handle_never_overlap() {
+    let (report, held) = take_turns("shared-handle", 15, true, Some(5)).await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, held);
 }

@@ -31,9 +31,12 @@
 //! own runtime, and if it acquired, the guard it made is dropped, which releases the lock.
 //! Cancellation therefore leaves neither a subscription nor a held lock behind.
 //!
-//! Every attempt is its own owner (a primitive makes a fresh one per attempt), so two
+//! Every acquisition is its own owner (a fresh one per attempt, or one for the whole wait
+//! where the waiter keeps a place on the server, as a fair lock's does), so two
 //! acquisitions never share a hold, whatever task they run in, and an attempt whose reply
-//! was lost can be given up without touching any other.
+//! was lost can be given up without touching any other. (A fair lock takes up the owner
+//! id of a past wait again only once nothing that wait sent can still land:
+//! `fair_lock/owners.rs`.)
 
 use std::future::Future;
 use std::pin::pin;
@@ -129,6 +132,14 @@ pub(crate) trait Acquire {
     /// default): attempt again, as every primitive whose attempt queues nothing does.
     fn look(&self) -> Option<LookFuture> {
         None
+    }
+
+    /// True when the waiter's channel was live, and its messages kept for it, from before
+    /// its first attempt was sent until now (a fair lock's owner id whose channel stayed
+    /// subscribed since its last acquisition): a busy first attempt followed by an empty
+    /// mailbox then needs no [`Acquire::look`], since nothing can have come unheard.
+    fn heard_all_since_first_attempt(&self) -> bool {
+        false
     }
 
     /// What must be undone on the server when an acquisition ends without the primitive
@@ -352,14 +363,19 @@ async fn wait_for<A: Acquire>(
             my_turn = woken == Woken::ByMessage || !subscription.is_behind();
             continue;
         }
-        if let Some(guard) = grant_in_mail(core, primitive, &subscription, last_busy)? {
-            return Ok(Some(guard));
-        }
+        let heard_nothing = match grant_in_mail(core, primitive, &subscription, last_busy)? {
+            Mail::Grant(guard) => return Ok(Some(guard)),
+            Mail::Other => false,
+            Mail::Empty => true,
+        };
         // With the attempt's failure, if it failed: a wait that ends then reports it
         // rather than "busy" (the lock may be free, with no replica acknowledging, or the
         // server unreachable).
         let sent_at = Instant::now();
         let looked_busy = match first_busy.take() {
+            Some(retry_after) if heard_nothing && primitive.heard_all_since_first_attempt() => {
+                Some(retry_after)
+            }
             Some(retry_after) => match primitive.look() {
                 Some(look) => matches!(look.await, Ok(false)).then_some(retry_after),
                 None => None,
@@ -431,6 +447,16 @@ enum Woken {
     ByTimer,
 }
 
+/// What a waiter found among the messages addressed to it.
+enum Mail<G> {
+    /// A direct grant: the guard it makes.
+    Grant(G),
+    /// Messages, none of them a grant it may take ("try now", a stale grant).
+    Other,
+    /// No message (or none read: no attempt found the primitive busy yet).
+    Empty,
+}
+
 /// A direct grant among the messages addressed to this waiter, if one came: the guard it
 /// makes. A grant that comes once the client is shutting down, or once the server may
 /// evict keys, is given back (the guard is dropped) and the caller told why: the server
@@ -440,22 +466,24 @@ fn grant_in_mail<A: Acquire>(
     primitive: &A,
     subscription: &Subscription,
     last_busy: Option<Instant>,
-) -> Result<Option<A::Guard>> {
+) -> Result<Mail<A::Guard>> {
     // Before any attempt found it busy, nothing can have been granted to this waiter,
     // and a lease would have no safe start: the next attempt answers instead.
     let Some(since) = last_busy else {
-        return Ok(None);
+        return Ok(Mail::Empty);
     };
+    let mut mail = Mail::Empty;
     for payload in subscription.take_messages() {
         if let Some(guard) = primitive.granted(&payload, since) {
             if let Err(refused) = core.ensure_open().and_then(|()| core.ensure_keys_stay()) {
                 drop(guard);
                 return Err(refused);
             }
-            return Ok(Some(guard));
+            return Ok(Mail::Grant(guard));
         }
+        mail = Mail::Other;
     }
-    Ok(None)
+    Ok(mail)
 }
 
 /// One attempt, as an answer for a caller: the guard, or `None` if the primitive is busy.

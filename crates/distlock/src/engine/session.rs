@@ -180,7 +180,9 @@ impl Core {
         &self.parts.store
     }
 
-    /// A new owner, never used before by any client: this client's id and a number.
+    /// A new owner, never used before by any client: this client's id and a number. (A
+    /// fair lock may use one again for a later wait of its own, once nothing sent as it
+    /// can still land: `fair_lock/owners.rs`.)
     pub(crate) fn next_owner(&self) -> Arc<str> {
         // Starts at 1 and stays far below i64::MAX, which Redisson parses thread ids as.
         let n = self.owners.fetch_add(1, Ordering::Relaxed) + 1;

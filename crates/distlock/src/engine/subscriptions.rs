@@ -32,7 +32,7 @@
 //! otherwise ignored.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -90,6 +90,10 @@ struct ChannelEntry {
 struct ChannelState {
     /// Whether the server delivers this channel's messages.
     delivery: watch::Sender<Delivery>,
+    /// How many times the channel's messages may have been lost (a reconnect, a
+    /// subscription the server dropped and was asked for again): every such gap wakes
+    /// the channel's waiters, and counts here for a [`KeptChannel`] that none were in.
+    gaps: AtomicU64,
 }
 
 impl ChannelEntry {
@@ -102,6 +106,7 @@ impl ChannelEntry {
 
     /// Wakes every waiter on the channel (messages may have been lost).
     fn wake_all(&self) {
+        self.state.gaps.fetch_add(1, Ordering::AcqRel);
         for queue in self.queues.values() {
             queue.wake_all();
         }
@@ -135,6 +140,48 @@ pub(crate) struct Subscription {
 }
 
 impl Shared {
+    /// `channel`'s entry with one more interest in it: the hub is nudged to subscribe
+    /// when it is the first.
+    fn wanted<'a>(
+        &self,
+        channels: &'a mut HashMap<String, ChannelEntry>,
+        channel: &str,
+    ) -> &'a mut ChannelEntry {
+        let entry = channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| ChannelEntry {
+                state: Arc::new(ChannelState {
+                    delivery: watch::Sender::new(Delivery::Pending),
+                    gaps: AtomicU64::new(0),
+                }),
+                refs: 0,
+                queues: HashMap::new(),
+            });
+        entry.refs += 1;
+        if entry.refs == 1 {
+            let _ = self.nudge.send(());
+        }
+        entry
+    }
+
+    /// One interest in `channel` less; with `queue` gone when `leave` says it may go.
+    /// The hub is nudged to unsubscribe when it was the last.
+    fn unwanted(&self, channel: &str, queue: &str, leave: impl FnOnce(&mut Queue) -> bool) {
+        let mut channels = self.channels();
+        if let Some(entry) = channels.get_mut(channel) {
+            if let Some(waiters) = entry.queues.get_mut(queue) {
+                if leave(waiters) {
+                    entry.queues.remove(queue);
+                }
+            }
+            entry.refs = entry.refs.saturating_sub(1);
+            if entry.refs == 0 {
+                channels.remove(channel);
+                let _ = self.nudge.send(());
+            }
+        }
+    }
+
     fn channels(&self) -> MutexGuard<'_, HashMap<String, ChannelEntry>> {
         // A panic while holding this lock cannot leave the map half-updated (every
         // critical section is a single insert, remove or counter change), so a poisoned
@@ -185,19 +232,7 @@ impl Subscriptions {
         self.start_hub();
         let (state, place) = {
             let mut channels = self.shared.channels();
-            let entry = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| ChannelEntry {
-                    state: Arc::new(ChannelState {
-                        delivery: watch::Sender::new(Delivery::Pending),
-                    }),
-                    refs: 0,
-                    queues: HashMap::new(),
-                });
-            entry.refs += 1;
-            if entry.refs == 1 {
-                let _ = self.shared.nudge.send(());
-            }
+            let entry = self.shared.wanted(&mut channels, channel);
             let place = entry
                 .queues
                 .entry(queue.to_owned())
@@ -232,12 +267,36 @@ impl Subscriptions {
         subscription
     }
 
+    /// Keeps `channel` subscribed, and the messages delivered to its queue `queue`, with
+    /// or without waiters, until the returned handle is dropped: a fair lock's owner id
+    /// between two acquisitions, so that the next one neither subscribes again nor misses
+    /// a message published after it took the id up (see [`KeptChannel`]). Returns at
+    /// once; the subscription is made in the background.
+    pub(crate) fn keep(&self, channel: &str, queue: &str, rule: WakeRule) -> KeptChannel {
+        self.start_hub();
+        let mut channels = self.shared.channels();
+        let entry = self.shared.wanted(&mut channels, channel);
+        let mailbox = entry
+            .queues
+            .entry(queue.to_owned())
+            .or_insert_with(|| Queue::new(rule))
+            .keep();
+        KeptChannel {
+            shared: Arc::clone(&self.shared),
+            channel: channel.to_owned(),
+            queue: queue.to_owned(),
+            state: Arc::clone(&entry.state),
+            mailbox,
+        }
+    }
+
     /// True if local waiters are queued for the lock `queue` on `channel` right now.
     pub(crate) fn has_waiters(&self, channel: &str, queue: &str) -> bool {
         self.shared
             .channels()
             .get(channel)
-            .is_some_and(|entry| entry.queues.contains_key(queue))
+            .and_then(|entry| entry.queues.get(queue))
+            .is_some_and(Queue::has_waiters)
     }
 
     fn start_hub(&self) {
@@ -298,19 +357,52 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut channels = self.shared.channels();
-        if let Some(entry) = channels.get_mut(&self.channel) {
-            if let Some(waiters) = entry.queues.get_mut(&self.queue) {
-                if waiters.leave(self.ticket) {
-                    entry.queues.remove(&self.queue);
-                }
-            }
-            entry.refs = entry.refs.saturating_sub(1);
-            if entry.refs == 0 {
-                channels.remove(&self.channel);
-                let _ = self.shared.nudge.send(());
-            }
-        }
+        let ticket = self.ticket;
+        self.shared
+            .unwanted(&self.channel, &self.queue, |waiters| waiters.leave(ticket));
+    }
+}
+
+/// A channel and one queue on it kept while no waiter may be in the queue
+/// ([`Subscriptions::keep`]): the server keeps delivering, and the queue's mailbox keeps
+/// what comes, for the next waiter to read.
+pub(crate) struct KeptChannel {
+    shared: Arc<Shared>,
+    channel: String,
+    queue: String,
+    state: Arc<ChannelState>,
+    mailbox: Mailbox,
+}
+
+/// A point in a kept channel's delivery: the channel was live, with this many gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unbroken(u64);
+
+impl KeptChannel {
+    /// Empties the mailbox and, if the server delivers the channel now, marks the point
+    /// from which [`KeptChannel::heard_all_since`] can tell that nothing was missed.
+    /// Called when the channel's next waiter takes it up, before it first tries.
+    pub(crate) fn take_up(&self) -> Option<Unbroken> {
+        lock_mailbox(&self.mailbox).clear();
+        let gaps = self.state.gaps.load(Ordering::Acquire);
+        self.is_live().then_some(Unbroken(gaps))
+    }
+
+    /// True if every message published on the channel since `mark` was delivered to the
+    /// mailbox: the channel has been live since, without a gap.
+    pub(crate) fn heard_all_since(&self, mark: Unbroken) -> bool {
+        self.is_live() && self.state.gaps.load(Ordering::Acquire) == mark.0
+    }
+
+    fn is_live(&self) -> bool {
+        *self.state.delivery.borrow() == Delivery::Live
+    }
+}
+
+impl Drop for KeptChannel {
+    fn drop(&mut self) {
+        self.shared
+            .unwanted(&self.channel, &self.queue, Queue::unkeep);
     }
 }
 

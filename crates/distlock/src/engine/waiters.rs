@@ -64,6 +64,8 @@ pub(crate) struct Queue {
     /// [`WakeRule::UpTo`]: the waiters in arrival order, with what each asks for.
     tickets: VecDeque<Ticket>,
     next_ticket: u64,
+    /// Kept while no waiter is in it ([`Queue::keep`]): its mailbox outlives its waiters.
+    kept: bool,
 }
 
 struct Ticket {
@@ -91,7 +93,27 @@ impl Queue {
             mailbox: Arc::default(),
             tickets: VecDeque::new(),
             next_ticket: 0,
+            kept: false,
         }
+    }
+
+    /// Keeps the queue, and the messages delivered to it, while no waiter is in it: the
+    /// channel of a fair lock's owner id between two of its acquisitions, whose next
+    /// waiter must find what was published to the id since it was taken up again.
+    pub(crate) fn keep(&mut self) -> Mailbox {
+        self.kept = true;
+        Arc::clone(&self.mailbox)
+    }
+
+    /// No longer kept. Returns true when no waiter is in it either: it may go.
+    pub(crate) fn unkeep(&mut self) -> bool {
+        self.kept = false;
+        self.waiters == 0
+    }
+
+    /// True while a waiter is in it (a kept queue may have none).
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiters > 0
     }
 
     /// A new waiter, asking for `ask` (permits; 1 for a lock), joins at the back.
@@ -121,7 +143,8 @@ impl Queue {
         }
     }
 
-    /// A waiter leaves. Returns true when it was the last. A waiter that leaves from the
+    /// A waiter leaves. Returns true when it was the last and the queue is not kept: it
+    /// may go. A waiter that leaves from the
     /// head of an ordered queue may have taken a wake-up it will not use: the new head is
     /// woken to look for itself.
     pub(crate) fn leave(&mut self, ticket: Option<u64>) -> bool {
@@ -135,7 +158,7 @@ impl Queue {
                 }
             }
         }
-        self.waiters == 0
+        self.waiters == 0 && !self.kept
     }
 
     /// True if `ticket` is the first in line.

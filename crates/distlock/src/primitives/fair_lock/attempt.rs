@@ -1,7 +1,8 @@
 //! One acquisition of a fair lock, as the engine tries it: one owner for the whole wait
 //! (its place in the queue), an attempt that takes the lock in turn or refreshes the
 //! place, the direct grant read from the waiter's own channel, and leaving the queue when
-//! the acquisition gives up.
+//! the acquisition gives up. A waiting acquisition's owner id, once it ended for good,
+//! serves the handle's next one, its channel still subscribed (`owners.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,20 +10,23 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::owners::OwnerEnd;
 use super::scripts::{FAIR_ACQUIRE, FAIR_LEAVE, FAIR_LOOK, FAIR_RELEASE};
 use super::FairKeys;
 use crate::engine::acquire::{AbandonFuture, Acquire, Attempt, AttemptFuture, LookFuture};
 use crate::engine::renewal::registry::safety_margin;
 use crate::engine::session::Core;
-use crate::engine::subscriptions::WakeRule;
+use crate::engine::subscriptions::{KeptChannel, Unbroken, WakeRule};
 use crate::primitives::lock::{Acquired, Hold, HoldOps, HoldScripts, ReleaseArgs};
 use crate::transport::script::ScriptCall;
 
 /// One acquisition of a fair lock, tried as often as the engine needs, as one owner.
 pub(crate) struct FairAttempt {
     pub(super) owner: Arc<Owner>,
-    /// The owner's own channel: the lock's channel, `:`, the owner.
-    pub(super) channel: String,
+    /// Set when the owner's channel was kept live from before this acquisition's first
+    /// attempt: its mailbox then holds every message since, and an empty one after a busy
+    /// attempt needs no look.
+    pub(super) heard_from: Option<Unbroken>,
     /// Whether it queues when the lock cannot be taken now (a caller that will wait).
     pub(super) queue: bool,
     /// How often a queued waiter refreshes its place, and how long it stays alive
@@ -41,15 +45,40 @@ pub(crate) struct FairAttempt {
     pub(super) gave_back: Arc<AtomicBool>,
 }
 
-/// The acquisition's owner, and what a holding it gets is made of.
+/// The acquisition's owner, and what a holding it gets is made of. Its holding's calls
+/// go through it (it is the holding's [`HoldOps`]), so it knows when everything the id
+/// did has ended, and gives the id back to the handle's pool then (see `owners.rs`).
 pub(crate) struct Owner {
     pub(super) core: Arc<Core>,
     pub(super) keys: Arc<FairKeys>,
     /// Its place in the queue, kept for the whole wait.
     pub(super) owner: Arc<str>,
+    /// The owner's own channel: the lock's channel, `:`, the owner.
+    pub(super) channel: String,
     pub(super) lease: Duration,
     pub(super) lease_ms: u64,
     pub(super) renew: bool,
+    /// The channel kept subscribed for the id's next acquisitions: taken up with the id,
+    /// or kept from when a first attempt queued it.
+    pub(super) kept: std::sync::OnceLock<KeptChannel>,
+    /// Whether the id may serve another acquisition once this one is over.
+    pub(super) end: OwnerEnd,
+    /// Only a waiting acquisition's id is kept: one that only tries never subscribes.
+    pub(super) reusable: bool,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if !self.reusable || !self.end.is_settled() {
+            return;
+        }
+        if let Some(kept) = self.kept.take() {
+            let owner = Arc::clone(&self.owner);
+            self.keys
+                .owners
+                .give_back(owner, kept, self.lease_ms, self.renew);
+        }
+    }
 }
 
 impl FairAttempt {
@@ -61,12 +90,12 @@ impl FairAttempt {
 
 impl Owner {
     /// The first hold of a holding this owner got, its lease counted from `sent_at`.
-    fn hold(&self, token: u64, sent_at: Instant) -> Hold {
+    fn hold(self: &Arc<Self>, token: u64, sent_at: Instant) -> Hold {
         Acquired {
             core: Arc::clone(&self.core),
             name: Arc::clone(&self.keys.lock),
             owner: Arc::clone(&self.owner),
-            release: Arc::clone(&self.keys) as Arc<dyn HoldOps>,
+            release: Arc::clone(self) as Arc<dyn HoldOps>,
             token,
             sent_at,
             lease: self.lease,
@@ -74,6 +103,20 @@ impl Owner {
             renew: self.renew,
         }
         .into_hold()
+    }
+
+    /// Keeps the owner's channel subscribed from now on, for the id's next acquisitions,
+    /// unless it is kept already.
+    fn keep_channel(&self) {
+        if self.reusable && self.kept.get().is_none() {
+            let kept =
+                self.core
+                    .subscriptions()
+                    .keep(&self.channel, &self.channel, WakeRule::Addressed);
+            // Another attempt of the same acquisition may have kept it meanwhile; the
+            // spare handle is dropped.
+            let _ = self.kept.set(kept);
+        }
     }
 }
 
@@ -109,9 +152,11 @@ impl Acquire for FairAttempt {
         let busy_at_token = Arc::clone(&self.busy_at_token);
         let gave_back = Arc::clone(&self.gave_back);
         let sent_at = Instant::now();
+        let queue = self.queue;
         Box::pin(async move {
             let core = &owner.core;
             core.ensure_keys_stay()?;
+            owner.end.reopen();
             // A grant no replica acknowledged, or one whose reply was lost, is given on:
             // the owner leaves the queue (a waiting call queues again at the back).
             let reply: redis::Value = core
@@ -124,28 +169,34 @@ impl Acquire for FairAttempt {
                         leave(&owner)
                     },
                 )
-                .await?;
-            Ok(match read_reply(&reply)? {
-                Reply::Token(token) => Attempt::Acquired(owner.hold(token, sent_at)),
-                // Queued (or not, for a caller that will not wait): look again when the
-                // place needs refreshing, or when the waiter's channel says so.
-                Reply::Busy { highest_token } => {
-                    busy_at_token.fetch_max(highest_token, Ordering::AcqRel);
-                    gave_back.store(false, Ordering::Release);
-                    Attempt::Busy {
-                        retry_after: Some(refresh),
+                .await
+                .inspect_err(|_| owner.end.in_doubt())?;
+            Ok(
+                match read_reply(&reply).inspect_err(|_| owner.end.in_doubt())? {
+                    Reply::Token(token) => Attempt::Acquired(owner.hold(token, sent_at)),
+                    // Queued (or not, for a caller that will not wait): look again when the
+                    // place needs refreshing, or when the waiter's channel says so.
+                    Reply::Busy { highest_token } => {
+                        if queue {
+                            owner.keep_channel();
+                        }
+                        busy_at_token.fetch_max(highest_token, Ordering::AcqRel);
+                        gave_back.store(false, Ordering::Release);
+                        Attempt::Busy {
+                            retry_after: Some(refresh),
+                        }
                     }
-                }
-            })
+                },
+            )
         })
     }
 
     fn channel(&self) -> &str {
-        &self.channel
+        &self.owner.channel
     }
 
     fn queue(&self) -> &str {
-        &self.channel
+        &self.owner.channel
     }
 
     fn key(&self) -> &str {
@@ -212,6 +263,13 @@ impl Acquire for FairAttempt {
         }))
     }
 
+    fn heard_all_since_first_attempt(&self) -> bool {
+        match (self.heard_from, self.owner.kept.get()) {
+            (Some(mark), Some(kept)) => kept.heard_all_since(mark),
+            _ => false,
+        }
+    }
+
     fn abandon(&self) -> Option<AbandonFuture> {
         if !self.queue {
             return None;
@@ -248,8 +306,12 @@ fn leave(owner: &Arc<Owner>) -> impl std::future::Future<Output = ()> + Send + '
     let owner = Arc::clone(owner);
     async move {
         let mut connection = owner.core.connection();
-        if let Err(err) = call.invoke::<i64>(&mut connection).await {
-            tracing::warn!(lock = %owner.keys.lock, error = %err, "could not leave a fair lock's queue; the place runs out with its alive time");
+        match call.invoke::<i64>(&mut connection).await {
+            Ok(_) => owner.end.settled(),
+            Err(err) => {
+                owner.end.in_doubt();
+                tracing::warn!(lock = %owner.keys.lock, error = %err, "could not leave a fair lock's queue; the place runs out with its alive time");
+            }
         }
     }
 }
@@ -285,7 +347,25 @@ fn read_reply(reply: &redis::Value) -> redis::RedisResult<Reply> {
     }
 }
 
-impl HoldScripts for FairKeys {
+/// A fair holding's calls: the fair release, and the lease lock's others; its end tells
+/// the owner whether its id may serve again.
+impl HoldScripts for Owner {
+    fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
+        self.keys.release(name, owner, latch, args)
+    }
+
+    fn settled(&self) {
+        self.end.settled();
+    }
+
+    fn unsettled(&self) {
+        self.end.in_doubt();
+    }
+}
+
+impl FairKeys {
+    /// The fair release of one hold by `owner`: the last one hands the lock to the head
+    /// of the queue.
     fn release(&self, name: &str, owner: &str, latch: &str, args: &ReleaseArgs<'_>) -> ScriptCall {
         let mut call = ScriptCall::new(
             &FAIR_RELEASE,

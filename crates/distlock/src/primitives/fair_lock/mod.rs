@@ -2,7 +2,9 @@
 //! process, and a release that hands the lock straight to the next waiter.
 //!
 //! Waiters queue on the server, in Redisson's list and sorted set, and each listens on a
-//! channel of its own. When a distlock holder releases, the release script itself gives the
+//! channel of its own, named after its owner id. A handle's waits take up the ids of its
+//! past waits, whose channels stay subscribed (`owners.rs`), so a contended acquisition
+//! does not subscribe and unsubscribe each time. When a distlock holder releases, the release script itself gives the
 //! lock to the waiter at the head of the queue: its hold, its lease and a fencing token,
 //! published on that waiter's channel. The waiter holds the lock when the message arrives
 //! and sends nothing more, so a handoff costs one message, not a round trip. A Redisson
@@ -19,13 +21,15 @@
 //! re-entry, lost signal and renewal; only its release hands the lock on.
 
 mod attempt;
+mod owners;
 pub(crate) mod scripts;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use attempt::{FairAttempt, Owner};
+use owners::OwnerPool;
 
 use crate::config::Config;
 use crate::duration::to_millis;
@@ -62,6 +66,8 @@ pub(crate) struct FairKeys {
     /// The lock's channel; a waiter's own is this, `:` and its owner.
     pub(crate) channel: String,
     pub(crate) redisson_wait_ms: u64,
+    /// Owner ids of this handle's past waits, their channels still subscribed.
+    owners: OwnerPool,
 }
 
 impl FairKeys {
@@ -75,6 +81,7 @@ impl FairKeys {
             other_token_key: token_key_of_other(counter, prefix, &key),
             channel: release_channel(prefix, &key),
             redisson_wait_ms: u64::try_from(REDISSON_WAIT.as_millis()).unwrap_or(u64::MAX),
+            owners: OwnerPool::default(),
             lock: key.into(),
         }
     }
@@ -236,18 +243,33 @@ impl FairLock {
         let lease_ms = to_millis("lease", lease)?;
         let refresh = (lease / 3).clamp(MIN_REFRESH, MAX_REFRESH);
         let alive = refresh * MISSED_REFRESHES + config.response_timeout;
-        let owner = core.next_owner();
+        // A caller that will wait takes up the id of a past wait, if one is kept: its
+        // channel is subscribed, and heard everything from now on if it is live.
+        let idle = queue
+            .then(|| self.keys.owners.take(lease_ms, renew))
+            .flatten();
+        let (owner, kept, heard_from) = match idle {
+            Some(idle) => {
+                let heard_from = idle.kept.take_up();
+                (idle.owner, OnceLock::from(idle.kept), heard_from)
+            }
+            None => (core.next_owner(), OnceLock::new(), None),
+        };
         let channel = format!("{}:{owner}", self.keys.channel);
         Ok(FairAttempt {
             owner: Arc::new(Owner {
                 core: Arc::clone(core),
                 keys: Arc::clone(&self.keys),
                 owner,
+                channel,
                 lease,
                 lease_ms,
                 renew,
+                kept,
+                end: Default::default(),
+                reusable: queue,
             }),
-            channel,
+            heard_from,
             queue,
             refresh,
             alive_ms: to_millis("fair lock wait", alive)?,

@@ -67,6 +67,15 @@ pub(crate) trait HoldOps: Send + Sync {
         let _ = (core, latch);
     }
 
+    /// The holding is over, and the store answered every call it made, each on its
+    /// first try: nothing it sent can land later. A fair lock may then give its owner id
+    /// to another acquisition (`fair_lock/owners.rs`).
+    fn settled(&self) {}
+
+    /// A call of the holding may land later than its answer, or its outcome is unknown
+    /// (an error, a retry), or its lease was changed: its owner id serves nothing else.
+    fn unsettled(&self) {}
+
     /// How the renewal scheduler renews the holding, and the owner it renews it as.
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>);
 
@@ -193,6 +202,14 @@ impl<S: HoldScripts> HoldOps for S {
         core.latches().discard(core.background(), latch);
     }
 
+    fn settled(&self) {
+        HoldScripts::settled(self);
+    }
+
+    fn unsettled(&self) {
+        HoldScripts::unsettled(self);
+    }
+
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
         HoldScripts::renewal(self, owner)
     }
@@ -254,6 +271,12 @@ pub(crate) trait HoldScripts: Send + Sync {
     fn renewal(&self, owner: &Arc<str>) -> (&'static RenewalKind, Arc<str>) {
         (&LOCK_RENEWAL, Arc::clone(owner))
     }
+
+    /// As [`HoldOps::settled`].
+    fn settled(&self) {}
+
+    /// As [`HoldOps::unsettled`].
+    fn unsettled(&self) {}
 
     /// The channel that announces the lock's releases and force-unlocks. A holding whose
     /// lost signal is asked for listens there, and asks the server whether it still

@@ -264,6 +264,11 @@ impl Holding {
             }
         };
         state.holds = left;
+        match (&outcome, attempt) {
+            (Ok(-1 | 0), 1) => self.release.settled(),
+            (Ok(_), 1) => {}
+            _ => self.release.unsettled(),
+        }
         match outcome {
             Ok(-1) => {
                 state.ended = true;
@@ -319,6 +324,9 @@ impl Holding {
                 other => break other,
             }
         };
+        if attempt > 1 || outcome.is_err() {
+            self.release.unsettled();
+        }
         match outcome? {
             1 => {
                 state.holds = holds;
@@ -348,6 +356,8 @@ impl Holding {
         if state.ended || !self.lease_entry.is_trusted() {
             return Err(self.not_held());
         }
+        // Its renewals, sent and to come, now set a lease of another length.
+        self.release.unsettled();
         if !state.fixed {
             if from == LeaseMode::Fixed {
                 return Err(Error::InvalidConfig {
