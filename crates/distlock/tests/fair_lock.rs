@@ -1184,3 +1184,54 @@ async fn tasks_sharing_a_handle_never_overlap() {
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.holds, held);
 }
+
+/// Review of issue 32: a reused id's wait skips the look after its busy first attempt,
+/// but a grant made after that attempt ran may reach the mailbox only later; its lease
+/// must still count from when the first attempt was sent, never from the skipped look.
+/// Replies and messages to the waiter are delayed 100 ms, and the holder releases 20 ms
+/// after the waiter is queued: the grant arrives after the waiter has read its busy
+/// answer. The lease the waiter trusts must not outlast the server's.
+#[tokio::test]
+async fn a_reused_owners_late_grant_counts_its_lease_from_its_attempt() {
+    let server = server().await;
+    let holder = client(&server).await;
+    let (proxy, waiter_client) = behind_a_proxy(
+        &server,
+        distlock::Client::builder().response_timeout(Duration::from_secs(3)),
+    )
+    .await;
+    let mut conn = raw(&server).await;
+    bounded(LIMIT, async {
+        let name = "fair:late-grant";
+        let lease = Duration::from_secs(2);
+        let holder = holder.fair_lock(name).unwrap();
+        let waiter = waiter_client.fair_lock(name).unwrap().with_lease(lease);
+        let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
+        proxy.set_delay_in(
+            distlock_testkit::Direction::ToClient,
+            Duration::from_millis(100),
+        );
+        let held = holder.lock().await.unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.lock().await }
+        });
+        until_queued(&conn, name, 1).await;
+        assert_eq!(queued(&mut conn, name).await, [first_owner]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held.release().await.unwrap();
+        let taken = waiting.await.unwrap().unwrap();
+        let server_left: i64 = redis::cmd("PTTL")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let trusted = taken.lease_remaining();
+        assert!(
+            trusted.as_millis() <= u128::try_from(server_left).unwrap(),
+            "the waiter trusts its lease for {trusted:?}, the server keeps it {server_left} ms"
+        );
+        taken.release().await.unwrap();
+    })
+    .await;
+}

@@ -203,3 +203,51 @@ async fn a_direct_fair_grant_waits_for_replicas_too() {
     )
     .await;
 }
+
+/// Review of issue 32: under replica sync a fair handle never takes up the owner id of a
+/// past wait (a leave or release the master answered may be lost in a failover, bringing
+/// the id's old entry back): each contended wait queues under a new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_fair_handle_never_reuses_an_owner() {
+    let (master, _replica, holder_client) = replicated().await;
+    let waiter_client = Client::builder()
+        .replica_sync(SYNC)
+        .connect(&master.url())
+        .await
+        .expect("connect");
+    let mut conn = master.connection().await.expect("connection");
+    let (holder, fair) = (
+        holder_client.fair_lock("synced-owners").unwrap(),
+        waiter_client.fair_lock("synced-owners").unwrap(),
+    );
+    let mut owners = Vec::new();
+    bounded(LIMIT, async {
+        for _ in 0..2 {
+            let held = holder.lock().await.unwrap();
+            let waiter = {
+                let fair = fair.clone();
+                tokio::spawn(async move { fair.lock().await })
+            };
+            common::eventually(Duration::from_secs(10), "the waiter queued", || async {
+                fair.queued().await.unwrap() == 1
+            })
+            .await;
+            let queued: Vec<String> = redis::cmd("LRANGE")
+                .arg("redisson_lock_queue:{synced-owners}")
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            owners.extend(queued);
+            held.release().await.unwrap();
+            waiter.await.unwrap().unwrap().release().await.unwrap();
+        }
+    })
+    .await;
+    assert_eq!(owners.len(), 2);
+    assert_ne!(
+        owners[0], owners[1],
+        "an owner id was taken up again under replica sync"
+    );
+}

@@ -371,9 +371,13 @@ async fn wait_for<A: Acquire>(
         // With the attempt's failure, if it failed: a wait that ends then reports it
         // rather than "busy" (the lock may be free, with no replica acknowledging, or the
         // server unreachable).
-        let sent_at = Instant::now();
+        let mut sent_at = Some(Instant::now());
         let looked_busy = match first_busy.take() {
             Some(retry_after) if heard_nothing && primitive.heard_all_since_first_attempt() => {
+                // Nothing is sent: the first attempt's "busy" stands, and so does when it
+                // was sent, which a grant still on its way counts its lease from (a grant
+                // made after that attempt ran may reach the mailbox only now).
+                sent_at = None;
                 Some(retry_after)
             }
             Some(retry_after) => match primitive.look() {
@@ -389,7 +393,7 @@ async fn wait_for<A: Acquire>(
         let (retry_after, failure) = match outcome {
             Ok(Attempt::Acquired(guard)) => return Ok(Some(guard)),
             Ok(Attempt::Busy { retry_after }) => {
-                last_busy = Some(sent_at);
+                last_busy = sent_at.or(last_busy);
                 backoff = MIN_ERROR_BACKOFF;
                 (retry_after.unwrap_or(NO_HINT_RETRY), None)
             }

@@ -394,7 +394,8 @@ impl KeptChannel {
         self.is_live() && self.state.gaps.load(Ordering::Acquire) == mark.0
     }
 
-    fn is_live(&self) -> bool {
+    /// True while the server delivers the channel's messages.
+    pub(crate) fn is_live(&self) -> bool {
         *self.state.delivery.borrow() == Delivery::Live
     }
 }

@@ -64,8 +64,9 @@ pub(crate) struct Queue {
     /// [`WakeRule::UpTo`]: the waiters in arrival order, with what each asks for.
     tickets: VecDeque<Ticket>,
     next_ticket: u64,
-    /// Kept while no waiter is in it ([`Queue::keep`]): its mailbox outlives its waiters.
-    kept: bool,
+    /// How many handles keep it while no waiter may be in it ([`Queue::keep`]): its
+    /// mailbox outlives its waiters.
+    kept: usize,
 }
 
 struct Ticket {
@@ -93,7 +94,7 @@ impl Queue {
             mailbox: Arc::default(),
             tickets: VecDeque::new(),
             next_ticket: 0,
-            kept: false,
+            kept: 0,
         }
     }
 
@@ -101,14 +102,15 @@ impl Queue {
     /// channel of a fair lock's owner id between two of its acquisitions, whose next
     /// waiter must find what was published to the id since it was taken up again.
     pub(crate) fn keep(&mut self) -> Mailbox {
-        self.kept = true;
+        self.kept += 1;
         Arc::clone(&self.mailbox)
     }
 
-    /// No longer kept. Returns true when no waiter is in it either: it may go.
+    /// Kept by one handle less. Returns true when nothing keeps it and no waiter is in
+    /// it: it may go.
     pub(crate) fn unkeep(&mut self) -> bool {
-        self.kept = false;
-        self.waiters == 0
+        self.kept = self.kept.saturating_sub(1);
+        self.kept == 0 && self.waiters == 0
     }
 
     /// True while a waiter is in it (a kept queue may have none).
@@ -158,7 +160,7 @@ impl Queue {
                 }
             }
         }
-        self.waiters == 0 && !self.kept
+        self.waiters == 0 && self.kept == 0
     }
 
     /// True if `ticket` is the first in line.

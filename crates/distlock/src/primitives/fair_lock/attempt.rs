@@ -76,7 +76,7 @@ impl Drop for Owner {
             let owner = Arc::clone(&self.owner);
             self.keys
                 .owners
-                .give_back(owner, kept, self.lease_ms, self.renew);
+                .give_back(&self.core, owner, kept, self.lease_ms, self.renew);
         }
     }
 }
@@ -108,14 +108,12 @@ impl Owner {
     /// Keeps the owner's channel subscribed from now on, for the id's next acquisitions,
     /// unless it is kept already.
     fn keep_channel(&self) {
-        if self.reusable && self.kept.get().is_none() {
-            let kept =
+        if self.reusable {
+            self.kept.get_or_init(|| {
                 self.core
                     .subscriptions()
-                    .keep(&self.channel, &self.channel, WakeRule::Addressed);
-            // Another attempt of the same acquisition may have kept it meanwhile; the
-            // spare handle is dropped.
-            let _ = self.kept.set(kept);
+                    .keep(&self.channel, &self.channel, WakeRule::Addressed)
+            });
         }
     }
 }

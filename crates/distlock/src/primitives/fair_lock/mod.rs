@@ -67,7 +67,7 @@ pub(crate) struct FairKeys {
     pub(crate) channel: String,
     pub(crate) redisson_wait_ms: u64,
     /// Owner ids of this handle's past waits, their channels still subscribed.
-    owners: OwnerPool,
+    owners: Arc<OwnerPool>,
 }
 
 impl FairKeys {
@@ -81,7 +81,7 @@ impl FairKeys {
             other_token_key: token_key_of_other(counter, prefix, &key),
             channel: release_channel(prefix, &key),
             redisson_wait_ms: u64::try_from(REDISSON_WAIT.as_millis()).unwrap_or(u64::MAX),
-            owners: OwnerPool::default(),
+            owners: Arc::default(),
             lock: key.into(),
         }
     }
@@ -245,7 +245,7 @@ impl FairLock {
         let alive = refresh * MISSED_REFRESHES + config.response_timeout;
         // A caller that will wait takes up the id of a past wait, if one is kept: its
         // channel is subscribed, and heard everything from now on if it is live.
-        let idle = queue
+        let idle = (queue && core.synced().is_none())
             .then(|| self.keys.owners.take(lease_ms, renew))
             .flatten();
         let (owner, kept, heard_from) = match idle {
@@ -267,7 +267,9 @@ impl FairLock {
                 renew,
                 kept,
                 end: Default::default(),
-                reusable: queue,
+                // Under replica sync a leave or release the master answered may still be
+                // lost in a failover, and bring the id's old entry back: never reused.
+                reusable: queue && core.synced().is_none(),
             }),
             heard_from,
             queue,

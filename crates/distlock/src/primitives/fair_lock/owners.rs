@@ -9,8 +9,12 @@
 //! that takes it up hears every message from before its first attempt, and needs neither.
 //!
 //! An id is given back only once everything it did on the server has ended *for good*
-//! ([`OwnerEnd::Settled`]): its wait left the queue and the server said so, or its
-//! holding's last release was answered on the first try. An id with a call whose outcome
+//! (`OwnerEnd::is_settled`): its wait left the queue and the server said so, or its
+//! holding's last release was answered on the first try. Never under replica sync: a
+//! write the master answered may still be lost in a failover, bringing the id's old
+//! queue entry or hold back. Only ids whose channel is live are kept, at most
+//! [`MOST_KEPT`] per handle, and a sweep on the client's runtime lets each go once it has
+//! been idle for [`IDLE_FOR`]. An id with a call whose outcome
 //! is unknown (a lost reply, a retry, an error) is never used again: that call may still
 //! land, and would then act on the next acquisition's queue entry or holding. What can
 //! still land from a settled id is harmless to its next acquisition:
@@ -23,14 +27,16 @@
 //!   never shorten it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::engine::session::Core;
 use crate::engine::subscriptions::KeptChannel;
 
-/// How long an id stays kept without being taken up: its channel stays subscribed meanwhile.
+/// How long an id stays kept without being taken up: its channel stays subscribed
+/// meanwhile, and a sweep on the client's runtime lets it go after that.
 const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// The most ids kept per lock handle: as many as its client had waiting at once, up to this.
@@ -49,7 +55,15 @@ pub(super) struct IdleOwner {
 /// The idle ids of one lock handle (and its clones).
 #[derive(Default)]
 pub(super) struct OwnerPool {
-    idle: Mutex<Vec<IdleOwner>>,
+    idle: Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    /// Oldest first.
+    owners: Vec<IdleOwner>,
+    /// A sweep is running on the client's runtime.
+    sweeping: bool,
 }
 
 impl OwnerPool {
@@ -57,36 +71,56 @@ impl OwnerPool {
     pub(super) fn take(&self, lease_ms: u64, renew: bool) -> Option<IdleOwner> {
         let (taken, expired) = {
             let mut idle = self.idle();
-            let expired = drain_expired(&mut idle);
+            let expired = drain_expired(&mut idle.owners);
             let position = idle
+                .owners
                 .iter()
                 .rposition(|owner| owner.lease_ms == lease_ms && owner.renew == renew);
-            (position.map(|position| idle.swap_remove(position)), expired)
+            (
+                position.map(|position| idle.owners.remove(position)),
+                expired,
+            )
         };
         // Unsubscribed outside the pool's lock.
         drop(expired);
         taken
     }
 
-    /// Keeps `owner` for the next acquisition with the same lease.
-    pub(super) fn give_back(&self, owner: Arc<str>, kept: KeptChannel, lease_ms: u64, renew: bool) {
-        let mut idle = self.idle();
-        let mut expired = drain_expired(&mut idle);
-        if idle.len() >= MOST_KEPT {
-            expired.push(idle.remove(0));
+    /// Keeps `owner` for the next acquisition with the same lease, if its channel is
+    /// delivered now (a refused or broken channel would only cost the hub retries), and
+    /// starts a sweep that lets it go once it has been idle too long.
+    pub(super) fn give_back(
+        self: &Arc<Self>,
+        core: &Core,
+        owner: Arc<str>,
+        kept: KeptChannel,
+        lease_ms: u64,
+        renew: bool,
+    ) {
+        if !kept.is_live() {
+            return;
         }
-        idle.push(IdleOwner {
+        let mut idle = self.idle();
+        let mut expired = drain_expired(&mut idle.owners);
+        if idle.owners.len() >= MOST_KEPT {
+            expired.push(idle.owners.remove(0));
+        }
+        idle.owners.push(IdleOwner {
             owner,
             kept,
             lease_ms,
             renew,
             since: Instant::now(),
         });
+        let start_sweep = !std::mem::replace(&mut idle.sweeping, true);
         drop(idle);
         drop(expired);
+        if start_sweep {
+            core.background().spawn_service(sweep(Arc::downgrade(self)));
+        }
     }
 
-    fn idle(&self) -> MutexGuard<'_, Vec<IdleOwner>> {
+    fn idle(&self) -> MutexGuard<'_, Idle> {
         // Only pushed to and removed from whole: a poisoned lock still holds a sound list.
         self.idle
             .lock()
@@ -94,7 +128,30 @@ impl OwnerPool {
     }
 }
 
-/// Removes the ids kept longer than [`IDLE_FOR`], oldest first in the list.
+/// Lets the pool's ids go once idle for [`IDLE_FOR`], while any are kept and the pool
+/// (its handle) is alive.
+async fn sweep(pool: Weak<OwnerPool>) {
+    loop {
+        tokio::time::sleep(IDLE_FOR).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        let expired = {
+            let mut idle = pool.idle();
+            let expired = drain_expired(&mut idle.owners);
+            if idle.owners.is_empty() {
+                idle.sweeping = false;
+                drop(idle);
+                drop(expired);
+                return;
+            }
+            expired
+        };
+        drop(expired);
+    }
+}
+
+/// Removes the ids kept longer than [`IDLE_FOR`] (the list is oldest first).
 fn drain_expired(idle: &mut Vec<IdleOwner>) -> Vec<IdleOwner> {
     let now = Instant::now();
     let fresh = idle
