@@ -972,20 +972,21 @@ async fn contended_round(
     (owner, holder_token, waiter_token)
 }
 
-/// Issue 32: a handle's waits take up the owner id of its last wait, whose channel stayed
-/// subscribed: the second contended acquisition sends no SUBSCRIBE or UNSUBSCRIBE and no
-/// look at the lock (`fair_look.lua`, the one fair script with one key), only its
-/// queueing attempt, and still gets the grant.
+/// Issue 32: a client's waits on a lock take up the owner id of its last wait, whose
+/// channel stayed subscribed, even through another handle of the lock (one made per
+/// call, as a request handler would): the second contended acquisition sends no
+/// SUBSCRIBE or UNSUBSCRIBE and no look at the lock (`fair_look.lua`, the one fair
+/// script with one key), only its queueing attempt, and still gets the grant.
 #[tokio::test]
-async fn a_handles_next_wait_reuses_its_owner_and_subscribes_nothing() {
+async fn the_next_wait_on_a_client_reuses_its_owner_and_subscribes_nothing() {
     let server = server().await;
-    let (holder, waiter) = (client(&server).await, client(&server).await);
+    let (holder, waiter_client) = (client(&server).await, client(&server).await);
     let mut conn = raw(&server).await;
     bounded(LIMIT, async {
         let name = "fair:reuse";
         let (holder, waiter) = (
             holder.fair_lock(name).unwrap(),
-            waiter.fair_lock(name).unwrap(),
+            waiter_client.fair_lock(name).unwrap(),
         );
         let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
         // Between the waits, the id's channel stays subscribed.
@@ -998,8 +999,9 @@ async fn a_handles_next_wait_reuses_its_owner_and_subscribes_nothing() {
             .unwrap();
         assert_eq!(listeners, 1, "the idle id's channel is kept subscribed");
         log_every_command(&mut conn).await;
+        let another_handle = waiter_client.fair_lock(name).unwrap();
         let (second_owner, holder_token, waiter_token) =
-            contended_round(&holder, &waiter, &mut conn).await;
+            contended_round(&holder, &another_handle, &mut conn).await;
         assert_eq!(
             second_owner, first_owner,
             "the next wait took up the same id"

@@ -7,10 +7,12 @@
 //! started have been sent. Background tasks hold the [`Core`] instead, so that they never
 //! keep a session open by themselves.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio_util::sync::CancellationToken;
 
@@ -108,7 +110,20 @@ pub(crate) struct Core {
     parts: Parts,
     /// Cancelled when the client starts shutting down: new calls fail, waiters stop.
     closing: CancellationToken,
+    /// State every handle of one name shares ([`Core::shared_by_name`]).
+    by_name: Mutex<ByName>,
 }
+
+/// State shared by the handles of one name, by its type and the name, held weakly.
+#[derive(Default)]
+struct ByName {
+    entries: HashMap<TypeId, HashMap<String, Weak<dyn Any + Send + Sync>>>,
+    /// The entry count at which gone entries are swept out next.
+    sweep_at: usize,
+}
+
+/// The fewest entries worth a sweep for gone ones.
+const BY_NAME_SWEEP_FROM: usize = 64;
 
 /// `"<client id>:r<n>"`, written wherever it is displayed.
 struct RequestId<'a> {
@@ -161,7 +176,46 @@ impl Core {
             requests: AtomicU64::new(0),
             parts,
             closing: CancellationToken::new(),
+            by_name: Mutex::default(),
         }
+    }
+
+    /// The `T` that every handle of `name` on this client shares, made by `make` when
+    /// no handle holds one: a fair lock's owner ids kept between waits, whichever handle
+    /// of the lock made them. Held weakly here, so it goes with the last handle.
+    pub(crate) fn shared_by_name<T: Send + Sync + 'static>(
+        &self,
+        name: &str,
+        make: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        // Only inserts and removes whole entries: a poisoned lock still holds a sound map.
+        let mut by_name = self
+            .by_name
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let kind = by_name.entries.entry(TypeId::of::<T>()).or_default();
+        let alive = kind
+            .get(name)
+            .and_then(Weak::upgrade)
+            .and_then(|shared| shared.downcast::<T>().ok());
+        if let Some(shared) = alive {
+            return shared;
+        }
+        let shared = Arc::new(make());
+        let weak: Weak<dyn Any + Send + Sync> =
+            Arc::downgrade(&shared) as Weak<dyn Any + Send + Sync>;
+        kind.insert(name.to_owned(), weak);
+        let entries = kind.len();
+        if entries >= by_name.sweep_at.max(BY_NAME_SWEEP_FROM) {
+            // Names no handle holds any more: swept at doubling sizes, so a client that
+            // makes handles for ever new names keeps a map the size of the live ones.
+            for kind in by_name.entries.values_mut() {
+                kind.retain(|_, shared| shared.strong_count() > 0);
+            }
+            let live: usize = by_name.entries.values().map(HashMap::len).sum();
+            by_name.sweep_at = live * 2;
+        }
+        shared
     }
 
     /// This client's random id, the first half of every owner it writes.

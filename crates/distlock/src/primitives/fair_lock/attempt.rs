@@ -2,7 +2,7 @@
 //! (its place in the queue), an attempt that takes the lock in turn or refreshes the
 //! place, the direct grant read from the waiter's own channel, and leaving the queue when
 //! the acquisition gives up. A waiting acquisition's owner id, once it ended for good,
-//! serves the handle's next one, its channel still subscribed (`owners.rs`).
+//! serves the client's next wait on the lock, its channel still subscribed (`owners.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ pub(crate) struct FairAttempt {
 
 /// The acquisition's owner, and what a holding it gets is made of. Its holding's calls
 /// go through it (it is the holding's [`HoldOps`]), so it knows when everything the id
-/// did has ended, and gives the id back to the handle's pool then (see `owners.rs`).
+/// did has ended, and gives the id back to the lock's pool then (see `owners.rs`).
 pub(crate) struct Owner {
     pub(super) core: Arc<Core>,
     pub(super) keys: Arc<FairKeys>,

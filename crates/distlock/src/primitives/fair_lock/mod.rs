@@ -2,11 +2,12 @@
 //! process, and a release that hands the lock straight to the next waiter.
 //!
 //! Waiters queue on the server, in Redisson's list and sorted set, and each listens on a
-//! channel of its own, named after its owner id. A handle's waits take up the ids of its
-//! past waits, whose channels stay subscribed (`owners.rs`), so a contended acquisition
-//! does not subscribe and unsubscribe each time. When a distlock holder releases, the release script itself gives the
-//! lock to the waiter at the head of the queue: its hold, its lease and a fencing token,
-//! published on that waiter's channel. The waiter holds the lock when the message arrives
+//! channel of its own, named after its owner id. A client's waits on a lock take up the
+//! ids of its past waits there, whose channels stay subscribed (`owners.rs`), so a
+//! contended acquisition does not subscribe and unsubscribe each time. When a distlock
+//! holder releases, the release script itself gives the lock to the waiter at the head of
+//! the queue: its hold, its lease and a fencing token, published on that waiter's
+//! channel. The waiter holds the lock when the message arrives
 //! and sends nothing more, so a handoff costs one message, not a round trip. A Redisson
 //! waiter at the head is told to try (`0` on its channel), as Redisson expects, so a mixed
 //! fleet keeps one queue.
@@ -66,7 +67,8 @@ pub(crate) struct FairKeys {
     /// The lock's channel; a waiter's own is this, `:` and its owner.
     pub(crate) channel: String,
     pub(crate) redisson_wait_ms: u64,
-    /// Owner ids of this handle's past waits, their channels still subscribed.
+    /// Owner ids of past waits on this lock by this client, their channels still
+    /// subscribed (every handle of the lock on the client shares its keys).
     owners: Arc<OwnerPool>,
 }
 
@@ -137,11 +139,14 @@ impl fmt::Debug for FairLock {
 
 impl FairLock {
     /// The fair lock whose Redis key is `key`: the client's key prefix, then the name.
+    /// Every handle of the lock on this client shares its keys and the owner ids its
+    /// past waits keep, however the handles were made.
     pub(crate) fn new(session: Session, key: String) -> Self {
-        let keys = FairKeys::new(session.core().config(), key);
+        let core = session.core();
+        let keys = core.shared_by_name(&key, || FairKeys::new(core.config(), key.clone()));
         Self {
             session,
-            keys: Arc::new(keys),
+            keys,
             lease: None,
         }
     }

@@ -13,11 +13,11 @@
 //! holding's last release was answered on the first try. Never under replica sync: a
 //! write the master answered may still be lost in a failover, bringing the id's old
 //! queue entry or hold back. Only ids whose channel is live are kept, at most
-//! [`MOST_KEPT`] per handle, and a sweep on the client's runtime lets each go once it has
-//! been idle for [`IDLE_FOR`]. An id with a call whose outcome
-//! is unknown (a lost reply, a retry, an error) is never used again: that call may still
-//! land, and would then act on the next acquisition's queue entry or holding. What can
-//! still land from a settled id is harmless to its next acquisition:
+//! [`MOST_KEPT`] per lock and client, and a sweep on the client's runtime lets each go
+//! once it has been idle for [`IDLE_FOR`]. An id with a call whose outcome is unknown (a
+//! lost reply, a retry, an error) is never used again: that call may still land, and
+//! would then act on the next acquisition's queue entry or holding. What can still land
+//! from a settled id is harmless to its next acquisition:
 //! - a grant published to it before its last wait left the queue (the leave gave that
 //!   grant on): its token is not above the highest token the next acquisition's first
 //!   busy attempt reads, so `FairAttempt::granted` refuses it as stale;
@@ -39,7 +39,8 @@ use crate::engine::subscriptions::KeptChannel;
 /// meanwhile, and a sweep on the client's runtime lets it go after that.
 const IDLE_FOR: Duration = Duration::from_secs(30);
 
-/// The most ids kept per lock handle: as many as its client had waiting at once, up to this.
+/// The most ids kept per lock and client: as many as the client had waiting at once, up
+/// to this.
 const MOST_KEPT: usize = 64;
 
 /// An owner id between two acquisitions, with its channel.
@@ -52,7 +53,7 @@ pub(super) struct IdleOwner {
     since: Instant,
 }
 
-/// The idle ids of one lock handle (and its clones).
+/// The idle ids of one lock on one client (shared by all its handles there).
 #[derive(Default)]
 pub(super) struct OwnerPool {
     idle: Mutex<Idle>,
@@ -129,7 +130,7 @@ impl OwnerPool {
 }
 
 /// Lets the pool's ids go once idle for [`IDLE_FOR`], while any are kept and the pool
-/// (its handle) is alive.
+/// (a handle of its lock) is alive.
 async fn sweep(pool: Weak<OwnerPool>) {
     loop {
         tokio::time::sleep(IDLE_FOR).await;
