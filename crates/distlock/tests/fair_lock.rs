@@ -930,6 +930,17 @@ async fn commands_run(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<S
     commands
 }
 
+/// How many of `commands` were a fair waiter's look (`fair_look.lua`, the one fair
+/// script with one key).
+fn looks_run(commands: &[Vec<String>]) -> usize {
+    commands
+        .iter()
+        .filter(|args| {
+            args[0].eq_ignore_ascii_case("evalsha") && args.get(2).map(String::as_str) == Some("1")
+        })
+        .count()
+}
+
 /// Starts logging every command the server runs, from an empty log.
 async fn log_every_command(conn: &mut redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("CONFIG")
@@ -973,8 +984,9 @@ async fn contended_round(
 }
 
 /// Issue 32: a client's waits on a lock take up the owner id of its last wait, whose
-/// channel stayed subscribed, even through another handle of the lock (one made per
-/// call, as a request handler would): the second contended acquisition sends no
+/// channel stayed subscribed, even through a new handle of the lock made once every
+/// other was dropped (one per call, as a request handler makes them): the second
+/// contended acquisition sends no
 /// SUBSCRIBE or UNSUBSCRIBE and no look at the lock (`fair_look.lua`, the one fair
 /// script with one key), only its queueing attempt, and still gets the grant.
 #[tokio::test]
@@ -998,6 +1010,8 @@ async fn the_next_wait_on_a_client_reuses_its_owner_and_subscribes_nothing() {
             .await
             .unwrap();
         assert_eq!(listeners, 1, "the idle id's channel is kept subscribed");
+        // Every handle of the lock on the waiter's client is gone.
+        drop(waiter);
         log_every_command(&mut conn).await;
         let another_handle = waiter_client.fair_lock(name).unwrap();
         let (second_owner, holder_token, waiter_token) =
@@ -1015,13 +1029,7 @@ async fn the_next_wait_on_a_client_reuses_its_owner_and_subscribes_nothing() {
                 .count()
         };
         assert_eq!(named("subscribe") + named("unsubscribe"), 0, "{commands:?}");
-        let looks = commands
-            .iter()
-            .filter(|args| {
-                args[0].eq_ignore_ascii_case("evalsha")
-                    && args.get(2).map(String::as_str) == Some("1")
-            })
-            .count();
+        let looks = looks_run(&commands);
         assert_eq!(looks, 0, "no look after a busy first attempt: {commands:?}");
     })
     .await;
@@ -1126,10 +1134,13 @@ async fn an_owner_whose_release_went_unanswered_is_not_reused() {
     let holder = client(&server).await;
     let (proxy, waiter_client) = behind_a_proxy(
         &server,
+        // Short enough for the blackholed release to fail soon, long enough that no call
+        // of the rounds before it times out on a busy machine (which would put the id in
+        // doubt as well).
         distlock::Client::builder()
             .watchdog_timeout(Duration::from_secs(2))
-            .response_timeout(Duration::from_millis(200))
-            .connection_timeout(Duration::from_millis(500)),
+            .response_timeout(Duration::from_secs(1))
+            .connection_timeout(Duration::from_secs(1)),
     )
     .await;
     let mut conn = raw(&server).await;
@@ -1190,9 +1201,10 @@ async fn tasks_sharing_a_handle_never_overlap() {
 /// Review of issue 32: a reused id's wait skips the look after its busy first attempt,
 /// but a grant made after that attempt ran may reach the mailbox only later; its lease
 /// must still count from when the first attempt was sent, never from the skipped look.
-/// Replies and messages to the waiter are delayed 100 ms, and the holder releases 20 ms
+/// Replies and messages to the waiter are delayed 500 ms, and the holder releases 100 ms
 /// after the waiter is queued: the grant arrives after the waiter has read its busy
-/// answer. The lease the waiter trusts must not outlast the server's.
+/// answer (and skipped the look: the server ran none). The lease the waiter trusts must
+/// not outlast the server's.
 #[tokio::test]
 async fn a_reused_owners_late_grant_counts_its_lease_from_its_attempt() {
     let server = server().await;
@@ -1211,18 +1223,22 @@ async fn a_reused_owners_late_grant_counts_its_lease_from_its_attempt() {
         let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
         proxy.set_delay_in(
             distlock_testkit::Direction::ToClient,
-            Duration::from_millis(100),
+            Duration::from_millis(500),
         );
         let held = holder.lock().await.unwrap();
+        log_every_command(&mut conn).await;
         let waiting = tokio::spawn({
             let waiter = waiter.clone();
             async move { waiter.lock().await }
         });
         until_queued(&conn, name, 1).await;
         assert_eq!(queued(&mut conn, name).await, [first_owner]);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The gap between the waiter's busy answer and the grant, on its side.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         held.release().await.unwrap();
         let taken = waiting.await.unwrap().unwrap();
+        let looks = looks_run(&commands_run(&mut conn).await);
+        assert_eq!(looks, 0, "the reused id's wait skipped its look");
         let server_left: i64 = redis::cmd("PTTL")
             .arg(name)
             .query_async(&mut conn)

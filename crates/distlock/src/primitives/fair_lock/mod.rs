@@ -68,12 +68,13 @@ pub(crate) struct FairKeys {
     pub(crate) channel: String,
     pub(crate) redisson_wait_ms: u64,
     /// Owner ids of past waits on this lock by this client, their channels still
-    /// subscribed (every handle of the lock on the client shares its keys).
+    /// subscribed: found by the lock's name, like the keys, and kept by its sweep while
+    /// it holds any, so that they outlive the handles.
     owners: Arc<OwnerPool>,
 }
 
 impl FairKeys {
-    fn new(config: &Config, key: String) -> Self {
+    fn new(config: &Config, key: String, owners: Arc<OwnerPool>) -> Self {
         let (counter, prefix) = (config.fencing_counter, &*config.key_prefix);
         Self {
             queue: fair_queue(prefix, &key),
@@ -83,7 +84,7 @@ impl FairKeys {
             other_token_key: token_key_of_other(counter, prefix, &key),
             channel: release_channel(prefix, &key),
             redisson_wait_ms: u64::try_from(REDISSON_WAIT.as_millis()).unwrap_or(u64::MAX),
-            owners: Arc::default(),
+            owners,
             lock: key.into(),
         }
     }
@@ -143,7 +144,8 @@ impl FairLock {
     /// past waits keep, however the handles were made.
     pub(crate) fn new(session: Session, key: String) -> Self {
         let core = session.core();
-        let keys = core.shared_by_name(&key, || FairKeys::new(core.config(), key.clone()));
+        let owners = core.shared_by_name(&key, OwnerPool::default);
+        let keys = core.shared_by_name(&key, || FairKeys::new(core.config(), key.clone(), owners));
         Self {
             session,
             keys,

@@ -27,7 +27,7 @@
 //!   never shorten it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,7 +36,7 @@ use crate::engine::session::Core;
 use crate::engine::subscriptions::KeptChannel;
 
 /// How long an id stays kept without being taken up: its channel stays subscribed
-/// meanwhile, and a sweep on the client's runtime lets it go after that.
+/// meanwhile, and the pool's sweep on the client's runtime lets it go then.
 const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// The most ids kept per lock and client: as many as the client had waiting at once, up
@@ -117,7 +117,10 @@ impl OwnerPool {
         drop(idle);
         drop(expired);
         if start_sweep {
-            core.background().spawn_service(sweep(Arc::downgrade(self)));
+            core.background().spawn_service(sweep(Sweeping {
+                pool: Arc::clone(self),
+                running: true,
+            }));
         }
     }
 
@@ -129,26 +132,45 @@ impl OwnerPool {
     }
 }
 
-/// Lets the pool's ids go once idle for [`IDLE_FOR`], while any are kept and the pool
-/// (a handle of its lock) is alive.
-async fn sweep(pool: Weak<OwnerPool>) {
+/// The pool's sweep, as it runs. It holds the pool, so the kept ids outlive the lock's
+/// handles and serve the next handle made (the client finds the pool by the lock's name):
+/// a handler that makes a handle per call reuses them too.
+struct Sweeping {
+    pool: Arc<OwnerPool>,
+    /// Cleared when the sweep ends by itself; a sweep cancelled (at shutdown) clears the
+    /// pool's flag when dropped, so that a later give-back starts another.
+    running: bool,
+}
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        if self.running {
+            self.pool.idle().sweeping = false;
+        }
+    }
+}
+
+/// Lets each of the pool's ids go once it has been idle for [`IDLE_FOR`], waking when the
+/// oldest is due, and ends once none is kept.
+async fn sweep(mut sweeping: Sweeping) {
     loop {
-        tokio::time::sleep(IDLE_FOR).await;
-        let Some(pool) = pool.upgrade() else {
-            return;
-        };
-        let expired = {
-            let mut idle = pool.idle();
+        let due = {
+            let mut idle = sweeping.pool.idle();
             let expired = drain_expired(&mut idle.owners);
-            if idle.owners.is_empty() {
+            let due = idle.owners.first().map(|oldest| oldest.since + IDLE_FOR);
+            if due.is_none() {
+                // Decided under the lock: a give-back after this starts a sweep of its own.
                 idle.sweeping = false;
-                drop(idle);
-                drop(expired);
-                return;
+                sweeping.running = false;
             }
-            expired
+            drop(idle);
+            drop(expired);
+            due
         };
-        drop(expired);
+        match due {
+            Some(due) => tokio::time::sleep_until(due).await,
+            None => return,
+        }
     }
 }
 
