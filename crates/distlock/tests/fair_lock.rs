@@ -58,6 +58,14 @@ fn wait_for(
     tokio::spawn(async move { lock.lock().await })
 }
 
+/// A task that waits for the fair lock through `lock` (a handle the caller keeps).
+fn waiting_on(
+    lock: &distlock::FairLock,
+) -> tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>> {
+    let lock = lock.clone();
+    tokio::spawn(async move { lock.lock().await })
+}
+
 /// A fault proxy in front of `server`, and a client `builder` connects through it.
 async fn behind_a_proxy(
     server: &distlock_testkit::RedisServer,
@@ -969,10 +977,7 @@ async fn contended_round(
 ) -> (String, u64, u64) {
     let name = waiter.name().to_owned();
     let held = holder.lock().await.unwrap();
-    let waiting = tokio::spawn({
-        let waiter = waiter.clone();
-        async move { waiter.lock().await }
-    });
+    let waiting = waiting_on(waiter);
     until_queued(conn, &name, 1).await;
     let owner = queued(conn, &name).await.remove(0);
     let holder_token = held.fencing_token();
@@ -1098,10 +1103,7 @@ async fn a_reused_owner_refuses_a_grant_of_its_earlier_wait() {
         let (holder, waiter) = (holder.fair_lock(name).unwrap(), waiter.fair_lock(name).unwrap());
         let (owner, _, earlier_grant) = contended_round(&holder, &waiter, &mut conn).await;
         let held = holder.lock().await.unwrap();
-        let waiting = tokio::spawn({
-            let waiter = waiter.clone();
-            async move { waiter.lock().await }
-        });
+        let waiting = waiting_on(&waiter);
         until_queued(&conn, name, 1).await;
         assert_eq!(queued(&mut conn, name).await, std::slice::from_ref(&owner));
         // The earlier wait's grant, as if delivered late.
@@ -1153,10 +1155,7 @@ async fn an_owner_whose_release_went_unanswered_is_not_reused() {
         let (first_owner, _, _) = contended_round(&holder, &waiter, &mut conn).await;
         // The id, taken up again, holds the lock when the link goes dark.
         let held = holder.lock().await.unwrap();
-        let waiting = tokio::spawn({
-            let waiter = waiter.clone();
-            async move { waiter.lock().await }
-        });
+        let waiting = waiting_on(&waiter);
         until_queued(&conn, name, 1).await;
         held.release().await.unwrap();
         let taken = waiting.await.unwrap().unwrap();
@@ -1227,10 +1226,7 @@ async fn a_reused_owners_late_grant_counts_its_lease_from_its_attempt() {
         );
         let held = holder.lock().await.unwrap();
         log_every_command(&mut conn).await;
-        let waiting = tokio::spawn({
-            let waiter = waiter.clone();
-            async move { waiter.lock().await }
-        });
+        let waiting = waiting_on(&waiter);
         until_queued(&conn, name, 1).await;
         assert_eq!(queued(&mut conn, name).await, [first_owner]);
         // The gap between the waiter's busy answer and the grant, on its side.
