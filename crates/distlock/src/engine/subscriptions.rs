@@ -97,6 +97,14 @@ struct ChannelState {
 }
 
 impl ChannelEntry {
+    /// The local waiters of the primitive `queue` on this channel, made with `rule` if
+    /// none were there.
+    fn queue(&mut self, queue: &str, rule: WakeRule) -> &mut Queue {
+        self.queues
+            .entry(queue.to_owned())
+            .or_insert_with(|| Queue::new(rule))
+    }
+
     /// Applies a message to every queue on the channel, each by its own rule.
     fn deliver(&self, payload: &[u8]) {
         for queue in self.queues.values() {
@@ -233,11 +241,7 @@ impl Subscriptions {
         let (state, place) = {
             let mut channels = self.shared.channels();
             let entry = self.shared.wanted(&mut channels, channel);
-            let place = entry
-                .queues
-                .entry(queue.to_owned())
-                .or_insert_with(|| Queue::new(rule))
-                .join(ask);
+            let place = entry.queue(queue, rule).join(ask);
             (Arc::clone(&entry.state), place)
         };
         let subscription = Subscription {
@@ -276,11 +280,7 @@ impl Subscriptions {
         self.start_hub();
         let mut channels = self.shared.channels();
         let entry = self.shared.wanted(&mut channels, channel);
-        let mailbox = entry
-            .queues
-            .entry(queue.to_owned())
-            .or_insert_with(|| Queue::new(rule))
-            .keep();
+        let mailbox = entry.queue(queue, rule).keep();
         KeptChannel {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),

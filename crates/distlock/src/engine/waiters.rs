@@ -146,9 +146,8 @@ impl Queue {
     }
 
     /// A waiter leaves. Returns true when it was the last and the queue is not kept: it
-    /// may go. A waiter that leaves from the
-    /// head of an ordered queue may have taken a wake-up it will not use: the new head is
-    /// woken to look for itself.
+    /// may go. A waiter that leaves from the head of an ordered queue may have taken a
+    /// wake-up it will not use: the new head is woken to look for itself.
     pub(crate) fn leave(&mut self, ticket: Option<u64>) -> bool {
         self.waiters = self.waiters.saturating_sub(1);
         if let Some(id) = ticket {
